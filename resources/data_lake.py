@@ -1,0 +1,53 @@
+"""The data lake: where every artifact lives, and how it gets there without ever being seen half-written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import dagster as dg
+
+STAGING_DIR_NAME = ".staging"
+
+
+def default_root() -> str:
+    """`NOISY_STUDENT_DATA_LAKE` (written to `.env` by `make setup`), else `./data_lake`."""
+    return os.environ.get("NOISY_STUDENT_DATA_LAKE") or str(Path("data_lake").resolve())
+
+
+def publish_dir(staged: Path, final: Path) -> None:
+    """Move a fully written directory into place with renames only (atomic on one filesystem).
+
+    A previous version is renamed aside first and deleted afterwards, so a reader sees the old
+    directory, then (for an instant) none, then the new one, never a partial one.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    retired = None
+    if final.exists():
+        retired = final.with_name(f".{final.name}.retired-{uuid.uuid4().hex[:8]}")
+        os.replace(final, retired)
+    os.replace(staged, final)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+class DataLake(dg.ConfigurableResource):
+    """Root directory of all artifacts: `<root>/<asset>/<partition>/` (or `<root>/<asset>/` unpartitioned)."""
+
+    root: str = default_root()
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root).expanduser().resolve()
+
+    def artifact_dir(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> Path:
+        path = self.root_path.joinpath(*asset_key.path)
+        return path / partition_key if partition_key else path
+
+    def staging_dir(self) -> Path:
+        """A fresh directory on the lake's filesystem, so publishing it is a rename, not a copy."""
+        path = self.root_path / STAGING_DIR_NAME / uuid.uuid4().hex
+        path.mkdir(parents=True)
+        return path
