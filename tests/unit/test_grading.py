@@ -1,0 +1,257 @@
+"""Answer extraction, math-verify grading and its hard time bound, with the real math-verify."""
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+import noisy_student_assets
+from noisy_student_assets.grading import (
+    answer_reward,
+    answers_equivalent,
+    extract_answer,
+    format_reward,
+    grade,
+    is_gradable,
+)
+
+DATA = Path(noisy_student_assets.__file__).parent / "data"
+HANG_GUARD_S = 30.0
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("She makes 9 * 2 = $18 a day.\n#### 18", "18"),
+        ("#### 1,000\n", "1,000"),
+        ("First \\boxed{1}, then \\boxed{2}.", "2"),
+        ("$\\boxed{\\frac{\\sqrt{3}}{2}}$", "\\frac{\\sqrt{3}}{2}"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("so the answer is \\boxed 5.", "5"),
+        ("\\fbox{7}", "7"),
+        ("The answer is $\\boxed{5}$.", "5"),
+        ("<think>2 + 2 = 4</think> <answer> 4 </answer>", "4"),
+        ("<answer>The answer is \\boxed{3}.</answer>", "3"),
+        ("<answer>1</answer> wait, no: <answer>2</answer>", "2"),
+        ("<think>16 + 1 = 17</think> <answer>17", "17"),  # stop string "</answer>" cut off
+        ("<answer> $12$. </answer>", "12"),
+        ("\\boxed{1} <answer>2</answer>", "2"),
+        ("#### 1\n so \\boxed{2}", "2"),
+        ("She had 3 apples, so 1,000 - 3 = 997 are left.", "997"),
+        ("The temperature is -4.5 degrees.", "-4.5"),
+        ("the total is 1,000", "1000"),
+        ("the probability is 3/4.", "3/4"),
+        ("5-3", "3"),
+        ("no numbers here", None),
+        ("", None),
+        ("<answer></answer>", None),
+        ("\\boxed{}", None),
+        (None, None),
+    ],
+)
+def test_extract_answer(response, expected):
+    assert extract_answer(response) == expected
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        ("1,000", "1000"),
+        ("\\frac12", "0.5"),
+        ("$18.00", "18"),
+        ("\\$18.00", "18"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
+        ("\\text{(C)}", "C"),
+        ("10\\%", "10"),
+        ("\\frac{14}{3}", "4\\frac{2}{3}"),
+        ("3\\sqrt{13}", "\\sqrt{117}"),
+        ("1,2", "2,1"),
+        ("1/2", "\\frac{1}{2}"),
+        ("x=5", "5"),
+    ],
+)
+def test_equivalent_forms(gold, answer):
+    assert answers_equivalent(gold, answer)
+    assert grade(f"So the answer is $\\boxed{{{answer}}}$.", gold)
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "expected"),
+    [
+        ("It costs $18.00 in total.", "18", True),
+        ("#### 1,000", "1000", True),
+        ("<answer>0.5</answer>", "\\frac{1}{2}", True),
+        ("\\boxed{4}", "so it is \\boxed{4}.", True),  # a gold solution is reduced to its answer
+        ("#### 4", "Add them.\n#### 4", True),
+        ("\\boxed{5}", "6", False),
+        ("\\boxed{1/2}", "1/3", False),
+        ("#### 17", "18", False),
+        ("\\boxed{x+1}", "x-1", False),
+    ],
+)
+def test_grade(response, gold, expected):
+    assert grade(response, gold) is expected
+    assert answer_reward(response, gold) == float(expected)
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [(None, "1"), ("\\boxed{1}", None), ("", "1"), ("\\boxed{1}", ""), ("\\boxed{}", ""), ("no answer", "1")],
+)
+def test_missing_response_or_gold_is_wrong(response, gold):
+    assert grade(response, gold) is False
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("so \\boxed{5}", 1.0),
+        ("<think>...</think> <answer>5</answer>", 1.0),
+        ("#### 5", 1.0),
+        ("\\boxed{wrong but formatted}", 1.0),
+        ("the answer is 5", 0.0),
+        ("\\boxed{}", 0.0),
+        ("<answer> </answer>", 0.0),
+        ("", 0.0),
+        (None, 0.0),
+    ],
+)
+def test_format_reward(response, expected):
+    assert format_reward(response) == expected
+
+
+@pytest.mark.parametrize(("answer", "expected"), [("1/2", True), ("", False), (None, False), ("1" * 2000, False)])
+def test_is_gradable(answer, expected):
+    assert is_gradable(answer) is expected
+
+
+def test_extraction_of_a_megabyte_is_fast():
+    megabyte = "{" * 500_000 + "1 " * 250_000
+    started = time.perf_counter()
+    for text in (megabyte, "\\boxed{" + megabyte, " " * 1_000_000 + "x", "1,111" * 200_000, "####" * 250_000):
+        extract_answer(text)
+    assert time.perf_counter() - started < 5.0
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("\\boxed{9^{9^{9^{9}}}}", "1"),
+        ("\\boxed{(10^{8})!}", "1"),
+        ("x" * 1_000_000, "1"),
+        ("7" * 1_000_000, "7"),
+        ("\\boxed{" + "{" * 500_000 + "}" * 500_000, "1"),
+        ("\\boxed{" + "(" * 15 + "1" + ")" * 15 + "}", "2"),  # under the nesting cap: parsed, slowly
+        ("\\boxed{" + "{" * 100 + "1" + "}" * 100 + "}", "1"),  # over it: rejected unparsed
+    ],
+    ids=["power-tower", "factorial", "1MB-text", "1MB-number", "1MB-braces", "nested-15", "nested-100"],
+)
+def test_pathological_inputs_are_wrong_not_hung(response, gold):
+    started = time.monotonic()
+    assert grade(response, gold) is False
+    assert time.monotonic() - started < HANG_GUARD_S
+
+
+def test_bound_holds_in_a_thread():
+    # math-verify itself raises outside the main thread: its timeouts use signal.alarm.
+    results = []
+    checks = [("\\boxed{9^{9^{9^{8}}}}", "1"), ("\\boxed{1/2}", "0.5")]
+    thread = threading.Thread(target=lambda: results.extend(grade(*check) for check in checks))
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert results == [False, True]
+
+
+def test_bound_holds_in_a_thread_pool():
+    responses = ["\\boxed{9^{9^{9^{7}}}}", "\\boxed{2}", "\\boxed{7^{7^{7^{7}}}}", "#### 2.0"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert list(pool.map(lambda r: grade(r, "2"), responses, timeout=HANG_GUARD_S)) == [False, True, False, True]
+
+
+def test_a_hung_check_is_killed_and_the_worker_recovers():
+    assert grade("\\boxed{3}", "3")  # worker up, so the timing below excludes its startup
+    started = time.monotonic()
+    # 0.2 s is under math-verify's own 1 s alarm, so only killing the worker can end this early.
+    assert grade("\\boxed{9^{9^{9^{6}}}}", "1", timeout_s=0.2) is False
+    assert time.monotonic() - started < 0.9
+    assert grade("\\boxed{\\frac{1}{4}}", "0.25")
+    assert not [p for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE]
+
+
+def helper_pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children() if any("_math_verify_worker" in a for a in p.cmdline())}
+
+
+# Each test's slow answer is its own, so that no cached verdict answers it.
+@pytest.mark.parametrize(("start_method", "slow_answer"), [("fork", "9^{9^{9^{5}}}"), ("spawn", "8^{8^{8^{8}}}")])
+def test_bound_holds_in_worker_processes(start_method, slow_answer):
+    assert grade("\\boxed{6}", "6")
+    helpers = helper_pids()
+    context = multiprocessing.get_context(start_method)
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        checks = [pool.submit(answers_equivalent, "1", slow_answer, timeout_s=0.2), pool.submit(grade, "#### 8", "8")]
+        assert [check.result(timeout=HANG_GUARD_S) for check in checks] == [False, True]
+    # The child killed a helper of its own: a forked child must not use or kill its parent's.
+    assert helper_pids() == helpers
+    assert grade("\\boxed{6}", "6.0")
+
+
+def test_worker_exits_with_its_caller():
+    script = (
+        "import psutil\n"
+        "from noisy_student_assets.grading import grade\n"
+        "assert grade('\\\\boxed{1}', '1')\n"
+        "print(*[p.pid for p in psutil.Process().children()])\n"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=HANG_GUARD_S,
+        cwd=Path(noisy_student_assets.__file__).parents[1],
+    )
+    worker_pids = [int(pid) for pid in finished.stdout.split()]
+    assert len(worker_pids) == 1
+    assert not psutil.pid_exists(worker_pids[0])
+
+
+def test_every_math500_solution_grades_as_its_answer():
+    rows = read_jsonl(DATA / "math500" / "test.jsonl")
+    assert len(rows) == 500
+    failures = [row["unique_id"] for row in rows if not grade(row["solution"], row["answer"])]
+    assert failures == []
+
+
+# Neighbouring MATH-500 answers that differ as strings but are rightly equivalent.
+EQUIVALENT_NEIGHBOURS = {("5", "x=5")}
+
+
+def test_math500_solutions_grade_wrong_against_the_next_answer():
+    rows = read_jsonl(DATA / "math500" / "test.jsonl")
+    accepted = {
+        (row["answer"], following["answer"])
+        for row, following in zip(rows, rows[1:] + rows[:1])
+        if row["answer"] != following["answer"] and grade(row["solution"], following["answer"])
+    }
+    assert accepted <= EQUIVALENT_NEIGHBOURS
+
+
+def test_every_gsm8k_solution_grades_as_its_answer_and_not_the_next():
+    rows = read_jsonl(DATA / "gsm8k" / "test.jsonl")
+    assert len(rows) == 1319
+    golds = [row["answer"].rsplit("####", 1)[1].strip() for row in rows]
+    assert [row["question"] for row, gold in zip(rows, golds) if not grade(row["answer"], gold)] == []
+    wrongly_accepted = [
+        (gold, following)
+        for row, gold, following in zip(rows, golds, golds[1:] + golds[:1])
+        if gold != following and grade(row["answer"], following)
+    ]
+    assert wrongly_accepted == []
