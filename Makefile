@@ -24,8 +24,16 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 .env:
 	printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nHF_HUB_OFFLINE=1\n' "$(CURDIR)" "$(CURDIR)/data_lake" > .env
 
+DAGSTER_MODULE := -m noisy_student_assets.definitions
+FOUNDATION := labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval
+ROUND := generations,pseudo_labels,student_checkpoint,eval_report
+ROUNDS ?= round-001 round-002
+
+# The main job: labeled RL, then each round in order (round N's teacher is round N-1's student).
 run: setup
-	$(BIN)/python -m noisy_student_assets.main
+	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(FOUNDATION)
+	for round in $(ROUNDS); do $(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(ROUND) --partition $$round || exit 1; done
+	$(BIN)/python -m noisy_student_assets.summary
 
 test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml

@@ -11,7 +11,10 @@ import json
 import dagster as dg
 from pydantic import Field
 
+from noisy_student_assets.evaluation import EvalSettings
+from noisy_student_assets.generation import SamplingSettings
 from noisy_student_assets.profiles import by_profile
+from noisy_student_assets.training import LOSS_TYPES, SCALE_REWARDS, GRPOSettings
 
 TWO_DIGIT_ADDITION = json.dumps(
     {
@@ -99,3 +102,96 @@ class BaseModelConfig(dg.Config):
     )
     dtype: str = Field(default="float32", description="float32 | bfloat16 | float16 (weights as saved)")
     trust_remote_code: bool = Field(default=False, description="allow a hub model's own Python code to run")
+
+
+_GRPO = GRPOSettings()
+_SAMPLING = SamplingSettings()
+_EVAL = EvalSettings()
+
+
+class GRPOTrainingConfig(dg.Config):
+    """TRL GRPO knobs (see `noisy_student_assets.training.GRPOSettings` for each one's meaning)."""
+
+    max_steps: int = _GRPO.max_steps
+    num_generations: int = Field(default=_GRPO.num_generations, description="completions per prompt (the group)")
+    prompts_per_step: int = by_profile(cpu=_GRPO.prompts_per_step, gpu=8)
+    max_completion_length: int = by_profile(cpu=_GRPO.max_completion_length, gpu=512)
+    learning_rate: float = by_profile(cpu=_GRPO.learning_rate, gpu=1e-5)
+    beta: float = Field(default=_GRPO.beta, description="KL coefficient (0: no reference model)")
+    epsilon: float = Field(default=_GRPO.epsilon, description="clip range")
+    loss_type: str = Field(default=_GRPO.loss_type, description=" | ".join(LOSS_TYPES))
+    scale_rewards: str = Field(default=_GRPO.scale_rewards, description=" | ".join(SCALE_REWARDS))
+    temperature: float = _GRPO.temperature
+    format_reward_weight: float = Field(default=_GRPO.format_reward_weight, description="0: answer reward only")
+    use_lora: bool = Field(default=by_profile(cpu=True, gpu=False), description="False: full fine-tune")
+    lora_r: int = _GRPO.lora_r
+    lora_alpha: int = _GRPO.lora_alpha
+    lora_dropout: float = _GRPO.lora_dropout
+    lora_target_modules: list[str] = list(_GRPO.lora_target_modules)
+    seed: int = _GRPO.seed
+    save_steps: int = Field(default=_GRPO.save_steps, description="resumable TRL checkpoint every N steps (0: none)")
+    use_vllm: bool = Field(default=by_profile(cpu=False, gpu=True), description="TRL vllm_mode=colocate (GPU)")
+    bf16: bool = by_profile(cpu=False, gpu=True)
+    gradient_accumulation_steps: int = _GRPO.gradient_accumulation_steps
+    gradient_checkpointing: bool = by_profile(cpu=False, gpu=True)
+
+    def to_settings(self) -> GRPOSettings:
+        values = self.model_dump()
+        values["lora_target_modules"] = tuple(values["lora_target_modules"])
+        return GRPOSettings(**values)
+
+
+class LabeledRLConfig(dg.Config):
+    """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
+
+    grpo: GRPOTrainingConfig = GRPOTrainingConfig(max_steps=by_profile(cpu=30, gpu=200))
+
+
+class SamplingConfig(dg.Config):
+    """How the teacher samples K answers per unlabeled problem."""
+
+    backend: str = Field(default="vllm", description="vllm | transformers")
+    k: int = Field(default=by_profile(cpu=_SAMPLING.n, gpu=16), description="samples per problem")
+    temperature: float = _SAMPLING.temperature
+    top_p: float = _SAMPLING.top_p
+    max_new_tokens: int = by_profile(cpu=_GRPO.max_completion_length, gpu=512)
+    seed: int = _SAMPLING.seed
+
+    def to_settings(self) -> SamplingSettings:
+        return SamplingSettings(
+            n=self.k, temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens, seed=self.seed
+        )
+
+
+class RoundConfig(dg.Config):
+    """One Noisy Student round: sample with the teacher, vote, keep confident labels, train the student."""
+
+    sampling: SamplingConfig = SamplingConfig()
+    tau: float = Field(default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement >= tau")
+    student_init: str = Field(default="teacher", description="teacher | base_model: where the student starts")
+    min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
+    min_mean_agreement: float = Field(default=0.0, ge=0, le=1, description="floor on the mean vote agreement")
+    grpo: GRPOTrainingConfig = GRPOTrainingConfig(max_steps=by_profile(cpu=15, gpu=200))
+
+
+class EvalConfig(dg.Config):
+    """Evaluation on eval_problems: greedy accuracy, and maj@k / pass@k from `samples` sampled answers."""
+
+    backend: str = Field(default="vllm", description="vllm | transformers")
+    max_new_tokens: int = by_profile(cpu=_GRPO.max_completion_length, gpu=1024)
+    samples: int = Field(default=_EVAL.samples, description="sampled completions per problem")
+    temperature: float = _EVAL.temperature
+    ks: list[int] = Field(default=list(_EVAL.ks), description="k values of maj@k and pass@k (each <= samples)")
+    seed: int = _EVAL.seed
+    regression_tolerance: float = Field(
+        default=0.02, ge=0, description="eval_report warns when greedy accuracy drops more than this vs the previous round"
+    )
+
+    def to_settings(self) -> EvalSettings:
+        return EvalSettings(
+            max_new_tokens=self.max_new_tokens,
+            samples=self.samples,
+            temperature=self.temperature,
+            ks=tuple(self.ks),
+            seed=self.seed,
+        )

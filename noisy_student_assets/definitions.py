@@ -1,18 +1,36 @@
-"""The code location: assembles assets, checks and resources; no logic lives here."""
+"""The code location: assembles assets, jobs and resources; no logic lives here."""
 
 import dagster as dg
 
-from noisy_student_assets.assets import models, problems
+from noisy_student_assets.assets import models, problems, rounds
+from noisy_student_assets.partitions import ROUNDS
+from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.io_managers import CheckpointIOManager, ParquetIOManager
+from resources.tracking import MlflowTracking
 
 data_lake = DataLake()
 
+foundation_job = dg.define_asset_job(
+    "foundation_job",
+    selection=dg.AssetSelection.groups(problems.GROUP, models.GROUP),
+    description="Problems, base model, labeled RL, and the evaluations of both checkpoints.",
+)
+round_job = dg.define_asset_job(
+    "round_job",
+    selection=dg.AssetSelection.groups(rounds.GROUP),
+    partitions_def=ROUNDS,
+    description="One Noisy Student round: sample, pseudo-label, train the student, evaluate it.",
+)
+
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([problems, models]),
+    assets=dg.load_assets_from_modules([problems, models, rounds]),
+    jobs=[foundation_job, round_job],
     resources={
         "data_lake": data_lake,
         "io_manager": ParquetIOManager(lake=data_lake),
         "checkpoint_io_manager": CheckpointIOManager(lake=data_lake),
+        "compute": ComputeResource(),
+        "tracking": MlflowTracking(lake=data_lake),
     },
 )

@@ -8,8 +8,10 @@ import uuid
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 
 STAGING_DIR_NAME = ".staging"
+TABLE_FILE_NAME = "data.parquet"
 
 
 def default_root() -> str:
@@ -51,3 +53,30 @@ class DataLake(dg.ConfigurableResource):
         path = self.root_path / STAGING_DIR_NAME / uuid.uuid4().hex
         path.mkdir(parents=True)
         return path
+
+    def publish(self, staged: Path, asset_key: dg.AssetKey, partition_key: str | None = None) -> Path:
+        """Move a staged directory into the artifact's place; returns that place."""
+        final = self.artifact_dir(asset_key, partition_key)
+        publish_dir(staged, final)
+        return final
+
+    def write_table(
+        self,
+        frame: pl.DataFrame,
+        asset_key: dg.AssetKey,
+        partition_key: str | None = None,
+        extra_files: dict[str, str] | None = None,
+    ) -> Path:
+        """Publish `frame` as `<artifact dir>/data.parquet`, with small text files beside it."""
+        staged = self.staging_dir()
+        frame.write_parquet(staged / TABLE_FILE_NAME)
+        for name, text in (extra_files or {}).items():
+            (staged / name).write_text(text)
+        return self.publish(staged, asset_key, partition_key) / TABLE_FILE_NAME
+
+    def read_table(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> pl.DataFrame:
+        path = self.artifact_dir(asset_key, partition_key) / TABLE_FILE_NAME
+        if not path.exists():
+            where = f" partition {partition_key}" if partition_key else ""
+            raise FileNotFoundError(f"{asset_key.to_user_string()}{where} has no table at {path}: materialize it first")
+        return pl.read_parquet(path)

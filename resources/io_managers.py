@@ -7,17 +7,12 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from resources.data_lake import DataLake, publish_dir
-
-TABLE_FILE_NAME = "data.parquet"
+from resources.data_lake import DataLake
 
 
 def _partition_key(context: dg.OutputContext | dg.InputContext) -> str | None:
-    return context.partition_key if context.has_partition_key else None
-
-
-def _upstream_dir(lake: DataLake, context: dg.InputContext) -> Path:
-    return lake.artifact_dir(context.asset_key, _partition_key(context))
+    # The asset's own partition: an unpartitioned input of a partitioned asset has none.
+    return context.asset_partition_key if context.has_asset_partitions else None
 
 
 class ParquetIOManager(dg.ConfigurableIOManager):
@@ -26,19 +21,11 @@ class ParquetIOManager(dg.ConfigurableIOManager):
     lake: DataLake
 
     def handle_output(self, context: dg.OutputContext, obj: pl.DataFrame) -> None:
-        final = self.lake.artifact_dir(context.asset_key, _partition_key(context))
-        staged = self.lake.staging_dir()
-        obj.write_parquet(staged / TABLE_FILE_NAME)
-        publish_dir(staged, final)
-        context.add_output_metadata(
-            {"path": dg.MetadataValue.path(str(final / TABLE_FILE_NAME)), "dagster/row_count": obj.height}
-        )
+        path = self.lake.write_table(obj, context.asset_key, _partition_key(context))
+        context.add_output_metadata({"path": dg.MetadataValue.path(str(path)), "dagster/row_count": obj.height})
 
     def load_input(self, context: dg.InputContext) -> pl.DataFrame:
-        path = _upstream_dir(self.lake, context) / TABLE_FILE_NAME
-        if not path.exists():
-            raise FileNotFoundError(f"{context.asset_key.to_user_string()} has no table at {path}: materialize it first")
-        return pl.read_parquet(path)
+        return self.lake.read_table(context.asset_key, _partition_key(context))
 
 
 class CheckpointIOManager(dg.ConfigurableIOManager):
@@ -48,12 +35,11 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
     lake: DataLake
 
     def handle_output(self, context: dg.OutputContext, obj: Path) -> None:
-        final = self.lake.artifact_dir(context.asset_key, _partition_key(context))
-        publish_dir(Path(obj), final)
+        final = self.lake.publish(Path(obj), context.asset_key, _partition_key(context))
         context.add_output_metadata({"path": dg.MetadataValue.path(str(final))})
 
     def load_input(self, context: dg.InputContext) -> Path:
-        path = _upstream_dir(self.lake, context)
+        path = self.lake.artifact_dir(context.asset_key, _partition_key(context))
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"{context.asset_key.to_user_string()} has no checkpoint at {path}: materialize it first"

@@ -1,15 +1,22 @@
-"""Model checkpoints that are not tied to a round."""
+"""Checkpoints that are not tied to a round, and their evaluations."""
 
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 
+from noisy_student_assets.assets.stages import evaluate, train_checkpoint
 from noisy_student_assets.checkpoints import materialize_checkpoint
-from noisy_student_assets.config import BaseModelConfig
+from noisy_student_assets.config import BaseModelConfig, EvalConfig, LabeledRLConfig
+from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
+from resources.tracking import MlflowTracking
+
+GROUP = "models"
+HEAVY_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
 
 
-@dg.asset(io_manager_key="checkpoint_io_manager", group_name="models")
+@dg.asset(io_manager_key="checkpoint_io_manager", group_name=GROUP)
 def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, data_lake: DataLake) -> dg.Output[Path]:
     """The starting checkpoint as a self-contained safetensors directory with tokenizer and chat template."""
     staged = data_lake.staging_dir()
@@ -27,3 +34,65 @@ def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, data_
             "chat_template": dg.MetadataValue.md(f"```jinja\n{info.chat_template}\n```"),
         },
     )
+
+
+@dg.asset(io_manager_key="checkpoint_io_manager", group_name=GROUP, pool=GPU_POOL, retry_policy=HEAVY_RETRY)
+def labeled_rl_checkpoint(
+    context: dg.AssetExecutionContext,
+    config: LabeledRLConfig,
+    base_model: Path,
+    labeled_problems: pl.DataFrame,
+    compute: ComputeResource,
+    tracking: MlflowTracking,
+    data_lake: DataLake,
+) -> dg.Output[Path]:
+    """GRPO from `base_model` on the labeled problems, rewarded against their gold answers: round 1's teacher."""
+    staged, metadata = train_checkpoint(
+        context,
+        "labeled_rl_checkpoint",
+        init_dir=base_model,
+        labeled=labeled_problems,
+        pseudo_labeled=None,
+        grpo=config.grpo,
+        compute=compute,
+        tracking=tracking,
+        lake=data_lake,
+    )
+    return dg.Output(staged, metadata=metadata)
+
+
+def _checkpoint_eval(name: str, checkpoint: str) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=name,
+        group_name=GROUP,
+        pool=GPU_POOL,
+        retry_policy=HEAVY_RETRY,
+        ins={"checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager")},
+        description=f"`{checkpoint}` evaluated on eval_problems (greedy accuracy, maj@k, pass@k, format rate).",
+    )
+    def _eval(
+        context: dg.AssetExecutionContext,
+        config: EvalConfig,
+        checkpoint_dir: Path,
+        eval_problems: pl.DataFrame,
+        compute: ComputeResource,
+        tracking: MlflowTracking,
+        data_lake: DataLake,
+    ) -> dg.MaterializeResult:
+        _, metadata = evaluate(
+            context,
+            name,
+            checkpoint_dir=checkpoint_dir,
+            eval_problems=eval_problems,
+            config=config,
+            compute=compute,
+            tracking=tracking,
+            lake=data_lake,
+        )
+        return dg.MaterializeResult(metadata=metadata)
+
+    return _eval
+
+
+base_model_eval = _checkpoint_eval("base_model_eval", "base_model")
+labeled_rl_eval = _checkpoint_eval("labeled_rl_eval", "labeled_rl_checkpoint")

@@ -1,35 +1,10 @@
-"""Helpers for tests that drive the `dagster` CLI in a subprocess, as a user would from a shell."""
+"""Fixtures for tests that drive the `dagster` CLI."""
 
-from __future__ import annotations
-
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DAGSTER = str(Path(sys.executable).with_name("dagster"))
-
-
-class DagsterCli:
-    """Runs `dagster ...` in a scratch project directory with its own instance and data lake."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.lake = home / "data_lake"
-        shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-        shutil.copy(REPO_ROOT / "workspace.yaml", home / "workspace.yaml")
-        self.env = os.environ | {"DAGSTER_HOME": str(home), "NOISY_STUDENT_DATA_LAKE": str(self.lake)}
-
-    def __call__(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [DAGSTER, *args], cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-        assert result.returncode == 0, f"dagster {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-        return result
+from tests.cli import DagsterCli
 
 
 @pytest.fixture

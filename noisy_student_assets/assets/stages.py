@@ -1,0 +1,172 @@
+"""The heavy stages (GRPO training, evaluation) as the assets run them: logging to the Dagster run,
+tracking in MLflow, publishing into the data lake. The ML libraries are imported inside the functions
+so that loading the code location (UI, CLI, `definitions validate`) stays fast."""
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import dagster as dg
+import mlflow
+import polars as pl
+
+from noisy_student_assets.assets.metadata import markdown_table
+from noisy_student_assets.checkpoints import weights_sha256
+from noisy_student_assets.config import EvalConfig, GRPOTrainingConfig
+from noisy_student_assets.problems import fingerprint
+from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
+from resources.compute import ComputeResource
+from resources.data_lake import DataLake
+from resources.tracking import MlflowTracking
+
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.md"
+
+
+def _partition(context: dg.AssetExecutionContext) -> str | None:
+    return context.partition_key if context.has_partition_key else None
+
+
+def _dagster_log_callback(context: dg.AssetExecutionContext):
+    """A TrainerCallback that writes TRL's step logs (loss, reward, ...) into the Dagster run log."""
+    from transformers import TrainerCallback
+
+    class DagsterLogCallback(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            shown = {k: round(v, 4) for k, v in (logs or {}).items() if isinstance(v, float)}
+            context.log.info(f"step {state.global_step}/{state.max_steps}: {shown}")
+
+    return DagsterLogCallback()
+
+
+def train_checkpoint(
+    context: dg.AssetExecutionContext,
+    asset_name: str,
+    *,
+    init_dir: Path,
+    labeled: pl.DataFrame,
+    pseudo_labeled: pl.DataFrame | None,
+    grpo: GRPOTrainingConfig,
+    compute: ComputeResource,
+    tracking: MlflowTracking,
+    lake: DataLake,
+) -> tuple[Path, dict]:
+    """GRPO from `init_dir` on labeled (+ pseudo-labeled) problems into a staged checkpoint directory.
+
+    Returns the staged directory (for the checkpoint IO manager or `DataLake.publish`) and metadata.
+    """
+    from noisy_student_assets.training import build_training_dataset, train_grpo
+
+    settings = grpo.to_settings()
+    dataset = build_training_dataset(labeled, pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=settings.seed)
+    init_sha = weights_sha256(init_dir)
+    # TRL checkpoints live in a work dir keyed by everything that shapes the run, so a retry after a
+    # crash resumes the same run and a changed input never resumes a stale one.
+    run_fingerprint = hashlib.sha256(
+        json.dumps([init_sha, dataset.to_list(), settings.as_dict()], sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
+    work_dir = lake.root_path / ".work" / asset_name / (_partition(context) or "all") / run_fingerprint
+    staged = lake.staging_dir()
+    params = {"grpo": settings.as_dict(), "init_checkpoint": str(init_dir), "init_weights_sha256": init_sha}
+    context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
+    with tracking.start_run(context, asset_name, params) as run:
+        result = train_grpo(
+            init_dir,
+            dataset,
+            settings,
+            staged,
+            work_dir=work_dir,
+            device=compute.resolved_device,
+            report_to=["mlflow"],
+            callbacks=[_dagster_log_callback(context)],
+        )
+        mlflow.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
+    metadata = {
+        "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
+        "init_weights_sha256": init_sha,
+        "weights_sha256": weights_sha256(staged),
+        "train_rows": result.n_train_rows,
+        "gold_rows": result.n_gold_rows,
+        "pseudo_rows": result.n_pseudo_rows,
+        "mlflow_run_id": run.info.run_id,
+        "grpo_settings": dg.MetadataValue.json(settings.as_dict()),
+        **{k: float(v) for k, v in result.metrics.items()},
+    }
+    return staged, metadata
+
+
+def evaluate(
+    context: dg.AssetExecutionContext,
+    asset_name: str,
+    *,
+    checkpoint_dir: Path,
+    eval_problems: pl.DataFrame,
+    config: EvalConfig,
+    compute: ComputeResource,
+    tracking: MlflowTracking,
+    lake: DataLake,
+    deltas_against: dict[str, dict] | None = None,
+) -> tuple[dict[str, float], dict]:
+    """Evaluate `checkpoint_dir` on `eval_problems`; publish the report directory (per-problem scores,
+    breakdown, metrics.json, report.md) as this asset's artifact. Returns the metrics and the metadata.
+
+    `deltas_against` maps a name ("previous_round", "labeled_rl", "base_model") to that checkpoint's
+    metrics; the report adds the differences for every shared metric.
+    """
+    from noisy_student_assets.evaluation import evaluate_checkpoint
+
+    settings = config.to_settings()
+    params = {"eval": asdict(settings), "backend": config.backend, "checkpoint": str(checkpoint_dir)}
+    with tracking.start_run(context, asset_name, params) as run:
+        result = evaluate_checkpoint(
+            checkpoint_dir,
+            eval_problems,
+            settings,
+            backend=config.backend,
+            device=compute.resolved_device,
+            dtype=compute.dtype,
+            progress=lambda stage, done, total: context.log.info(f"eval {stage}: {done}/{total} problems"),
+        )
+        metrics = dict(result.metrics)
+        for name, other in (deltas_against or {}).items():
+            metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}
+        report = _report_markdown(asset_name, _partition(context), metrics, result.breakdown)
+        staged = lake.staging_dir()
+        result.scores.write_parquet(staged / "scores.parquet")
+        result.breakdown.write_parquet(staged / "breakdown.parquet")
+        (staged / METRICS_FILE).write_text(
+            json.dumps({"metrics": metrics, "settings": params, "eval_problems": fingerprint(eval_problems)}, indent=2)
+        )
+        (staged / REPORT_FILE).write_text(report)
+        mlflow.log_metrics({_mlflow_name(k): v for k, v in metrics.items()})
+        mlflow.log_artifacts(str(staged), artifact_path="eval_report")
+    final = lake.publish(staged, context.asset_key, _partition(context))
+    metadata = {
+        **{k: float(v) for k, v in metrics.items()},
+        "report": dg.MetadataValue.md(report),
+        "path": dg.MetadataValue.path(str(final)),
+        "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
+        "mlflow_run_id": run.info.run_id,
+    }
+    return result.metrics, metadata
+
+
+def read_eval_metrics(lake: DataLake, asset_key: dg.AssetKey, partition_key: str | None = None) -> dict | None:
+    """The metrics an eval asset published, or None if it has not been materialized."""
+    path = lake.artifact_dir(asset_key, partition_key) / METRICS_FILE
+    return json.loads(path.read_text())["metrics"] if path.exists() else None
+
+
+def _mlflow_name(metric: str) -> str:
+    # MLflow metric names allow letters, digits, _ - . / and space; "maj@8" becomes "maj_at_8".
+    return metric.replace("@", "_at_")
+
+
+def _report_markdown(asset_name: str, partition: str | None, metrics: dict[str, float], by_group: pl.DataFrame) -> str:
+    title = f"# {asset_name}" + (f" ({partition})" if partition else "")
+    rows = pl.DataFrame({"metric": list(metrics), "value": [round(v, 4) for v in metrics.values()]})
+    parts = [title, "", markdown_table(rows, max_rows=len(rows)).value]
+    if by_group.height:
+        parts += ["", "## By subject / level", "", markdown_table(by_group, max_rows=by_group.height).value]
+    return "\n".join(parts)

@@ -1,0 +1,335 @@
+"""Sample K completions per problem from a checkpoint, with vLLM or transformers, into one table.
+
+Both backends see the same token ids: each problem goes through ``render_prompt`` and is tokenized
+here once, without extra special tokens (the chat template already holds them).  Both sample from
+the plain tempered distribution with nucleus filtering (no top-k, no checkpoint-shipped defaults),
+so their samples are comparable, and greedy decoding gives the same text up to float rounding.
+
+Reproducibility: a seed fixes the samples of both backends, but differently.  transformers draws
+from one generator seeded per call, so samples also depend on ``batch_size`` and problem order.
+vLLM gives every problem a generator of its own, so a problem's samples depend only on the
+checkpoint, its prompt and id, and the settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import polars as pl
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from noisy_student_assets.checkpoints import DTYPES
+from noisy_student_assets.grading import extract_answer
+from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT, render_prompt
+
+BACKENDS = ("vllm", "transformers")
+REQUIRED_COLUMNS = ("problem_id", "prompt")
+
+GENERATION_SCHEMA = pl.Schema(
+    {
+        "problem_id": pl.Utf8,
+        "sample_index": pl.Int32,
+        "completion": pl.Utf8,
+        "answer": pl.Utf8,
+        "n_tokens": pl.Int32,
+        "finish_reason": pl.Utf8,
+        "checkpoint": pl.Utf8,
+        "backend": pl.Utf8,
+        "sampling": pl.Utf8,
+    }
+)
+
+# vLLM on CPU, when the caller's environment does not say otherwise. Without an explicit KV cache
+# size the CPU worker claims gpu_memory_utilization (0.92 by default) of *all* RAM, and fails on a
+# shared machine; 2 GiB holds 41k tokens of SmolLM2-135M in float32 (64 problems x 8 samples x
+# 80 tokens), and sequences beyond it wait their turn rather than fail.
+VLLM_CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+VLLM_MIN_BATCHED_TOKENS = 4096
+"""vLLM's own default token budget per engine step on CPU; raised only for longer sequences."""
+
+VLLM_CHUNKS_PER_BATCH = 4
+"""vLLM gets ``batch_size * VLLM_CHUNKS_PER_BATCH`` problems per call: it batches internally, and
+the calls only exist so that progress can be reported between them."""
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How completions are sampled; ``temperature == 0`` means greedy decoding, which needs ``n == 1``."""
+
+    n: int = 8
+    """Samples per prompt (K)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {self.n}, {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        if self.greedy and self.n != 1:
+            raise ValueError(f"greedy decoding (temperature=0) yields one completion per prompt, not n={self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion, as either backend reports it."""
+
+    completion: str
+    n_tokens: int
+    """Generated tokens, the end-of-sequence token included."""
+    finish_reason: str
+    """``"stop"`` (end-of-sequence emitted) or ``"length"`` (``max_new_tokens`` reached)."""
+
+
+def generate_samples(
+    checkpoint_dir: Path,
+    problems: pl.DataFrame,
+    settings: SamplingSettings,
+    *,
+    backend: str = "vllm",
+    device: str = "cpu",
+    dtype: str = "float32",
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    batch_size: int = 16,
+    progress: Progress | None = None,
+    checkpoint_label: str | None = None,
+    gpu_memory_utilization: float = 0.85,
+) -> pl.DataFrame:
+    """``settings.n`` completions for each problem (columns ``problem_id``, ``prompt``), as a table
+    with exactly ``GENERATION_SCHEMA``, in problem order then ``sample_index``.
+
+    ``progress(problems_done, total)`` is called after each batch (transformers) or chunk of
+    batches (vLLM).  ``gpu_memory_utilization`` only matters for vLLM on a GPU.
+    """
+    _validate(problems, backend, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
+    prompt_ids = [
+        tokenizer(render_prompt(tokenizer, problem, system_prompt), add_special_tokens=False).input_ids
+        for problem in problems["prompt"].to_list()
+    ]
+    problem_ids = problems["problem_id"].cast(pl.Utf8).to_list()
+    report = progress or (lambda done, total: None)
+    if backend == "vllm":
+        chunk_size = batch_size * VLLM_CHUNKS_PER_BATCH
+        samples = _sample_with_vllm(
+            checkpoint_dir, problem_ids, prompt_ids, settings, device, dtype, chunk_size, report, gpu_memory_utilization
+        )
+    else:
+        samples = _sample_with_transformers(
+            checkpoint_dir, tokenizer, prompt_ids, settings, device, dtype, batch_size, report
+        )
+    return _samples_table(
+        problem_ids,
+        samples,
+        checkpoint=checkpoint_label or str(checkpoint_dir),
+        backend=backend,
+        sampling=json.dumps(settings.as_dict(), sort_keys=True),
+    )
+
+
+def sampling_cache_key(
+    checkpoint_sha256: str, problems_fingerprint: str, settings: SamplingSettings, backend: str, system_prompt: str
+) -> str:
+    """sha256 hex identifying a sampling run: equal keys mean the samples can be reused."""
+    identity = {
+        "checkpoint_sha256": checkpoint_sha256,
+        "problems_fingerprint": problems_fingerprint,
+        "settings": settings.as_dict(),
+        "backend": backend,
+        "system_prompt": system_prompt,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _validate(problems: pl.DataFrame, backend: str, dtype: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    missing = [column for column in REQUIRED_COLUMNS if column not in problems.columns]
+    if missing:
+        raise ValueError(f"problems table lacks column(s) {', '.join(missing)}")
+    if problems.is_empty():
+        raise ValueError("no problems to sample")
+
+
+def _samples_table(
+    problem_ids: list[str], samples: list[list[Sample]], *, checkpoint: str, backend: str, sampling: str
+) -> pl.DataFrame:
+    rows = [
+        {
+            "problem_id": problem_id,
+            "sample_index": index,
+            "completion": sample.completion,
+            "answer": extract_answer(sample.completion),
+            "n_tokens": sample.n_tokens,
+            "finish_reason": sample.finish_reason,
+            "checkpoint": checkpoint,
+            "backend": backend,
+            "sampling": sampling,
+        }
+        for problem_id, problem_samples in zip(problem_ids, samples, strict=True)
+        for index, sample in enumerate(problem_samples)
+    ]
+    return pl.DataFrame(rows, schema=GENERATION_SCHEMA)
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def _sample_with_transformers(
+    checkpoint_dir: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[list[int]],
+    settings: SamplingSettings,
+    device: str,
+    dtype: str,
+    batch_size: int,
+    report: Progress,
+) -> list[list[Sample]]:
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=DTYPES[dtype], use_safetensors=True)
+    model.to(device).eval()
+    stop_ids = _stop_token_ids(model.generation_config.eos_token_id, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    # Sampling defaults shipped in the checkpoint (top-k, repetition penalty...) would otherwise be
+    # merged into every call; vLLM ignores them when given explicit SamplingParams, and so do we.
+    model.generation_config = GenerationConfig(eos_token_id=sorted(stop_ids), pad_token_id=pad_id)
+    torch.manual_seed(settings.seed)
+    samples: list[list[Sample]] = []
+    with torch.inference_mode():
+        for batch in _chunks(prompt_ids, batch_size):
+            inputs = tokenizer.pad(
+                {"input_ids": batch}, padding=True, padding_side="left", return_tensors="pt"
+            ).to(device)  # left: generation continues from the right end of every row
+            output = model.generate(
+                **inputs,
+                **_transformers_sampling_kwargs(settings),
+                max_new_tokens=settings.max_new_tokens,
+                num_return_sequences=settings.n,
+            )
+            generated = output[:, inputs["input_ids"].shape[1] :].tolist()
+            decoded = [_decode_generated(tokenizer, ids, stop_ids) for ids in generated]
+            samples.extend(_chunks(decoded, settings.n))  # rows come grouped by prompt
+            report(len(samples), len(prompt_ids))
+    return samples
+
+
+def _transformers_sampling_kwargs(settings: SamplingSettings) -> dict:
+    """Greedy, or the tempered distribution with nucleus filtering and, as in vLLM, no top-k."""
+    if settings.greedy:
+        return {"do_sample": False}  # sampling knobs here would only draw warnings
+    return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+
+
+def _stop_token_ids(generation_eos: int | list[int] | None, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The token ids that end a generation: the generation config's, else the tokenizer's EOS."""
+    if generation_eos is None:
+        return {tokenizer.eos_token_id}
+    return set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
+
+
+def _decode_generated(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop_ids: set[int]) -> Sample:
+    """Cut one generated row after its first stop token (the rest is padding) and decode it."""
+    stop_at = next((position for position, token in enumerate(ids) if token in stop_ids), None)
+    kept = ids if stop_at is None else ids[: stop_at + 1]
+    return Sample(
+        completion=tokenizer.decode(kept, skip_special_tokens=True),
+        n_tokens=len(kept),
+        finish_reason="length" if stop_at is None else "stop",
+    )
+
+
+def _sample_with_vllm(
+    checkpoint_dir: Path,
+    problem_ids: list[str],
+    prompt_ids: list[list[int]],
+    settings: SamplingSettings,
+    device: str,
+    dtype: str,
+    chunk_size: int,
+    report: Progress,
+    gpu_memory_utilization: float,
+) -> list[list[Sample]]:
+    on_cpu = device == "cpu"
+    if on_cpu:
+        for name, value in VLLM_CPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+    from vllm import LLM  # imported here: slow, and only this backend needs it
+
+    max_model_len = max(map(len, prompt_ids)) + settings.max_new_tokens
+    llm = LLM(
+        model=str(checkpoint_dir),
+        dtype=dtype,
+        seed=settings.seed,
+        max_model_len=max_model_len,
+        **(_vllm_cpu_engine_args(max_model_len) if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
+    )
+    requests = [
+        ({"prompt_token_ids": ids}, _vllm_sampling_params(settings, problem_id))
+        for problem_id, ids in zip(problem_ids, prompt_ids, strict=True)
+    ]
+    samples: list[list[Sample]] = []
+    try:
+        for chunk in _chunks(requests, chunk_size):
+            prompts, params = zip(*chunk, strict=True)
+            outputs = llm.generate(list(prompts), list(params), use_tqdm=False)
+            samples.extend(
+                [Sample(c.text, len(c.token_ids), c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)]
+                for o in outputs
+            )
+            report(len(samples), len(prompt_ids))
+    finally:
+        # Stop the engine processes now rather than at garbage collection, so that they free their
+        # memory and cores for whatever runs next (another engine, the transformers backend).
+        llm.llm_engine.engine_core.shutdown()
+    return samples
+
+
+def _vllm_cpu_engine_args(max_model_len: int) -> dict:
+    """Engine settings for vLLM on CPU (timings measured with SmolLM2-135M on 2 cores)."""
+    return {
+        # torch.compile triples start-up (about 35 s to 80-110 s) for about 20% more tokens/s.
+        "enforce_eager": True,
+        # Per-request seeds crash vLLM on CPU when a prompt's prefill is split across steps ("CPU
+        # Generator does not use offset"); unsplit prompts need a batch that holds the longest one.
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, VLLM_MIN_BATCHED_TOKENS),
+    }
+
+
+def _vllm_sampling_params(settings: SamplingSettings, problem_id: str):
+    """One problem's vLLM request settings, with a seed of its own.
+
+    The engine's shared generator would make samples depend on which requests happen to share a
+    step, which varies from run to run; a per-request generator does not.  vLLM seeds the K
+    samples ``seed + k``, so each problem's base seed is drawn from (settings seed, problem id).
+    """
+    from vllm import SamplingParams
+
+    digest = hashlib.sha256(f"{settings.seed}/{problem_id}".encode()).digest()
+    return SamplingParams(
+        n=settings.n,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_tokens=settings.max_new_tokens,
+        seed=int.from_bytes(digest[:6], "big"),
+    )

@@ -1,0 +1,342 @@
+"""GRPO training of a policy on verifiable math rewards (no Dagster here).
+
+One round of Noisy Student self-training (Xie et al. 2020, "Self-training with Noisy Student improves
+ImageNet classification") trains on the labeled problems, graded against their gold answers, plus the
+pseudo-labeled ones, graded against the teacher's majority-vote answer.  The optimiser is GRPO
+(Shao et al. 2024, "DeepSeekMath", section 4.1): for each prompt a group of completions is sampled,
+and each completion's advantage is its reward relative to the group's mean (optionally over its
+standard deviation), so no value model is needed.  The loss, sampling and LoRA adapters are TRL's
+``GRPOTrainer`` and peft's; this module only maps settings onto them and saves a merged checkpoint
+that vLLM and plain transformers can load.
+
+The ML libraries are imported inside the functions that use them: the Dagster config imports the
+settings here, and loading the code location should not wait for torch, peft and TRL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from noisy_student_assets import grading
+from noisy_student_assets.prompts import build_messages
+
+if TYPE_CHECKING:
+    import datasets
+    from peft import LoraConfig, PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from trl import GRPOConfig
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
+"""TRL 1.16 loss aggregations usable with token-level importance sampling ("luspo" needs sequence-level).
+TRL itself only rejects an unknown one after the first generation batch, hence the early check."""
+
+SCALE_REWARDS = ("group", "batch", "none")
+"""TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
+
+GOLD, PSEUDO = "gold", "pseudo"
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """Hyper-parameters of one GRPO run; see `grpo_config` for how each maps onto TRL's `GRPOConfig`."""
+
+    max_steps: int = 20
+    num_generations: int = 8
+    """Completions sampled per prompt: the GRPO group whose mean reward is the baseline."""
+    prompts_per_step: int = 2
+    """Prompts per optimiser step, so a step trains on `prompts_per_step * num_generations` completions."""
+    max_completion_length: int = 64
+    learning_rate: float = 2e-4
+    beta: float = 0.0
+    """KL coefficient towards the initial policy; 0 loads no reference model."""
+    epsilon: float = 0.2
+    """PPO-style clip range of the importance ratio."""
+    loss_type: str = "dapo"
+    """How token losses are averaged; one of `LOSS_TYPES` (TRL's default is "dapo", Yu et al. 2025)."""
+    scale_rewards: str = "group"
+    """One of `SCALE_REWARDS`."""
+    temperature: float = 1.0
+    format_reward_weight: float = 0.0
+    """Weight of the format reward beside the answer reward (weight 1); 0 trains on the answer reward only."""
+    use_lora: bool = True
+    """LoRA adapters (Hu et al. 2021), merged into the weights after training; False fine-tunes every weight."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+    seed: int = 0
+    save_steps: int = 0
+    """Save a resumable TRL checkpoint into the work dir every this many steps; 0 saves none."""
+    use_vllm: bool = False
+    """Sample with vLLM colocated on the training GPU instead of `model.generate`."""
+    bf16: bool = False
+    gradient_accumulation_steps: int = 1
+    """Micro-batches each step's completions are split into (memory only: the step's batch is unchanged)."""
+    logging_steps: int = 1
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~20% slower (TRL turns it on by default)."""
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations is {self.num_generations}; GRPO needs a group of at least 2 (its baseline is the "
+                "group's mean reward)"
+            )
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
+        if self.completions_per_step % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
+                f"{self.completions_per_step} completions of a step (prompts_per_step * num_generations)"
+            )
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    checkpoint_dir: Path
+    """Merged, self-contained checkpoint: safetensors weights, tokenizer and chat template, no adapters."""
+    metrics: dict[str, float]
+    """Final metrics: train_loss, train_runtime, steps (the global step reached), resumed_from_step,
+    seconds_per_step (NaN when the checkpoint resumed from had already reached max_steps), and the mean
+    reward and answer reward over the first and last quarter of the logged steps."""
+    log_history: list[dict]
+    """`trainer.state.log_history`, including the steps of a checkpoint resumed from."""
+    n_train_rows: int
+    n_gold_rows: int
+    n_pseudo_rows: int
+
+
+def build_training_dataset(
+    labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None, system_prompt: str, *, seed: int = 0
+) -> datasets.Dataset:
+    """All labeled problems (target: gold answer) and all pseudo-labeled ones (target: pseudo-label),
+    shuffled by `seed`, as TRL rows: "prompt" (chat messages), "target", "label_source", "problem_id".
+
+    Only problem_id, prompt and pseudo_label are read from `pseudo_labeled`, so no other column of it
+    (a gold answer carried along for analysis, say) can leak into training.
+    """
+    import datasets
+
+    parts = [_training_rows(labeled, "gold_answer", GOLD)]
+    if pseudo_labeled is not None:
+        parts.append(_training_rows(pseudo_labeled, "pseudo_label", PSEUDO))
+    rows = pl.concat(parts).sample(fraction=1.0, shuffle=True, seed=seed)
+    dataset = datasets.Dataset.from_list(
+        [
+            {
+                "prompt": build_messages(row["prompt"], system_prompt),
+                "target": row["target"],
+                "label_source": row["label_source"],
+                "problem_id": row["problem_id"],
+            }
+            for row in rows.iter_rows(named=True)
+        ]
+    )
+    validate_training_dataset(dataset)
+    return dataset
+
+
+def _training_rows(frame: pl.DataFrame, target_column: str, label_source: str) -> pl.DataFrame:
+    return frame.select(
+        pl.col("problem_id").cast(pl.String),
+        pl.col("prompt").cast(pl.String),
+        pl.col(target_column).cast(pl.String).alias("target"),
+        pl.lit(label_source).alias("label_source"),
+    )
+
+
+def validate_training_dataset(dataset: datasets.Dataset) -> None:
+    """Raise ValueError unless `dataset` has rows and every row has a non-empty target."""
+    if len(dataset) == 0:
+        raise ValueError("no training rows")
+    for row in dataset.select_columns(["problem_id", "label_source", "target"]):
+        if not (isinstance(row["target"], str) and row["target"].strip()):
+            raise ValueError(
+                f"training row problem_id={row['problem_id']!r} ({row['label_source']}) has no target answer"
+            )
+
+
+def completion_text(completion: str | list[dict]) -> str:
+    """The text of a completion, plain or conversational (the assistant turns' contents)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(message["content"] for message in completion if message["role"] == "assistant")
+
+
+def answer_reward(completions, target, label_source=None, log_metric=None, **kwargs) -> list[float]:
+    """TRL reward function: 1.0 where the completion's final answer is equivalent to the row's target.
+
+    Also logs the mean reward per label source (TRL's `log_metric` hook): on pseudo rows it measures
+    agreement with the teacher, which only the gold rows can tell apart from accuracy.
+    """
+    rewards = [grading.answer_reward(completion_text(c), t) for c, t in zip(completions, target, strict=True)]
+    if log_metric is not None and label_source is not None:
+        for source in sorted(set(label_source)):
+            source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source]
+            log_metric(f"answer_reward/{source}", sum(source_rewards) / len(source_rewards))
+    return rewards
+
+
+def format_reward_fn(completions, **kwargs) -> list[float]:
+    """TRL reward function: 1.0 where the completion marks a final answer (see `grading.format_reward`)."""
+    return [grading.format_reward(completion_text(c)) for c in completions]
+
+
+def grpo_config(settings: GRPOSettings, work_dir: Path, *, device: str, report_to: list[str]) -> GRPOConfig:
+    """TRL's GRPOConfig for `settings`, checkpointing into `work_dir`.
+
+    With one process, TRL generates `per_device_train_batch_size * gradient_accumulation_steps`
+    completions per optimiser step (its `generation_batch_size`), which must be whole groups; so the
+    per-device batch is the step's completions over the accumulation steps.
+    """
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(work_dir),
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.completions_per_step // settings.gradient_accumulation_steps,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        num_generations=settings.num_generations,
+        max_completion_length=settings.max_completion_length,
+        learning_rate=settings.learning_rate,
+        beta=settings.beta,
+        epsilon=settings.epsilon,
+        loss_type=settings.loss_type,
+        scale_rewards=settings.scale_rewards,
+        temperature=settings.temperature,
+        reward_weights=[1.0, settings.format_reward_weight] if settings.format_reward_weight > 0 else None,
+        seed=settings.seed,
+        save_strategy="steps" if settings.save_steps > 0 else "no",
+        save_steps=settings.save_steps,
+        save_total_limit=1,  # resuming needs only the latest; full fine-tune checkpoints hold optimiser state
+        use_vllm=settings.use_vllm,
+        vllm_mode="colocate",
+        bf16=settings.bf16,  # explicit: TRL turns bf16 on when it is left unset
+        gradient_checkpointing=settings.gradient_checkpointing,
+        logging_steps=settings.logging_steps,
+        report_to=report_to,
+        use_cpu=device == "cpu",
+    )
+
+
+def _lora_config(settings: GRPOSettings) -> LoraConfig:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        task_type="CAUSAL_LM",
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=list(settings.lora_target_modules),
+    )
+
+
+def train_grpo(
+    init_checkpoint: Path,
+    dataset: datasets.Dataset,
+    settings: GRPOSettings,
+    out_dir: Path,
+    *,
+    work_dir: Path,
+    device: str = "cpu",
+    report_to: list[str] | None = None,
+    callbacks: list | None = None,
+) -> TrainingResult:
+    """GRPO-train the checkpoint at `init_checkpoint` on `dataset` (see `build_training_dataset`) and save
+    the trained, merged model with its tokenizer to `out_dir`.
+
+    Resumes from the latest ``checkpoint-*`` in `work_dir` if there is one, so `work_dir` must belong to
+    this training alone.  `report_to` names transformers' logging integrations (default none): "mlflow"
+    logs the trainer's arguments as params and the step logs as metrics into the active MLflow run,
+    leaving it open (or into a run of its own, ended after training, when none is active).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import GRPOTrainer
+
+    validate_training_dataset(dataset)
+    if len(dataset) < settings.prompts_per_step:
+        # TRL's sampler drops incomplete batches, so a smaller set would yield no step at all.
+        raise ValueError(f"{len(dataset)} training rows cannot fill a step of {settings.prompts_per_step} prompts")
+    tokenizer = AutoTokenizer.from_pretrained(init_checkpoint)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(init_checkpoint, dtype=torch.float32, use_safetensors=True)
+    reward_funcs = [answer_reward] + ([format_reward_fn] if settings.format_reward_weight > 0 else [])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=grpo_config(settings, work_dir, device=device, report_to=report_to or ["none"]),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=_lora_config(settings) if settings.use_lora else None,
+    )
+    resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
+    resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0
+    train_output = trainer.train(resume_from_checkpoint=resume_from)
+    save_merged(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out_dir)
+    log_history = list(trainer.state.log_history)
+    label_sources = list(dataset["label_source"])
+    return TrainingResult(
+        checkpoint_dir=out_dir,
+        metrics=_final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step),
+        log_history=log_history,
+        n_train_rows=len(dataset),
+        n_gold_rows=label_sources.count(GOLD),
+        n_pseudo_rows=label_sources.count(PSEUDO),
+    )
+
+
+def save_merged(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+    """Save the trained policy as a plain checkpoint: LoRA adapters merged in, so no peft is needed to load it."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    model.config.use_cache = True  # the Trainer turns the KV cache off for training; inference wants it
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def _final_metrics(
+    train_metrics: dict[str, float], log_history: list[dict], global_step: int, resumed_from_step: int
+) -> dict[str, float]:
+    trained_steps = global_step - resumed_from_step
+    metrics = {
+        "train_loss": train_metrics["train_loss"],
+        "train_runtime": train_metrics["train_runtime"],
+        "steps": float(global_step),
+        "resumed_from_step": float(resumed_from_step),
+        "seconds_per_step": train_metrics["train_runtime"] / trained_steps if trained_steps else math.nan,
+    }
+    for key, name in (("reward", "reward"), ("rewards/answer_reward/mean", "answer_reward")):
+        values = [entry[key] for entry in log_history if key in entry]
+        if values:
+            quarter = max(1, len(values) // 4)
+            metrics[f"{name}_first_quarter"] = sum(values[:quarter]) / quarter
+            metrics[f"{name}_last_quarter"] = sum(values[-quarter:]) / quarter
+    return metrics

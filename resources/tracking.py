@@ -1,0 +1,61 @@
+"""MLflow tracking: one MLflow run per (asset, partition), tagged with the Dagster run that made it."""
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import dagster as dg
+import mlflow
+from pydantic import Field
+
+from resources.data_lake import DataLake
+
+TRACKING_DB_NAME = "mlflow.db"
+ARTIFACTS_DIR_NAME = "mlflow-artifacts"
+
+
+def flatten_params(params: Mapping[str, object], prefix: str = "") -> dict[str, str]:
+    """Nested settings as MLflow params: {"grpo": {"beta": 0}} -> {"grpo.beta": "0"}."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat |= flatten_params(value, prefix=f"{name}.")
+        else:
+            flat[name] = str(value)[:6000]  # MLflow's limit on a param value
+    return flat
+
+
+class MlflowTracking(dg.ConfigurableResource):
+    """Plain mlflow around asset materializations. The default store is SQLite in the data lake
+    (MLflow 3.17 refuses a ./mlruns file store); `mlflow ui --backend-store-uri <uri>` shows it."""
+
+    lake: DataLake
+    tracking_uri: str = Field(default="", description="empty: sqlite:///<data lake>/mlflow.db")
+    experiment_name: str = Field(default="noisy-student")
+
+    @property
+    def resolved_tracking_uri(self) -> str:
+        return self.tracking_uri or f"sqlite:///{self.lake.root_path / TRACKING_DB_NAME}"
+
+    @contextmanager
+    def start_run(
+        self, context: dg.AssetExecutionContext, asset_name: str, params: Mapping[str, object]
+    ) -> Iterator[mlflow.ActiveRun]:
+        """An MLflow run for `asset_name` (and the context's partition) that is active inside the block,
+        so TRL's MLflow callback logs into it too."""
+        self.lake.root_path.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(self.resolved_tracking_uri)
+        if mlflow.get_experiment_by_name(self.experiment_name) is None:
+            # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
+            mlflow.create_experiment(self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri())
+        mlflow.set_experiment(self.experiment_name)
+        partition = context.partition_key if context.has_partition_key else ""
+        tags = {
+            "dagster.run_id": context.run_id,
+            "dagster.asset": asset_name,
+            "dagster.partition": partition,
+        }
+        run_name = f"{asset_name}/{partition}" if partition else asset_name
+        with mlflow.start_run(run_name=run_name, tags=tags) as run:
+            mlflow.log_params(flatten_params(params))
+            yield run

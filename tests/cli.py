@@ -1,0 +1,31 @@
+"""Drives the `dagster` CLI in a subprocess, as a user would from a shell."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+DAGSTER_DAEMON = str(Path(sys.executable).with_name("dagster-daemon"))
+
+
+class DagsterCli:
+    """Runs `dagster ...` in a scratch project directory with its own instance and data lake."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.lake = home / "data_lake"
+        shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+        shutil.copy(REPO_ROOT / "workspace.yaml", home / "workspace.yaml")
+        self.env = os.environ | {"DAGSTER_HOME": str(home), "NOISY_STUDENT_DATA_LAKE": str(self.lake)}
+
+    def __call__(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [DAGSTER, *args], cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        assert result.returncode == 0, f"dagster {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        return result

@@ -1,0 +1,87 @@
+"""Rounds through the CLI and the daemon: a partition materialized with `dagster asset materialize`, and
+a backfill of rounds 1-2 that the daemon runs in order (tiny model, tiny settings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from tests.cli import DAGSTER_DAEMON
+from tests.tiny_configs import ROUND_SELECTION, foundation_config, round_config
+
+pytestmark = pytest.mark.e2e
+
+MODULE = ["-m", "noisy_student_assets.definitions"]
+FOUNDATION = "labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval"
+
+
+def _teacher_of(lake: Path, round_key: str) -> set[str]:
+    return {label.split(" sha256:")[0] for label in pl.read_parquet(lake / "generations" / round_key / "data.parquet")["checkpoint"]}
+
+
+@pytest.fixture
+def foundation(dagster_cli, tiny_model_dir):
+    dagster_cli("asset", "materialize", *MODULE, "--select", FOUNDATION, "--config-json", json.dumps(foundation_config(tiny_model_dir)))
+    return dagster_cli
+
+
+def test_round_partition_through_cli(foundation) -> None:
+    result = foundation(
+        "asset", "materialize", *MODULE, "--select", ",".join(ROUND_SELECTION),
+        "--partition", "round-001", "--config-json", json.dumps(round_config()),
+    )
+    assert "RUN_SUCCESS" in result.stdout + result.stderr
+    lake = foundation.lake
+    assert _teacher_of(lake, "round-001") == {str(lake / "labeled_rl_checkpoint")}
+    assert (lake / "student_checkpoint" / "round-001" / "model.safetensors").is_file()
+    assert (lake / "eval_report" / "round-001" / "report.md").is_file()
+
+
+def test_backfill_runs_rounds_in_order(foundation, monkeypatch) -> None:
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    from noisy_student_assets.definitions import defs
+
+    monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
+        backfill = PartitionBackfill.from_asset_partitions(
+            backfill_id="rounds12",
+            asset_graph=defs.resolve_asset_graph(),
+            partition_names=["round-001", "round-002"],
+            asset_selection=[dg.AssetKey(key) for key in ROUND_SELECTION],
+            backfill_timestamp=time.time(),
+            tags={},
+            dynamic_partitions_store=instance,
+            all_partitions=False,
+            title="rounds 1-2",
+            description=None,
+            run_config=round_config(),
+        )
+        instance.add_backfill(backfill)
+        daemon = subprocess.Popen(
+            [DAGSTER_DAEMON, "run", *MODULE],
+            cwd=foundation.home, env=foundation.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.time() + 900
+            while instance.get_backfill("rounds12").status == BulkActionStatus.REQUESTED and time.time() < deadline:
+                time.sleep(5)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
+        assert instance.get_backfill("rounds12").status == BulkActionStatus.COMPLETED_SUCCESS
+        records = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": "rounds12"}))
+        round_runs = sorted(
+            (r for r in records if dg.AssetKey("student_checkpoint") in r.dagster_run.asset_selection),
+            key=lambda r: r.start_time,
+        )
+        assert [r.dagster_run.tags["dagster/partition"] for r in round_runs] == ["round-001", "round-002"]
+        assert round_runs[1].start_time >= round_runs[0].end_time, "round 2 started before round 1 finished"
+    lake = foundation.lake
+    assert _teacher_of(lake, "round-002") == {str(lake / "student_checkpoint" / "round-001")}

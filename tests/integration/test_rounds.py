@@ -1,0 +1,118 @@
+"""Labeled RL and two Noisy Student rounds materialized in-process with a tiny random model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import mlflow
+import polars as pl
+import pytest
+
+from noisy_student_assets.checkpoints import weights_sha256
+from noisy_student_assets.definitions import defs
+from resources.compute import ComputeResource
+from resources.data_lake import DataLake
+from resources.io_managers import CheckpointIOManager, ParquetIOManager
+from resources.tracking import MlflowTracking
+from tests.tiny_configs import ROUND_SELECTION, foundation_config, round_config
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> DataLake:
+    return DataLake(root=str(tmp_path_factory.mktemp("lake")))
+
+
+@pytest.fixture(scope="module")
+def resources(lake: DataLake) -> dict:
+    return {
+        "data_lake": lake,
+        "io_manager": ParquetIOManager(lake=lake),
+        "checkpoint_io_manager": CheckpointIOManager(lake=lake),
+        "compute": ComputeResource(device="cpu", dtype="float32"),
+        "tracking": MlflowTracking(lake=lake),
+    }
+
+
+@pytest.fixture(scope="module")
+def instance() -> dg.DagsterInstance:
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+ASSETS = list(defs.assets)
+
+
+def materialize(selection, resources, instance, config, partition=None) -> dg.ExecuteInJobResult:
+    result = dg.materialize(
+        ASSETS, selection=selection, resources=resources, instance=instance, run_config=config, partition_key=partition
+    )
+    assert result.success
+    return result
+
+
+@pytest.fixture(scope="module")
+def two_rounds(lake, resources, instance, tiny_model_dir) -> dict[str, dg.ExecuteInJobResult]:
+    foundation = dg.AssetSelection.groups("problems", "models")
+    results = {"foundation": materialize(foundation, resources, instance, foundation_config(tiny_model_dir))}
+    for round_key in ("round-001", "round-002"):
+        results[round_key] = materialize(ROUND_SELECTION, resources, instance, round_config(), round_key)
+    return results
+
+
+def _metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset]
+    return event.step_materialization_data.materialization.metadata
+
+
+def test_round_two_samples_from_round_one_student(two_rounds, lake: DataLake) -> None:
+    round_one_student = lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-001")
+    labeled_rl = lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint"))
+    first = lake.read_table(dg.AssetKey("generations"), "round-001")
+    second = lake.read_table(dg.AssetKey("generations"), "round-002")
+    assert set(first["checkpoint"]) == {f"{labeled_rl} sha256:{weights_sha256(labeled_rl)[:12]}"}
+    assert set(second["checkpoint"]) == {f"{round_one_student} sha256:{weights_sha256(round_one_student)[:12]}"}
+    metadata = _metadata(two_rounds["round-002"], "generations")
+    assert metadata["teacher"].value == str(round_one_student)
+
+
+def test_round_artifacts_and_reports(two_rounds, lake: DataLake) -> None:
+    generations = lake.read_table(dg.AssetKey("generations"), "round-001")
+    assert generations.height == 6 * 3 and set(generations["sample_index"]) == {0, 1, 2}
+    labels = lake.read_table(dg.AssetKey("pseudo_labels"), "round-001")
+    assert labels.height == 6 and "hidden_gold_answer" not in labels.columns
+    for round_key in ("round-001", "round-002"):
+        report = lake.artifact_dir(dg.AssetKey("eval_report"), round_key)
+        metrics = json.loads((report / "metrics.json").read_text())["metrics"]
+        assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and "pass@2" in metrics and "maj@2" in metrics
+        assert "delta_vs_labeled_rl/greedy_accuracy" in metrics and "delta_vs_base_model/greedy_accuracy" in metrics
+    second = json.loads((lake.artifact_dir(dg.AssetKey("eval_report"), "round-002") / "metrics.json").read_text())
+    assert "delta_vs_previous_round/greedy_accuracy" in second["metrics"]
+    metadata = _metadata(two_rounds["round-002"], "eval_report")
+    assert isinstance(metadata["greedy_accuracy"].value, float) and "report" in metadata
+    checks = two_rounds["round-002"].get_asset_check_evaluations()
+    assert {c.check_name for c in checks} == {"pseudo_label_quality", "no_eval_regression"}
+
+
+def test_mlflow_runs_are_tagged_per_asset_and_round(two_rounds, lake: DataLake) -> None:
+    mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
+    runs = mlflow.search_runs(experiment_names=["noisy-student"], output_format="list")
+    seen = {(r.data.tags["dagster.asset"], r.data.tags["dagster.partition"]) for r in runs}
+    for asset in ROUND_SELECTION:
+        assert {(asset, "round-001"), (asset, "round-002")} <= seen
+    assert {("labeled_rl_checkpoint", ""), ("base_model_eval", ""), ("labeled_rl_eval", "")} <= seen
+    student_run_id = _metadata(two_rounds["round-001"], "student_checkpoint")["mlflow_run_id"].value
+    student_run = mlflow.get_run(student_run_id)
+    assert student_run.data.tags["dagster.run_id"] == two_rounds["round-001"].run_id
+    assert any(key.startswith("train") or key.startswith("reward") for key in student_run.data.metrics)
+
+
+def test_new_tau_reuses_samples(two_rounds, lake, resources, instance) -> None:
+    path = lake.artifact_dir(dg.AssetKey("generations"), "round-002") / "data.parquet"
+    before = pl.read_parquet(path)
+    result = materialize(
+        ["generations", "pseudo_labels", "student_checkpoint"], resources, instance, round_config(tau=0.9, with_eval=False), "round-002"
+    )
+    assert _metadata(result, "generations")["reused_cached_samples"].value is True
+    assert _metadata(result, "pseudo_labels")["tau"].value == 0.9
+    assert pl.read_parquet(path).equals(before)

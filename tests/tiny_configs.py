@@ -1,0 +1,38 @@
+"""Run configs that make every stage tiny (1 GRPO step, 8-token completions) for tests where the
+model's skill does not matter."""
+
+from pathlib import Path
+
+ROUND_SELECTION = ["generations", "pseudo_labels", "student_checkpoint", "eval_report"]
+
+TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8}
+TINY_EVAL = {"backend": "transformers", "max_new_tokens": 8, "samples": 2, "ks": [1, 2]}
+
+
+def tiny_round(tau: float = 0.0) -> dict:
+    return {
+        "sampling": {"backend": "transformers", "k": 3, "max_new_tokens": 8},
+        "tau": tau,
+        "min_coverage": 0.0,
+        "grpo": TINY_GRPO,
+    }
+
+
+def foundation_config(tiny_model_dir: Path) -> dict:
+    return {
+        "ops": {
+            "problem_split": {"config": {"n_labeled": 4, "n_unlabeled": 6}},
+            "eval_problems": {"config": {"source": {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 5, "seed": 9}}},
+            "base_model": {"config": {"reference": str(tiny_model_dir)}},
+            "labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO}},
+            "base_model_eval": {"config": TINY_EVAL},
+            "labeled_rl_eval": {"config": TINY_EVAL},
+        }
+    }
+
+
+def round_config(tau: float = 0.0, with_eval: bool = True) -> dict:
+    ops = {"noisy_student_round": {"config": tiny_round(tau)}}
+    if with_eval:
+        ops["eval_report"] = {"config": TINY_EVAL}
+    return {"ops": ops}

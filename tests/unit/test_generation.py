@@ -1,0 +1,239 @@
+"""Sampling with the transformers and vLLM backends, on tiny random Llamas (real libraries, no mocks).
+
+Each vLLM engine start costs about 30 s on a 2-core CPU; the vLLM tests start three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from noisy_student_assets.generation import (
+    GENERATION_SCHEMA,
+    SamplingSettings,
+    _decode_generated,
+    generate_samples,
+    sampling_cache_key,
+)
+from noisy_student_assets.grading import extract_answer
+
+PROBLEMS = pl.DataFrame(
+    {
+        "problem_id": ["p-add", "p-mul", "p-sub", "p-div", "p-sq"],
+        "prompt": ["Calculate 47 + 38.", "What is 7 times 8?", "Compute 90 - 45.", "What is 81 / 9?", "Square 12."],
+        "gold": ["85", "56", "45", "9", "144"],  # other columns are ignored
+    }
+)
+SAMPLING = SamplingSettings(n=4, temperature=1.0, top_p=0.95, max_new_tokens=12, seed=3)
+GREEDY = SamplingSettings(n=1, temperature=0.0, max_new_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with 32-dim attention heads: vLLM's CPU attention supports no head size below 32,
+    and the shared tiny model's is 8."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.head_dim = 32
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_model_vllm")
+    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
+    """Samples from the transformers backend in batches of 2, and the progress reports it made."""
+    reports: list[tuple[int, int]] = []
+    samples = generate_samples(
+        tiny_model_dir,
+        PROBLEMS,
+        SAMPLING,
+        backend="transformers",
+        batch_size=2,
+        progress=lambda done, total: reports.append((done, total)),
+    )
+    return samples, reports
+
+
+@pytest.fixture(scope="module")
+def vllm_run(vllm_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
+    """Samples from the vLLM backend on the CPU, fed 4 problems per call, and the progress reports it made."""
+    reports: list[tuple[int, int]] = []
+    samples = generate_samples(
+        vllm_model_dir,
+        PROBLEMS,
+        SAMPLING,
+        backend="vllm",
+        batch_size=1,
+        progress=lambda done, total: reports.append((done, total)),
+    )
+    return samples, reports
+
+
+def assert_k_rows_per_problem_in_order(samples: pl.DataFrame, k: int) -> None:
+    assert samples["problem_id"].to_list() == [pid for pid in PROBLEMS["problem_id"] for _ in range(k)]
+    assert samples["sample_index"].to_list() == list(range(k)) * PROBLEMS.height
+
+
+def assert_finish_reasons_consistent(samples: pl.DataFrame, max_new_tokens: int) -> None:
+    assert set(samples["finish_reason"]) <= {"stop", "length"}
+    lengths = samples.filter(pl.col("finish_reason") == "length")["n_tokens"]
+    assert (lengths == max_new_tokens).all()
+    assert samples["n_tokens"].is_between(1, max_new_tokens).all()
+
+
+# --- transformers backend -------------------------------------------------------------------------
+
+
+def test_transformers_table_has_exactly_the_generation_schema(transformers_run):
+    samples, _ = transformers_run
+    assert samples.schema == GENERATION_SCHEMA
+
+
+def test_transformers_gives_k_rows_per_problem_in_problem_order(transformers_run):
+    samples, _ = transformers_run
+    assert_k_rows_per_problem_in_order(samples, SAMPLING.n)
+
+
+def test_transformers_finish_reasons_match_token_counts(transformers_run):
+    samples, _ = transformers_run
+    assert_finish_reasons_consistent(samples, SAMPLING.max_new_tokens)
+
+
+def test_answer_column_is_the_extracted_answer(transformers_run):
+    samples, _ = transformers_run
+    assert samples["answer"].to_list() == [extract_answer(c) for c in samples["completion"]]
+
+
+def test_provenance_columns(transformers_run, tiny_model_dir):
+    samples, _ = transformers_run
+    assert set(samples["checkpoint"]) == {str(tiny_model_dir)}
+    assert set(samples["backend"]) == {"transformers"}
+    assert [json.loads(s) for s in set(samples["sampling"])] == [SAMPLING.as_dict()]
+
+
+def test_transformers_progress_counts_problems_up_to_the_total(transformers_run):
+    _, reports = transformers_run
+    assert reports == [(2, 5), (4, 5), (5, 5)]
+
+
+def test_transformers_sampling_is_deterministic_for_a_seed(transformers_run, tiny_model_dir):
+    samples, _ = transformers_run
+    again = generate_samples(tiny_model_dir, PROBLEMS, SAMPLING, backend="transformers", batch_size=2)
+    reseeded = generate_samples(
+        tiny_model_dir, PROBLEMS, dataclasses.replace(SAMPLING, seed=4), backend="transformers", batch_size=2
+    )
+    assert again["completion"].to_list() == samples["completion"].to_list()
+    assert reseeded["completion"].to_list() != samples["completion"].to_list()
+
+
+def test_transformers_greedy_gives_one_deterministic_row_per_problem(tiny_model_dir):
+    first = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", checkpoint_label="tiny")
+    second = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=1)
+    assert_k_rows_per_problem_in_order(first, 1)
+    assert set(first["checkpoint"]) == {"tiny"}
+    assert first["completion"].to_list() == second["completion"].to_list()
+
+
+def test_generation_is_cut_after_the_first_stop_token(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    eos = tokenizer.eos_token_id
+    words = tokenizer("The answer is 5", add_special_tokens=False).input_ids
+    stopped = _decode_generated(tokenizer, [*words, eos, eos, eos], {eos})
+    unstopped = _decode_generated(tokenizer, words, {eos})
+    assert stopped == dataclasses.replace(unstopped, n_tokens=len(words) + 1, finish_reason="stop")
+    assert (unstopped.completion, unstopped.n_tokens, unstopped.finish_reason) == (
+        "The answer is 5",
+        len(words),
+        "length",
+    )
+
+
+# --- input validation -----------------------------------------------------------------------------
+
+
+def test_greedy_with_several_samples_is_rejected():
+    with pytest.raises(ValueError, match="greedy"):
+        SamplingSettings(n=2, temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    ("problems", "backend", "message"),
+    [
+        (PROBLEMS.clear(), "transformers", "no problems to sample"),
+        (PROBLEMS, "llama.cpp", "vllm, transformers"),
+        (PROBLEMS.drop("prompt", "problem_id"), "transformers", "problem_id, prompt"),
+    ],
+)
+def test_bad_inputs_are_rejected(tiny_model_dir, problems, backend, message):
+    with pytest.raises(ValueError, match=message):
+        generate_samples(tiny_model_dir, problems, SAMPLING, backend=backend)
+
+
+# --- vLLM backend (CPU) ---------------------------------------------------------------------------
+
+
+def test_vllm_table_has_the_same_schema_as_transformers(vllm_run, transformers_run):
+    assert vllm_run[0].schema == transformers_run[0].schema == GENERATION_SCHEMA
+
+
+def test_vllm_gives_k_rows_per_problem_with_consistent_finish_reasons(vllm_run):
+    samples, reports = vllm_run
+    assert_k_rows_per_problem_in_order(samples, SAMPLING.n)
+    assert_finish_reasons_consistent(samples, SAMPLING.max_new_tokens)
+    assert set(samples["backend"]) == {"vllm"}
+    assert reports == [(4, 5), (5, 5)]
+
+
+def test_vllm_samples_of_a_problem_depend_on_the_seed_not_on_order_or_batching(vllm_run, vllm_model_dir):
+    samples, _ = vllm_run
+    again = generate_samples(vllm_model_dir, PROBLEMS.reverse(), SAMPLING, backend="vllm")  # all in one call
+    position = pl.col("problem_id").replace_strict(PROBLEMS["problem_id"], range(PROBLEMS.height))
+    in_original_order = again.sort(position, "sample_index")
+    assert in_original_order["completion"].to_list() == samples["completion"].to_list()
+    assert samples["completion"].n_unique() == samples.height  # each sample has a stream of its own
+
+
+def test_vllm_and_transformers_agree_on_greedy_completions(vllm_model_dir):
+    by_vllm = generate_samples(vllm_model_dir, PROBLEMS, GREEDY, backend="vllm")
+    by_transformers = generate_samples(vllm_model_dir, PROBLEMS, GREEDY, backend="transformers")
+    assert by_vllm["completion"].to_list() == by_transformers["completion"].to_list()
+    assert by_vllm["n_tokens"].to_list() == by_transformers["n_tokens"].to_list()
+
+
+# --- cache key ------------------------------------------------------------------------------------
+
+
+def test_sampling_cache_key_is_stable_and_sensitive_to_every_input():
+    base = {
+        "checkpoint_sha256": "a" * 64,
+        "problems_fingerprint": "problems-v1",
+        "settings": SAMPLING,
+        "backend": "vllm",
+        "system_prompt": "Be careful.",
+    }
+    variants = [
+        {"checkpoint_sha256": "b" * 64},
+        {"problems_fingerprint": "problems-v2"},
+        {"backend": "transformers"},
+        {"system_prompt": ""},
+        {"settings": dataclasses.replace(SAMPLING, n=5)},
+        {"settings": dataclasses.replace(SAMPLING, temperature=0.7)},
+        {"settings": dataclasses.replace(SAMPLING, top_p=0.9)},
+        {"settings": dataclasses.replace(SAMPLING, max_new_tokens=13)},
+        {"settings": dataclasses.replace(SAMPLING, seed=4)},
+    ]
+    key = sampling_cache_key(**base)
+    assert key == sampling_cache_key(**base) and len(key) == 64
+    keys = {sampling_cache_key(**(base | change)) for change in variants}
+    assert key not in keys and len(keys) == len(variants)
