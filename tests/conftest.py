@@ -14,12 +14,14 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+# head_dim 32: vLLM's CPU attention supports no smaller head size.
 TINY_MODEL_CONFIG = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
+    "hidden_size": 64,
+    "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
     "max_position_embeddings": 1024,
     "tie_word_embeddings": True,
 }

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import mlflow
 import polars as pl
 
 from noisy_student_assets.assets.metadata import markdown_table
@@ -26,7 +25,7 @@ from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.config import EvalConfig, RoundConfig
 from noisy_student_assets.partitions import PREVIOUS_ROUND, ROUNDS, previous_round_key
 from noisy_student_assets.problems import fingerprint
-from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
+from noisy_student_assets.prompts import prompt_template
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
@@ -125,6 +124,8 @@ def _sample(
     lake: DataLake,
 ) -> tuple[pl.DataFrame, dict]:
     """The teacher's K samples per problem, reused from the published artifact when its cache key matches."""
+    import mlflow
+
     from noisy_student_assets.generation import generate_samples, sampling_cache_key
 
     settings = config.sampling.to_settings()
@@ -132,7 +133,7 @@ def _sample(
     # Only the columns sampling reads: the hidden gold must not shape (or even key) the samples.
     problems = unlabeled.select("problem_id", "prompt")
     cache_key = sampling_cache_key(
-        teacher_sha, fingerprint(problems), settings, config.sampling.backend, DEFAULT_SYSTEM_PROMPT
+        teacher_sha, fingerprint(problems), settings, config.sampling.backend, prompt_template()
     )
     published = lake.artifact_dir(GENERATIONS, context.partition_key)
     reused = (published / CACHE_KEY_FILE).exists() and (published / CACHE_KEY_FILE).read_text() == cache_key
@@ -184,6 +185,8 @@ def _pseudo_label(
     tracking: MlflowTracking,
     lake: DataLake,
 ) -> tuple[pl.DataFrame, dict, dg.AssetCheckResult]:
+    import mlflow
+
     from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
 
     with tracking.start_run(context, "pseudo_labels", {"tau": config.tau}) as run:

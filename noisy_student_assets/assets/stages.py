@@ -1,6 +1,6 @@
 """The heavy stages (GRPO training, evaluation) as the assets run them: logging to the Dagster run,
-tracking in MLflow, publishing into the data lake. The ML libraries are imported inside the functions
-so that loading the code location (UI, CLI, `definitions validate`) stays fast."""
+tracking in MLflow, publishing into the data lake. The ML libraries (and mlflow) are imported inside
+the functions so that loading the code location (UI, CLI, `definitions validate`) stays fast."""
 
 import hashlib
 import json
@@ -8,7 +8,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import dagster as dg
-import mlflow
 import polars as pl
 
 from noisy_student_assets.assets.metadata import markdown_table
@@ -56,6 +55,8 @@ def train_checkpoint(
 
     Returns the staged directory (for the checkpoint IO manager or `DataLake.publish`) and metadata.
     """
+    import mlflow
+
     from noisy_student_assets.training import build_training_dataset, train_grpo
 
     settings = grpo.to_settings()
@@ -114,6 +115,8 @@ def evaluate(
     `deltas_against` maps a name ("previous_round", "labeled_rl", "base_model") to that checkpoint's
     metrics; the report adds the differences for every shared metric.
     """
+    import mlflow
+
     from noisy_student_assets.evaluation import evaluate_checkpoint
 
     settings = config.to_settings()

@@ -14,6 +14,7 @@ import pytest
 
 from noisy_student_assets.generation import (
     GENERATION_SCHEMA,
+    Sample,
     SamplingSettings,
     _decode_generated,
     generate_samples,
@@ -33,22 +34,6 @@ GREEDY = SamplingSettings(n=1, temperature=0.0, max_new_tokens=16)
 
 
 @pytest.fixture(scope="module")
-def vllm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with 32-dim attention heads: vLLM's CPU attention supports no head size below 32,
-    and the shared tiny model's is 8."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
-
-    config = AutoConfig.from_pretrained(tiny_model_dir)
-    config.head_dim = 32
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny_model_vllm")
-    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
     """Samples from the transformers backend in batches of 2, and the progress reports it made."""
     reports: list[tuple[int, int]] = []
@@ -64,11 +49,11 @@ def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int
 
 
 @pytest.fixture(scope="module")
-def vllm_run(vllm_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
+def vllm_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
     """Samples from the vLLM backend on the CPU, fed 4 problems per call, and the progress reports it made."""
     reports: list[tuple[int, int]] = []
     samples = generate_samples(
-        vllm_model_dir,
+        tiny_model_dir,
         PROBLEMS,
         SAMPLING,
         backend="vllm",
@@ -149,14 +134,9 @@ def test_generation_is_cut_after_the_first_stop_token(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     eos = tokenizer.eos_token_id
     words = tokenizer("The answer is 5", add_special_tokens=False).input_ids
-    stopped = _decode_generated(tokenizer, [*words, eos, eos, eos], {eos})
-    unstopped = _decode_generated(tokenizer, words, {eos})
-    assert stopped == dataclasses.replace(unstopped, n_tokens=len(words) + 1, finish_reason="stop")
-    assert (unstopped.completion, unstopped.n_tokens, unstopped.finish_reason) == (
-        "The answer is 5",
-        len(words),
-        "length",
-    )
+    stopped = _decode_generated(tokenizer, [*words, eos, eos, eos], {eos})  # padded with EOS after the stop
+    assert stopped == Sample("The answer is 5", len(words) + 1, "stop")
+    assert _decode_generated(tokenizer, words, {eos}) == Sample("The answer is 5", len(words), "length")
 
 
 # --- input validation -----------------------------------------------------------------------------
@@ -195,18 +175,18 @@ def test_vllm_gives_k_rows_per_problem_with_consistent_finish_reasons(vllm_run):
     assert reports == [(4, 5), (5, 5)]
 
 
-def test_vllm_samples_of_a_problem_depend_on_the_seed_not_on_order_or_batching(vllm_run, vllm_model_dir):
+def test_vllm_samples_of_a_problem_do_not_depend_on_order_or_batching(vllm_run, tiny_model_dir):
     samples, _ = vllm_run
-    again = generate_samples(vllm_model_dir, PROBLEMS.reverse(), SAMPLING, backend="vllm")  # all in one call
+    again = generate_samples(tiny_model_dir, PROBLEMS.reverse(), SAMPLING, backend="vllm")  # all in one call
     position = pl.col("problem_id").replace_strict(PROBLEMS["problem_id"], range(PROBLEMS.height))
     in_original_order = again.sort(position, "sample_index")
     assert in_original_order["completion"].to_list() == samples["completion"].to_list()
     assert samples["completion"].n_unique() == samples.height  # each sample has a stream of its own
 
 
-def test_vllm_and_transformers_agree_on_greedy_completions(vllm_model_dir):
-    by_vllm = generate_samples(vllm_model_dir, PROBLEMS, GREEDY, backend="vllm")
-    by_transformers = generate_samples(vllm_model_dir, PROBLEMS, GREEDY, backend="transformers")
+def test_vllm_and_transformers_agree_on_greedy_completions(tiny_model_dir):
+    by_vllm = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="vllm")
+    by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers")
     assert by_vllm["completion"].to_list() == by_transformers["completion"].to_list()
     assert by_vllm["n_tokens"].to_list() == by_transformers["n_tokens"].to_list()
 
@@ -220,13 +200,13 @@ def test_sampling_cache_key_is_stable_and_sensitive_to_every_input():
         "problems_fingerprint": "problems-v1",
         "settings": SAMPLING,
         "backend": "vllm",
-        "system_prompt": "Be careful.",
+        "prompt_template": "[{'role': 'user', 'content': '{problem}'}]",
     }
     variants = [
         {"checkpoint_sha256": "b" * 64},
         {"problems_fingerprint": "problems-v2"},
         {"backend": "transformers"},
-        {"system_prompt": ""},
+        {"prompt_template": "[{'role': 'user', 'content': '{problem} Be careful.'}]"},
         {"settings": dataclasses.replace(SAMPLING, n=5)},
         {"settings": dataclasses.replace(SAMPLING, temperature=0.7)},
         {"settings": dataclasses.replace(SAMPLING, top_p=0.9)},
