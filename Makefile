@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run test ui clean-lake
+.PHONY: setup run foundation rounds test ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -36,8 +36,13 @@ ROUND := generations,pseudo_labels,student_checkpoint,eval_report
 ROUNDS ?= round-001 round-002
 
 # The main job: labeled RL, then each round in order (round N's teacher is round N-1's student).
-run: setup
+run: foundation rounds
+
+foundation: setup
 	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(FOUNDATION)
+
+# `make rounds ROUNDS="round-003"` adds a round on top of what the lake holds.
+rounds: setup
 	for round in $(ROUNDS); do $(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(ROUND) --partition $$round || exit 1; done
 	$(BIN)/python -m noisy_student_assets.summary
 

@@ -56,20 +56,18 @@ class ProblemSourceConfig(dg.Config):
         return " ".join(parts)
 
 
+def two_digit_addition(size: int, seed: int) -> ProblemSourceConfig:
+    """The CPU profile's task: reasoning_gym sums of two two-digit numbers, where SmolLM2-135M has signal."""
+    return ProblemSourceConfig(
+        kind="reasoning_gym", name="basic_arithmetic", size=size, seed=seed, task_options_json=TWO_DIGIT_ADDITION
+    )
+
+
 class ProblemSplitConfig(dg.Config):
     """The training pool and its seeded labeled/unlabeled split."""
 
-    source: ProblemSourceConfig = ProblemSourceConfig(
-        **by_profile(
-            cpu={
-                "kind": "reasoning_gym",
-                "name": "basic_arithmetic",
-                "size": 1000,
-                "seed": 0,
-                "task_options_json": TWO_DIGIT_ADDITION,
-            },
-            gpu={"kind": "gsm8k", "split": "train"},
-        )
+    source: ProblemSourceConfig = by_profile(
+        cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSourceConfig(kind="gsm8k", split="train")
     )
     n_labeled: int = Field(default=by_profile(cpu=64, gpu=500), description="problems whose gold answer RL may use")
     n_unlabeled: int = Field(default=by_profile(cpu=64, gpu=5000), description="problems to pseudo-label")
@@ -79,17 +77,8 @@ class ProblemSplitConfig(dg.Config):
 class EvalProblemsConfig(dg.Config):
     """The held-out evaluation set; rows whose prompt also appears in the training pool are dropped."""
 
-    source: ProblemSourceConfig = ProblemSourceConfig(
-        **by_profile(
-            cpu={
-                "kind": "reasoning_gym",
-                "name": "basic_arithmetic",
-                "size": 110,
-                "seed": 1,
-                "task_options_json": TWO_DIGIT_ADDITION,
-            },
-            gpu={"kind": "gsm8k", "split": "test"},
-        )
+    source: ProblemSourceConfig = by_profile(
+        cpu=two_digit_addition(size=110, seed=1), gpu=ProblemSourceConfig(kind="gsm8k", split="test")
     )
 
 

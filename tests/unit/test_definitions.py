@@ -1,0 +1,47 @@
+"""The code location's wiring: the gpu pool, round partitions, and which assets are heavy."""
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from noisy_student_assets.definitions import defs
+from noisy_student_assets.partitions import ROUNDS, previous_round_key, round_key, round_number
+from resources.compute import GPU_POOL
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HEAVY_ASSETS = {
+    "labeled_rl_checkpoint", "base_model_eval", "labeled_rl_eval",
+    "generations", "pseudo_labels", "student_checkpoint", "eval_report",
+}
+
+
+def test_dagster_yaml_limits_the_gpu_pool_to_one_op(tmp_path: Path, monkeypatch) -> None:
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        pools = instance.get_concurrency_config().pool_config
+        assert pools.default_pool_limit == 1 and pools.pool_granularity.value == "op"
+
+
+def test_every_heavy_asset_runs_in_the_gpu_pool() -> None:
+    graph = defs.resolve_asset_graph()
+    pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
+    assert {name for name, asset_pools in pools.items() if asset_pools and GPU_POOL in asset_pools} == HEAVY_ASSETS
+
+
+def test_round_assets_are_partitioned_by_round_and_self_dependent() -> None:
+    graph = defs.resolve_asset_graph()
+    for name in ("generations", "pseudo_labels", "student_checkpoint", "eval_report"):
+        assert graph.get(dg.AssetKey(name)).partitions_def == ROUNDS
+    student = graph.get(dg.AssetKey("student_checkpoint"))
+    assert dg.AssetKey("student_checkpoint") in student.parent_keys
+
+
+def test_round_keys() -> None:
+    assert ROUNDS.get_partition_keys()[:2] == ["round-001", "round-002"]
+    assert round_number("round-012") == 12 and round_key(12) == "round-012"
+    assert previous_round_key("round-001") is None and previous_round_key("round-010") == "round-009"
+    with pytest.raises(ValueError, match="not a round partition key"):
+        round_number("2024-01-01")
