@@ -1,0 +1,70 @@
+"""Eval metrics from greedy and sampled generations (no model: the tables are written by hand)."""
+
+from math import comb
+
+import polars as pl
+import pytest
+
+from noisy_student_assets.evaluation import EvalSettings, breakdown, pass_at_k, score_problems, summarize
+
+EVAL = pl.DataFrame(
+    {
+        "problem_id": ["p1", "p2"],
+        "prompt": ["1+1", "2+2"],
+        "gold_answer": ["2", "4"],
+        "source": ["t", "t"],
+        "subject": ["add", "add"],
+        "level": [1, 2],
+    }
+)
+GREEDY = pl.DataFrame(
+    {
+        "problem_id": ["p1", "p2"],
+        "sample_index": [0, 0],
+        "completion": ["so \\boxed{2}", "it is 5"],
+        "answer": ["2", "5"],
+        "n_tokens": [10, 20],
+    }
+)
+SAMPLED = pl.DataFrame(
+    {
+        "problem_id": ["p1"] * 4 + ["p2"] * 4,
+        "sample_index": [0, 1, 2, 3] * 2,
+        "answer": ["2", "3", "2.0", None, "5", "4", "5", "1"],
+    }
+)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(8, 0, 1), (8, 1, 1), (8, 3, 4), (8, 8, 8), (10, 2, 5), (4, 1, 2)])
+def test_pass_at_k_is_the_unbiased_estimator(n: int, c: int, k: int) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+
+
+def test_pass_at_k_needs_k_samples() -> None:
+    with pytest.raises(ValueError, match="at least 5 samples"):
+        pass_at_k(4, 1, 5)
+
+
+def test_scores_and_summary() -> None:
+    scores = score_problems(EVAL, GREEDY, SAMPLED, ks=(1, 4))
+    p1, p2 = scores.iter_rows(named=True)
+    assert (p1["greedy_correct"], p1["greedy_formatted"], p1["samples_correct"]) == (True, True, 2)
+    assert (p2["greedy_correct"], p2["greedy_formatted"], p2["samples_correct"]) == (False, False, 1)
+    assert (p1["maj@4_correct"], p2["maj@4_correct"]) == (True, False)  # p2 votes "5" twice
+    assert (p1["maj@1_correct"], p2["maj@1_correct"]) == (True, False)
+    metrics = summarize(scores, ks=(1, 4))
+    assert metrics["greedy_accuracy"] == 0.5 and metrics["format_rate"] == 0.5
+    assert metrics["mean_completion_tokens"] == 15
+    assert metrics["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert metrics["pass@4"] == 1.0 and metrics["maj@4"] == 0.5
+
+
+def test_breakdown_by_subject_and_level() -> None:
+    table = breakdown(score_problems(EVAL, GREEDY, SAMPLED, ks=(1,)))
+    rows = {(r["by"], r["value"]): (r["problems"], r["greedy_accuracy"]) for r in table.iter_rows(named=True)}
+    assert rows == {("subject", "add"): (2, 0.5), ("level", "1"): (1, 1.0), ("level", "2"): (1, 0.0)}
+
+
+def test_settings_reject_k_above_samples() -> None:
+    with pytest.raises(ValueError, match="within 1..samples=4"):
+        EvalSettings(samples=4, ks=(1, 8))

@@ -1,0 +1,59 @@
+"""Pseudo-labels from samples, and their audit against the hidden gold."""
+
+import math
+
+import polars as pl
+import pytest
+
+from noisy_student_assets.pseudo_labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, vote_pseudo_labels
+
+PROBLEMS = pl.DataFrame(
+    {"problem_id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "hidden_gold_answer": ["0.5", "4", "7"]}
+)
+GENERATIONS = pl.DataFrame(
+    {
+        "problem_id": ["a"] * 5 + ["b"] * 5 + ["c"] * 5,
+        "sample_index": [4, 3, 2, 1, 0] * 3,  # out of order on purpose: votes follow sample_index
+        "answer": [None, "2", "\\frac{1}{2}", "0.5", "1/2", "4", "3", "3", "3", "3", None, None, None, None, None],
+    }
+)
+
+
+def test_votes_use_equivalence_and_tau_decides_what_is_kept() -> None:
+    labels = vote_pseudo_labels(GENERATIONS, PROBLEMS, tau=0.7)
+    assert labels.schema == PSEUDO_LABEL_SCHEMA and labels["problem_id"].to_list() == ["a", "b", "c"]
+    a, b, c = labels.iter_rows(named=True)
+    assert (a["pseudo_label"], a["count"], a["agreement"], a["kept"]) == ("1/2", 3, 0.6, False)
+    assert (b["pseudo_label"], b["count"], b["agreement"], b["kept"]) == ("3", 4, 0.8, True)
+    assert (c["pseudo_label"], c["count"], c["kept"]) == (None, 0, False)
+    assert vote_pseudo_labels(GENERATIONS, PROBLEMS, tau=0.6)["kept"].to_list() == [True, True, False]
+
+
+def test_hidden_gold_does_not_change_the_labels() -> None:
+    poisoned = PROBLEMS.with_columns(pl.lit("999").alias("hidden_gold_answer"))
+    assert vote_pseudo_labels(GENERATIONS, poisoned, 0.5).equals(vote_pseudo_labels(GENERATIONS, PROBLEMS, 0.5))
+
+
+def test_problems_without_samples_are_an_error() -> None:
+    extra = pl.concat([PROBLEMS, pl.DataFrame({"problem_id": ["d"], "prompt": ["pd"], "hidden_gold_answer": ["1"]})])
+    with pytest.raises(ValueError, match="1 problems have no generations.*'d'"):
+        vote_pseudo_labels(GENERATIONS, extra, 0.5)
+
+
+def test_tau_out_of_range() -> None:
+    with pytest.raises(ValueError, match="tau"):
+        vote_pseudo_labels(GENERATIONS, PROBLEMS, 1.5)
+
+
+def test_audit_against_hidden_gold() -> None:
+    labels = vote_pseudo_labels(GENERATIONS, PROBLEMS, tau=0.6)
+    audit = audit_pseudo_labels(labels, GENERATIONS, PROBLEMS)
+    assert audit.coverage == pytest.approx(2 / 3)
+    assert audit.kept_label_accuracy == 0.5  # "1/2" right, "3" wrong
+    assert audit.all_label_accuracy == 0.5
+    assert audit.teacher_pass_at_1 == pytest.approx(4 / 15)  # three forms of 1/2 and one "4"
+    buckets = {row["bucket"]: row for row in audit.buckets.iter_rows(named=True)}
+    assert buckets["[0.5, 0.7)"]["problems"] == 1 and buckets["[0.5, 0.7)"]["label_accuracy"] == 1.0
+    assert buckets["[0.7, 0.9)"]["problems"] == 1 and buckets["[0.7, 0.9)"]["label_accuracy"] == 0.0
+    assert buckets["[0.9, 1.0]"]["problems"] == 0 and buckets["[0.9, 1.0]"]["label_accuracy"] is None
+    assert sum(audit.buckets["problems"]) == 2 and not math.isnan(audit.coverage)
