@@ -43,7 +43,10 @@ def teacher_checkpoint(lake: DataLake, round_key: str) -> Path:
     path = lake.artifact_dir(STUDENT, previous) if previous else lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint"))
     if not (path / "config.json").exists():
         missing = f"student_checkpoint {previous}" if previous else "labeled_rl_checkpoint"
-        raise dg.Failure(f"{round_key} needs its teacher, {missing}, which is not materialized: materialize it first")
+        raise dg.Failure(
+            f"{round_key} needs its teacher, {missing}, which is not materialized: materialize it first",
+            allow_retries=False,
+        )
     return path
 
 
@@ -93,6 +96,7 @@ def noisy_student_round(
         raise dg.Failure(
             f"{round_key}: pseudo-labels failed their quality floor ({check.metadata}); the student is not trained on them",
             metadata=check.metadata,
+            allow_retries=False,  # the same samples would fail the same floor again
         )
 
     init = teacher if config.student_init == "teacher" else data_lake.artifact_dir(dg.AssetKey("base_model"))

@@ -115,3 +115,24 @@ def test_new_tau_reuses_samples(two_rounds, lake, resources, instance) -> None:
     assert _metadata(result, "generations")["reused_cached_samples"].value is True
     assert _metadata(result, "pseudo_labels")["tau"].value == 0.9
     assert pl.read_parquet(path).equals(before)
+
+
+def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, resources, instance) -> None:
+    config = round_config(tau=1.0, with_eval=False)
+    config["ops"]["noisy_student_round"]["config"]["min_coverage"] = 1.0
+    result = dg.materialize(
+        ASSETS,
+        selection=["generations", "pseudo_labels", "student_checkpoint"],
+        resources=resources,
+        instance=instance,
+        run_config=config,
+        partition_key="round-003",
+        raise_on_error=False,
+    )
+    assert not result.success
+    (check,) = result.get_asset_check_evaluations()
+    assert check.check_name == "pseudo_label_quality" and not check.passed
+    assert lake.artifact_dir(dg.AssetKey("pseudo_labels"), "round-003").exists()
+    assert not lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-003").exists()
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "failed their quality floor" in failure.event_specific_data.error.message
