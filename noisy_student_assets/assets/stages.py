@@ -4,6 +4,7 @@ the functions so that loading the code location (UI, CLI, `definitions validate`
 
 import hashlib
 import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def train_checkpoint(
             callbacks=[_dagster_log_callback(context)],
         )
         mlflow.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
+    shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
     metadata = {
         "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
         "init_weights_sha256": init_sha,
