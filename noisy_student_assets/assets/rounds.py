@@ -57,10 +57,13 @@ def teacher_checkpoint(lake: DataLake, round_key: str) -> Path:
             deps=["unlabeled_problems", "labeled_rl_checkpoint"],
             description="K samples per unlabeled problem from the round's teacher (parquet).",
         ),
+        # No declared edge from generations: with it, Dagster 1.13's asset backfill of several rounds fails
+        # on its first tick ("At least one run should be requested...") depending on hash order. Both are
+        # made by this one op anyway, and the metadata names the generations' cache key.
         dg.AssetSpec(
             PSEUDO_LABELS,
-            deps=[GENERATIONS, "unlabeled_problems"],
-            description="Majority-vote answer per problem with agreement; `kept` where agreement >= tau.",
+            deps=["unlabeled_problems"],
+            description="Majority-vote answer over the round's generations, with agreement; `kept` where >= tau.",
         ),
         dg.AssetSpec(
             STUDENT,
@@ -215,6 +218,7 @@ def _pseudo_label(
     return labels, {
         **stats,
         "tau": config.tau,
+        "generations_cache_key": (lake.artifact_dir(GENERATIONS, context.partition_key) / CACHE_KEY_FILE).read_text(),
         "dagster/row_count": labels.height,
         "audit_by_agreement": markdown_table(audit.buckets, max_rows=audit.buckets.height),
         "preview": markdown_table(kept.select("problem_id", "pseudo_label", "agreement", "n_clusters")),

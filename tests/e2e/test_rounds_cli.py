@@ -21,6 +21,18 @@ MODULE = ["-m", "noisy_student_assets.definitions"]
 FOUNDATION = "labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval"
 
 
+def _failures(instance: dg.DagsterInstance, records) -> str:
+    """The error messages of the backfill's failed runs, so a failing backfill says why."""
+    messages = []
+    for record in records:
+        for event in instance.all_logs(record.dagster_run.run_id):
+            if event.dagster_event and event.dagster_event.event_type in (
+                dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE
+            ):
+                messages.append(f"{record.dagster_run.tags.get('dagster/partition')}: {event.message}")
+    return "\n".join(messages)
+
+
 def _teacher_of(lake: Path, round_key: str) -> set[str]:
     return {label.split(" sha256:")[0] for label in pl.read_parquet(lake / "generations" / round_key / "data.parquet")["checkpoint"]}
 
@@ -64,9 +76,10 @@ def test_backfill_runs_rounds_in_order(foundation, monkeypatch) -> None:
             run_config=round_config(),
         )
         instance.add_backfill(backfill)
+        daemon_log = foundation.home / "daemon.log"
         daemon = subprocess.Popen(
             [DAGSTER_DAEMON, "run", *MODULE],
-            cwd=foundation.home, env=foundation.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=foundation.home, env=foundation.env, stdout=daemon_log.open("w"), stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.time() + 900
@@ -75,8 +88,10 @@ def test_backfill_runs_rounds_in_order(foundation, monkeypatch) -> None:
         finally:
             daemon.terminate()
             daemon.wait(timeout=60)
-        assert instance.get_backfill("rounds12").status == BulkActionStatus.COMPLETED_SUCCESS
         records = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": "rounds12"}))
+        assert instance.get_backfill("rounds12").status == BulkActionStatus.COMPLETED_SUCCESS, (
+            _failures(instance, records) or daemon_log.read_text()[-4000:]
+        )
         round_runs = sorted(
             (r for r in records if dg.AssetKey("student_checkpoint") in r.dagster_run.asset_selection),
             key=lambda r: r.start_time,
