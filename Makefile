@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run foundation rounds test ui clean-lake
+.PHONY: setup run foundation controls rounds test benchmark ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -32,14 +32,19 @@ endif
 
 DAGSTER_MODULE := -m noisy_student_assets.definitions
 FOUNDATION := labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval
+CONTROLS := gold_label_rl_checkpoint,gold_label_rl_eval
 ROUND := generations,pseudo_labels,student_checkpoint,eval_report
 ROUNDS ?= round-001 round-002
 
-# The main job: labeled RL, then each round in order (round N's teacher is round N-1's student).
-run: foundation rounds
+# The main job: labeled RL, the gold-label control (the rounds' reports measure against it), then
+# each round in order (round N's teacher is round N-1's student).
+run: foundation controls rounds
 
 foundation: setup
 	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(FOUNDATION)
+
+controls: setup
+	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(CONTROLS)
 
 # `make rounds ROUNDS="round-003"` adds a round on top of what the lake holds.
 rounds: setup
@@ -49,6 +54,10 @@ rounds: setup
 test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/pytest
+
+# Where a round's time and memory go (benchmarks/results/<profile>.json and .md).
+benchmark: setup
+	$(BIN)/python benchmarks/run.py
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml

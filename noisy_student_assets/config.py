@@ -158,6 +158,10 @@ class SamplingConfig(dg.Config):
         )
 
 
+ROUND_GRPO = GRPOTrainingConfig(max_steps=by_profile(cpu=5, gpu=200))
+"""GRPO of a round's student; the gold-label control trains with the same settings by default."""
+
+
 class RoundConfig(dg.Config):
     """One Noisy Student round: sample with the teacher, vote, keep confident labels, train the student."""
 
@@ -166,7 +170,14 @@ class RoundConfig(dg.Config):
     student_init: str = Field(default="teacher", description="teacher | base_model: where the student starts")
     min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
     min_mean_agreement: float = Field(default=0.0, ge=0, le=1, description="floor on the mean vote agreement")
-    grpo: GRPOTrainingConfig = GRPOTrainingConfig(max_steps=by_profile(cpu=5, gpu=200))
+    grpo: GRPOTrainingConfig = ROUND_GRPO
+
+
+class GoldLabelRLConfig(dg.Config):
+    """The gold-label upper bound: a round's GRPO from the labeled-RL checkpoint, with every unlabeled
+    problem carrying its true answer instead of a pseudo-label."""
+
+    grpo: GRPOTrainingConfig = ROUND_GRPO
 
 
 class EvalConfig(dg.Config):

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from noisy_student_assets.assets import models, problems, rounds
+from noisy_student_assets.assets import controls, models, problems, rounds
 from noisy_student_assets.partitions import ROUNDS
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
@@ -16,6 +16,11 @@ foundation_job = dg.define_asset_job(
     selection=dg.AssetSelection.groups(problems.GROUP, models.GROUP),
     description="Problems, base model, labeled RL, and the evaluations of both checkpoints.",
 )
+controls_job = dg.define_asset_job(
+    "controls_job",
+    selection=dg.AssetSelection.groups(controls.GROUP),
+    description="The gold-label upper bound: a round's GRPO on the unlabeled problems' true answers, evaluated.",
+)
 round_job = dg.define_asset_job(
     "round_job",
     selection=dg.AssetSelection.groups(rounds.GROUP),
@@ -24,8 +29,8 @@ round_job = dg.define_asset_job(
 )
 
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([problems, models, rounds]),
-    jobs=[foundation_job, round_job],
+    assets=dg.load_assets_from_modules([problems, models, controls, rounds]),
+    jobs=[foundation_job, controls_job, round_job],
     resources={
         "data_lake": data_lake,
         "io_manager": ParquetIOManager(lake=data_lake),

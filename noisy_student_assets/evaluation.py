@@ -13,6 +13,8 @@ from noisy_student_assets.generation import SamplingSettings, generate_samples
 from noisy_student_assets.grading import answers_equivalent, format_reward
 
 BREAKDOWN_COLUMNS = ("subject", "level")
+METRICS_FILE = "metrics.json"
+"""In an eval report's directory: {"metrics": ..., "settings": ..., "eval_problems": fingerprint}."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -29,6 +29,11 @@ PSEUDO_LABEL_SCHEMA = pl.Schema(
     }
 )
 
+AUDIT_FILE = "audit.json"
+"""Beside the pseudo-labels table: tau and the audit's headline figures."""
+AUDIT_BUCKETS_FILE = "audit_by_agreement.json"
+"""Beside the pseudo-labels table: `LabelAudit.buckets`."""
+
 AGREEMENT_BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9)
 """Lower edges of the agreement buckets of the audit: [0, 0.3), [0.3, 0.5), ..., [0.9, 1]."""
 

@@ -1,39 +1,111 @@
-"""Print where the eval reports and the MLflow store are, with each checkpoint's headline metrics.
+"""The run summary: every evaluated checkpoint's headline metrics, each round's pseudo-label audit,
+and the share of the gold-label gain that self-training recovered (no Dagster here).
 
-`python -m noisy_student_assets.summary` (run by `make run` after the rounds).
+`python -m noisy_student_assets.summary` (run by `make run` after the rounds) prints it, writes it
+to `<data lake>/run_summary.md` for pasting into a write-up, and says where the reports and the
+MLflow store are.
 """
 
 import json
+import math
 from pathlib import Path
 
+import polars as pl
+
+from noisy_student_assets.evaluation import METRICS_FILE
+from noisy_student_assets.markdown import markdown_table
+from noisy_student_assets.pseudo_labels import AUDIT_FILE
 from resources.data_lake import default_root
 from resources.tracking import TRACKING_DB_NAME
 
+SUMMARY_FILE = "run_summary.md"
+HEADLINE = ("greedy_accuracy", "maj@4", "pass@4", "format_rate", "mean_completion_tokens")
+"""Metrics shown in the summary table (those a report lacks are left blank)."""
+
+FIXED_CHECKPOINTS = {"base_model": "base_model_eval", "labeled_rl": "labeled_rl_eval"}
+GOLD_CONTROL = ("gold_label_rl", "gold_label_rl_eval")
+
+
+def checkpoint_order(name: str) -> tuple[int, str]:
+    """Sort key: base model, labeled RL, the rounds in order, then the gold-label control."""
+    fixed = [*FIXED_CHECKPOINTS, GOLD_CONTROL[0]]
+    if name in fixed:
+        return (0 if name == "base_model" else 1 if name == "labeled_rl" else 3, name)
+    return (2, name)
 
 
 def eval_reports(lake: Path) -> list[tuple[str, Path]]:
-    """(checkpoint name, report dir) for every published evaluation, base model first, rounds in order."""
-    named = [("base_model", lake / "base_model_eval"), ("labeled_rl", lake / "labeled_rl_eval")]
+    """(checkpoint name, report dir) of every published evaluation, in `checkpoint_order`."""
     rounds = sorted((lake / "eval_report").glob("round-*")) if (lake / "eval_report").is_dir() else []
-    return [(name, path) for name, path in named + [(p.name, p) for p in rounds] if (path / "metrics.json").exists()]
+    named = [(name, lake / asset) for name, asset in [*FIXED_CHECKPOINTS.items(), GOLD_CONTROL]]
+    named += [(path.name, path) for path in rounds]
+    return sorted(((name, path) for name, path in named if (path / METRICS_FILE).exists()), key=lambda item: checkpoint_order(item[0]))
+
+
+def load_metrics(lake: Path) -> dict[str, dict[str, float]]:
+    """Checkpoint name -> the metrics its eval report published, in `eval_reports` order."""
+    return {name: json.loads((path / METRICS_FILE).read_text())["metrics"] for name, path in eval_reports(lake)}
+
+
+def gold_gain_recovered(accuracy: float, labeled_rl: float, gold_label_rl: float) -> float:
+    """(accuracy - labeled RL) / (gold-label control - labeled RL): the share of the gain that true
+    labels give which pseudo-labels gave; NaN when true labels gave no gain to measure against."""
+    gain = gold_label_rl - labeled_rl
+    return (accuracy - labeled_rl) / gain if gain > 0 else math.nan
+
+
+def accuracy_table(metrics: dict[str, dict[str, float]], seed: int | str = 0) -> pl.DataFrame:
+    """One row per checkpoint: checkpoint, seed and every HEADLINE metric (null where missing)."""
+    return pl.DataFrame(
+        [{"checkpoint": name, "seed": str(seed)} | {m: values.get(m) for m in HEADLINE} for name, values in metrics.items()],
+        schema={"checkpoint": pl.Utf8, "seed": pl.Utf8} | {m: pl.Float64 for m in HEADLINE},
+    )
+
+
+def label_audits(lake: Path) -> pl.DataFrame:
+    """One row per round with pseudo-labels: tau, coverage, kept and overall label accuracy, teacher pass@1."""
+    directory = lake / "pseudo_labels"
+    rows = [
+        {"round": path.parent.name} | json.loads(path.read_text())
+        for path in sorted(directory.glob(f"round-*/{AUDIT_FILE}"))
+    ] if directory.is_dir() else []
+    columns = ["round", "tau", "coverage", "kept", "mean_agreement", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1"]
+    return pl.DataFrame(rows).select(columns) if rows else pl.DataFrame(schema=columns)
+
+
+def summary_markdown(metrics: dict[str, dict[str, float]], audits: pl.DataFrame) -> str:
+    """The run summary as markdown tables."""
+    lines = ["## Accuracy per checkpoint", "", markdown_table(accuracy_table(metrics).drop("seed"))]
+    if "labeled_rl" in metrics and GOLD_CONTROL[0] in metrics:
+        labeled, gold = metrics["labeled_rl"]["greedy_accuracy"], metrics[GOLD_CONTROL[0]]["greedy_accuracy"]
+        recovered = [
+            {"round": name, "greedy_accuracy": values["greedy_accuracy"],
+             "share_of_gold_gain": gold_gain_recovered(values["greedy_accuracy"], labeled, gold)}
+            for name, values in metrics.items() if name.startswith("round-")
+        ]
+        lines += [
+            "", f"## Gold-label gain recovered (labeled RL {labeled:.3f}, gold-label control {gold:.3f})", "",
+            markdown_table(pl.DataFrame(recovered)) if recovered else "No rounds evaluated yet.",
+        ]
+    if audits.height:
+        lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(audits)]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     lake = Path(default_root())
-    reports = eval_reports(lake)
     print(f"\nData lake: {lake}")
+    reports = eval_reports(lake)
     if not reports:
         print("No eval reports yet.")
         return
-    metrics = {name: json.loads((path / "metrics.json").read_text())["metrics"] for name, path in reports}
-    # Headline metrics only: the deltas are in each report.
-    shown = [m for m in next(iter(metrics.values())) if "/" not in m and m != "problems"]
-    print(f"{'checkpoint':<12}" + "".join(f"{m:>14}" for m in shown))
-    for name, values in metrics.items():
-        print(f"{name:<12}" + "".join(f"{values.get(m, float('nan')):>14.3f}" for m in shown))
-    print("\nEval reports:")
+    summary = summary_markdown(load_metrics(lake), label_audits(lake))
+    (lake / SUMMARY_FILE).write_text(f"# noisy-student run summary\n\n{summary}")
+    print(summary)
+    print(f"Run summary (markdown): {lake / SUMMARY_FILE}")
+    print("Eval reports:")
     for name, path in reports:
-        print(f"  {name:<12} {path / 'report.md'}")
+        print(f"  {name:<14} {path / 'report.md'}")
     print(f"\nMLflow store: sqlite:///{lake / TRACKING_DB_NAME}")
     print(f"  compare runs: mlflow ui --backend-store-uri sqlite:///{lake / TRACKING_DB_NAME}")
 

@@ -31,6 +31,15 @@ def foundation_config(tiny_model_dir: Path) -> dict:
     }
 
 
+def controls_config() -> dict:
+    return {
+        "ops": {
+            "gold_label_rl_checkpoint": {"config": {"grpo": TINY_GRPO}},
+            "gold_label_rl_eval": {"config": TINY_EVAL},
+        }
+    }
+
+
 def round_config(tau: float = 0.0, with_eval: bool = True) -> dict:
     ops = {"noisy_student_round": {"config": tiny_round(tau)}}
     if with_eval:

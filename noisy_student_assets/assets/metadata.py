@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+
 import dagster as dg
 import polars as pl
 
+from noisy_student_assets import markdown
 
-def markdown_table(frame: pl.DataFrame, max_rows: int = 5, max_chars: int = 80) -> dg.MetadataValue:
-    """The first rows of `frame` as a markdown table, cells cut to `max_chars`, pipes and newlines escaped."""
 
-    def cell(value: object) -> str:
-        text = "" if value is None else str(value)
-        text = text.replace("|", "\\|").replace("\n", " ")
-        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+def markdown_table(frame: pl.DataFrame, max_rows: int | None = 5, max_chars: int = 80) -> dg.MetadataValue:
+    """The first rows of `frame` as a markdown table (see `noisy_student_assets.markdown`)."""
+    return dg.MetadataValue.md(markdown.markdown_table(frame, max_rows, max_chars))
 
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.head(max_rows).iter_rows()]
-    return dg.MetadataValue.md("\n".join(lines))
+
+def png_markdown(title: str, png: bytes) -> dg.MetadataValue:
+    """A PNG inlined as a data URI, which the Dagster UI renders in the metadata panel."""
+    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})")

@@ -61,10 +61,12 @@ def labeled_rl_checkpoint(
     return dg.Output(staged, metadata=metadata)
 
 
-def _checkpoint_eval(name: str, checkpoint: str) -> dg.AssetsDefinition:
+def checkpoint_eval(name: str, checkpoint: str, group: str = GROUP) -> dg.AssetsDefinition:
+    """An asset that evaluates the checkpoint asset `checkpoint` on eval_problems."""
+
     @dg.asset(
         name=name,
-        group_name=GROUP,
+        group_name=group,
         pool=GPU_POOL,
         retry_policy=HEAVY_RETRY,
         ins={"checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager")},
@@ -94,5 +96,5 @@ def _checkpoint_eval(name: str, checkpoint: str) -> dg.AssetsDefinition:
     return _eval
 
 
-base_model_eval = _checkpoint_eval("base_model_eval", "base_model")
-labeled_rl_eval = _checkpoint_eval("labeled_rl_eval", "labeled_rl_checkpoint")
+base_model_eval = checkpoint_eval("base_model_eval", "base_model")
+labeled_rl_eval = checkpoint_eval("labeled_rl_eval", "labeled_rl_checkpoint")

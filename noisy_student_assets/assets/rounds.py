@@ -11,6 +11,7 @@ sampling settings are unchanged (their cache key is stored beside them).
 """
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +20,13 @@ import polars as pl
 
 from noisy_student_assets.assets.metadata import markdown_table
 from noisy_student_assets.assets.models import HEAVY_RETRY
-from noisy_student_assets.assets.stages import evaluate, read_eval_metrics, train_checkpoint
+from noisy_student_assets.assets.stages import ReportExtras, evaluate, read_eval_metrics, train_checkpoint
 from noisy_student_assets.checks import NO_EVAL_REGRESSION, PSEUDO_LABEL_QUALITY, no_eval_regression, pseudo_label_quality
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.config import EvalConfig, RoundConfig
 from noisy_student_assets.partitions import PREVIOUS_ROUND, ROUNDS, previous_round_key
 from noisy_student_assets.problems import fingerprint
+from noisy_student_assets.pseudo_labels import AUDIT_BUCKETS_FILE, AUDIT_FILE
 from noisy_student_assets.prompts import prompt_template
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
@@ -151,6 +153,7 @@ def _sample(
             generations = lake.read_table(GENERATIONS, context.partition_key)
         else:
             context.log.info(f"Sampling {settings.n} answers for {problems.height} problems from {teacher}")
+            started = time.perf_counter()
             generations = generate_samples(
                 teacher,
                 problems,
@@ -162,12 +165,15 @@ def _sample(
                 checkpoint_label=f"{teacher} sha256:{teacher_sha[:12]}",
                 gpu_memory_utilization=compute.memory_share,
             )
+            timing = {"sampling_seconds": time.perf_counter() - started}
+            timing["generated_tokens_per_second"] = generations["n_tokens"].sum() / timing["sampling_seconds"]
             lake.write_table(generations, GENERATIONS, context.partition_key, extra_files={CACHE_KEY_FILE: cache_key})
         stats = {
             "samples": generations.height,
             "answer_rate": generations["answer"].is_not_null().mean(),
             "truncated_rate": (generations["finish_reason"] == "length").mean(),
             "mean_tokens": generations["n_tokens"].mean(),
+            **({} if reused else timing),
         }
         mlflow.log_metrics(stats)
     return generations, {
@@ -197,8 +203,10 @@ def _pseudo_label(
     from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
 
     with tracking.start_run(context, "pseudo_labels", {"tau": config.tau}) as run:
+        started = time.perf_counter()
         labels = vote_pseudo_labels(generations, unlabeled, config.tau)
         audit = audit_pseudo_labels(labels, generations, unlabeled)
+        consensus_seconds = time.perf_counter() - started
         kept = labels.filter("kept")
         stats = {
             "coverage": audit.coverage,
@@ -208,15 +216,19 @@ def _pseudo_label(
             "all_label_accuracy": audit.all_label_accuracy if audit.all_label_accuracy is not None else float("nan"),
             "teacher_pass_at_1": audit.teacher_pass_at_1,
         }
-        mlflow.log_metrics(stats)
+        mlflow.log_metrics(stats | {"consensus_seconds": consensus_seconds})
         mlflow.log_table(audit.buckets.to_pandas(), artifact_file="label_audit_by_agreement.json")
         path = lake.write_table(
-            labels, PSEUDO_LABELS, context.partition_key, extra_files={"audit.json": json.dumps(stats | {"tau": config.tau})}
+            labels,
+            PSEUDO_LABELS,
+            context.partition_key,
+            extra_files={AUDIT_FILE: json.dumps(stats | {"tau": config.tau}), AUDIT_BUCKETS_FILE: audit.buckets.write_json()},
         )
     check = pseudo_label_quality(audit.coverage, stats["mean_agreement"], config.min_coverage, config.min_mean_agreement)
     context.log.info(f"{kept.height}/{labels.height} pseudo-labels kept at tau={config.tau}; audit {stats}")
     return labels, {
         **stats,
+        "consensus_seconds": consensus_seconds,
         "tau": config.tau,
         "generations_cache_key": (lake.artifact_dir(GENERATIONS, context.partition_key) / CACHE_KEY_FILE).read_text(),
         "dagster/row_count": labels.height,
@@ -236,6 +248,7 @@ def _pseudo_label(
         STUDENT,
         "labeled_rl_eval",
         "base_model_eval",
+        "gold_label_rl_eval",
         dg.AssetDep("eval_report", partition_mapping=PREVIOUS_ROUND),
     ],
     check_specs=[NO_EVAL_REGRESSION],
@@ -248,7 +261,9 @@ def eval_report(
     tracking: MlflowTracking,
     data_lake: DataLake,
 ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-    """The round's student on eval_problems, with deltas vs the previous round, labeled RL and the base model."""
+    """The round's student on eval_problems, with deltas vs the previous round, labeled RL and the base model;
+    accuracy of every checkpoint so far, the round's pseudo-label calibration, and the share of the
+    gold-label control's gain recovered (once `gold_label_rl_eval` exists)."""
     round_key = context.partition_key
     previous = previous_round_key(round_key)
     baselines = {
@@ -266,6 +281,7 @@ def eval_report(
         tracking=tracking,
         lake=data_lake,
         deltas_against={name: found for name, found in baselines.items() if found},
+        extras=lambda metrics: _round_report_extras(data_lake, round_key, metrics),
     )
     yield dg.MaterializeResult(metadata=metadata)
     reference_name = "previous_round" if baselines["previous_round"] else "labeled_rl"
@@ -276,3 +292,34 @@ def eval_report(
         reference_name,
         config.regression_tolerance,
     )
+
+
+def _round_report_extras(lake: DataLake, round_key: str, metrics: dict[str, float]) -> ReportExtras:
+    """Figures and tables that put the round in context: every checkpoint evaluated up to this round,
+    and how well its pseudo-labels matched the hidden gold by agreement."""
+    from noisy_student_assets import plots
+    from noisy_student_assets.summary import accuracy_table, checkpoint_order, gold_gain_recovered, load_metrics
+
+    so_far = {name: m for name, m in load_metrics(lake.root_path).items() if not name.startswith("round-") or name < round_key}
+    checkpoints = dict(sorted((so_far | {round_key: metrics}).items(), key=lambda item: checkpoint_order(item[0])))
+    accuracy = accuracy_table(checkpoints)
+    extras = ReportExtras(
+        figures={"accuracy_by_checkpoint": plots.accuracy_by_checkpoint(accuracy)},
+        tables={"Accuracy per checkpoint": accuracy.drop("seed")},
+    )
+    if "labeled_rl" in checkpoints and "gold_label_rl" in checkpoints:
+        extras.metrics["share_of_gold_gain"] = gold_gain_recovered(
+            metrics["greedy_accuracy"], checkpoints["labeled_rl"]["greedy_accuracy"], checkpoints["gold_label_rl"]["greedy_accuracy"]
+        )
+    labels_dir = lake.artifact_dir(PSEUDO_LABELS, round_key)
+    if (labels_dir / AUDIT_BUCKETS_FILE).exists():
+        audit = json.loads((labels_dir / AUDIT_FILE).read_text())
+        buckets = pl.read_json(labels_dir / AUDIT_BUCKETS_FILE)
+        labels = lake.read_table(PSEUDO_LABELS, round_key)
+        extras.figures["agreement_histogram"] = plots.agreement_histogram(
+            labels["agreement"].to_list(), audit["tau"], int(labels["k"].max())
+        )
+        extras.figures["label_accuracy_vs_agreement"] = plots.label_accuracy_vs_agreement(buckets)
+        extras.tables["Pseudo-label calibration"] = buckets  # label accuracy against the hidden gold by agreement
+        extras.tables["Pseudo-label audit"] = pl.DataFrame([audit])
+    return extras

@@ -4,24 +4,39 @@ the functions so that loading the code location (UI, CLI, `definitions validate`
 
 import hashlib
 import json
+import re
 import shutil
-from dataclasses import asdict
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 
-from noisy_student_assets.assets.metadata import markdown_table
+from noisy_student_assets.assets.metadata import markdown_table, png_markdown
+from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.config import EvalConfig, GRPOTrainingConfig
+from noisy_student_assets.evaluation import METRICS_FILE
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
 
-METRICS_FILE = "metrics.json"
 REPORT_FILE = "report.md"
+
+
+@dataclass(frozen=True)
+class ReportExtras:
+    """What an eval asset adds to its report once its checkpoint's metrics are known."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, bytes] = field(default_factory=dict)
+    """File stem -> PNG: stored in the report dir, inlined in the metadata, logged to MLflow."""
+    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
+    """Section title -> table: in report.md and as its own metadata entry."""
 
 
 def _partition(context: dg.AssetExecutionContext) -> str | None:
@@ -73,6 +88,7 @@ def train_checkpoint(
     params = {"grpo": settings.as_dict(), "init_checkpoint": str(init_dir), "init_weights_sha256": init_sha}
     context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
     with tracking.start_run(context, asset_name, params) as run:
+        started = time.perf_counter()
         result = train_grpo(
             init_dir,
             dataset,
@@ -83,7 +99,8 @@ def train_checkpoint(
             report_to=["mlflow"],
             callbacks=[_dagster_log_callback(context)],
         )
-        mlflow.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
+        training_seconds = time.perf_counter() - started
+        mlflow.log_metrics({f"final/{k}": v for k, v in result.metrics.items()} | {"training_seconds": training_seconds})
     shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
     metadata = {
         "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
@@ -94,6 +111,7 @@ def train_checkpoint(
         "pseudo_rows": result.n_pseudo_rows,
         "mlflow_run_id": run.info.run_id,
         "grpo_settings": dg.MetadataValue.json(settings.as_dict()),
+        "training_seconds": training_seconds,
         **{k: float(v) for k, v in result.metrics.items()},
     }
     return staged, metadata
@@ -110,12 +128,15 @@ def evaluate(
     tracking: MlflowTracking,
     lake: DataLake,
     deltas_against: dict[str, dict] | None = None,
+    extras: Callable[[dict[str, float]], ReportExtras] | None = None,
 ) -> tuple[dict[str, float], dict]:
     """Evaluate `checkpoint_dir` on `eval_problems`; publish the report directory (per-problem scores,
-    breakdown, metrics.json, report.md) as this asset's artifact. Returns the metrics and the metadata.
+    breakdown, metrics.json, report.md, figures) as this asset's artifact. Returns the metrics and the
+    metadata.
 
     `deltas_against` maps a name ("previous_round", "labeled_rl", "base_model") to that checkpoint's
-    metrics; the report adds the differences for every shared metric.
+    metrics; the report adds the differences for every shared metric. `extras`, given the metrics,
+    returns further metrics, figures and tables for the report.
     """
     import mlflow
 
@@ -124,6 +145,7 @@ def evaluate(
     settings = config.to_settings()
     params = {"eval": asdict(settings), "backend": config.backend, "checkpoint": str(checkpoint_dir)}
     with tracking.start_run(context, asset_name, params) as run:
+        started = time.perf_counter()
         result = evaluate_checkpoint(
             checkpoint_dir,
             eval_problems,
@@ -133,25 +155,34 @@ def evaluate(
             dtype=compute.dtype,
             progress=lambda stage, done, total: context.log.info(f"eval {stage}: {done}/{total} problems"),
         )
+        eval_seconds = time.perf_counter() - started
         metrics = dict(result.metrics)
         for name, other in (deltas_against or {}).items():
             metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}
-        report = _report_markdown(asset_name, _partition(context), metrics, result.breakdown)
+        added = extras(metrics) if extras else ReportExtras()
+        metrics |= added.metrics
+        tables = {"By subject / level": result.breakdown} | added.tables
+        report = _report_markdown(asset_name, _partition(context), metrics, tables, list(added.figures))
         staged = lake.staging_dir()
         result.scores.write_parquet(staged / "scores.parquet")
         result.breakdown.write_parquet(staged / "breakdown.parquet")
+        for stem, png in added.figures.items():
+            (staged / f"{stem}.png").write_bytes(png)
         (staged / METRICS_FILE).write_text(
             json.dumps({"metrics": metrics, "settings": params, "eval_problems": fingerprint(eval_problems)}, indent=2)
         )
         (staged / REPORT_FILE).write_text(report)
-        mlflow.log_metrics({_mlflow_name(k): v for k, v in metrics.items()})
+        mlflow.log_metrics({_mlflow_name(k): v for k, v in metrics.items()} | {"eval_seconds": eval_seconds})
         mlflow.log_artifacts(str(staged), artifact_path="eval_report")
     final = lake.publish(staged, context.asset_key, _partition(context))
     metadata = {
         **{k: float(v) for k, v in metrics.items()},
         "report": dg.MetadataValue.md(report),
+        **{stem: png_markdown(stem, png) for stem, png in added.figures.items()},
+        **{_metadata_key(title): markdown_table(table, max_rows=None) for title, table in added.tables.items()},
         "path": dg.MetadataValue.path(str(final)),
         "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
+        "eval_seconds": eval_seconds,
         "mlflow_run_id": run.info.run_id,
     }
     return result.metrics, metadata
@@ -168,10 +199,18 @@ def _mlflow_name(metric: str) -> str:
     return metric.replace("@", "_at_")
 
 
-def _report_markdown(asset_name: str, partition: str | None, metrics: dict[str, float], by_group: pl.DataFrame) -> str:
+def _metadata_key(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
+
+
+def _report_markdown(
+    asset_name: str, partition: str | None, metrics: dict[str, float], tables: dict[str, pl.DataFrame], figures: list[str]
+) -> str:
     title = f"# {asset_name}" + (f" ({partition})" if partition else "")
-    rows = pl.DataFrame({"metric": list(metrics), "value": [round(v, 4) for v in metrics.values()]})
-    parts = [title, "", markdown_table(rows, max_rows=len(rows)).value]
-    if by_group.height:
-        parts += ["", "## By subject / level", "", markdown_table(by_group, max_rows=by_group.height).value]
-    return "\n".join(parts)
+    rows = pl.DataFrame({"metric": list(metrics), "value": list(metrics.values())}, schema={"metric": pl.Utf8, "value": pl.Float64})
+    parts = [title, "", markdown_text(rows)]
+    for section, table in tables.items():
+        if table.height:
+            parts += ["", f"## {section}", "", markdown_text(table)]
+    parts += [f"\n![{stem}]({stem}.png)" for stem in figures]
+    return "\n".join(parts) + "\n"

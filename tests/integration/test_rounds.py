@@ -15,7 +15,7 @@ from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.io_managers import CheckpointIOManager, ParquetIOManager
 from resources.tracking import MlflowTracking
-from tests.tiny_configs import ROUND_SELECTION, foundation_config, round_config
+from tests.tiny_configs import ROUND_SELECTION, controls_config, foundation_config, round_config
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> DataLake:
@@ -52,8 +52,10 @@ def materialize(selection, resources, instance, config, partition=None) -> dg.Ex
 
 @pytest.fixture(scope="module")
 def two_rounds(lake, resources, instance, tiny_model_dir) -> dict[str, dg.ExecuteInJobResult]:
-    foundation = dg.AssetSelection.groups("problems", "models")
-    results = {"foundation": materialize(foundation, resources, instance, foundation_config(tiny_model_dir))}
+    foundation = dg.AssetSelection.groups("problems", "models", "controls")
+    config = foundation_config(tiny_model_dir)
+    config["ops"] |= controls_config()["ops"]
+    results = {"foundation": materialize(foundation, resources, instance, config)}
     for round_key in ("round-001", "round-002"):
         results[round_key] = materialize(ROUND_SELECTION, resources, instance, round_config(), round_key)
     return results
@@ -136,3 +138,32 @@ def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, 
     assert not lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-003").exists()
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "failed their quality floor" in failure.event_specific_data.error.message
+
+
+def test_gold_label_control_trains_on_the_hidden_gold(two_rounds, lake: DataLake) -> None:
+    metadata = _metadata(two_rounds["foundation"], "gold_label_rl_checkpoint")
+    assert (metadata["gold_rows"].value, metadata["pseudo_rows"].value) == (4 + 6, 0)
+    assert metadata["init_checkpoint"].value == str(lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint")))
+    assert (lake.artifact_dir(dg.AssetKey("gold_label_rl_eval")) / "metrics.json").is_file()
+
+
+FIGURES = ("accuracy_by_checkpoint", "agreement_histogram", "label_accuracy_vs_agreement")
+
+
+def test_round_report_has_figures_calibration_and_the_gold_gain(two_rounds, lake: DataLake) -> None:
+    report = lake.artifact_dir(dg.AssetKey("eval_report"), "round-002")
+    metrics = json.loads((report / "metrics.json").read_text())["metrics"]
+    assert "share_of_gold_gain" in metrics and "delta_vs_previous_round/greedy_accuracy" in metrics
+    text = (report / "report.md").read_text()
+    assert "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text
+    # Every checkpoint evaluated so far, in order, this round included.
+    accuracy_rows = [line.split("|")[1].strip() for line in text.split("## Accuracy per checkpoint")[1].split("##")[0].splitlines() if line.startswith("| ")]
+    assert accuracy_rows[1:] == ["base_model", "labeled_rl", "round-001", "round-002", "gold_label_rl"]
+    metadata = _metadata(two_rounds["round-002"], "eval_report")
+    for figure in FIGURES:
+        assert (report / f"{figure}.png").read_bytes().startswith(b"\x89PNG")
+        assert metadata[figure].value.startswith(f"![{figure}](data:image/png;base64,")
+    assert "| [0.9, 1.0] |" in metadata["pseudo_label_calibration"].value
+    mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(metadata["mlflow_run_id"].value, "eval_report")}
+    assert {f"eval_report/{figure}.png" for figure in FIGURES} <= artifacts

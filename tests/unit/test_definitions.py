@@ -14,6 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HEAVY_ASSETS = {
     "labeled_rl_checkpoint", "base_model_eval", "labeled_rl_eval",
     "generations", "pseudo_labels", "student_checkpoint", "eval_report",
+    "gold_label_rl_checkpoint", "gold_label_rl_eval",
 }
 
 
