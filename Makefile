@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run foundation controls rounds test benchmark ui clean-lake
+.PHONY: setup run foundation controls rounds test benchmark seeds ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -58,6 +58,11 @@ test: setup
 # Where a round's time and memory go (benchmarks/results/<profile>.json and .md).
 benchmark: setup
 	$(BIN)/python benchmarks/run.py
+
+# The main job once per seed in its own lake, then mean ± sd across seeds (data_lake/seeds/results.md).
+SEEDS ?= 0 1 2
+seeds: setup
+	$(BIN)/python experiments/seeds.py --seeds $(SEEDS)
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml

@@ -102,20 +102,12 @@ def run(teacher_steps: int) -> dict:
     from noisy_student_assets.generation import generate_samples
     from noisy_student_assets.profiles import active_profile
     from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
-    from resources.compute import ComputeResource
+    from resources import lake_resources
     from resources.data_lake import DataLake
-    from resources.io_managers import CheckpointIOManager, ParquetIOManager
-    from resources.tracking import MlflowTracking
 
     lake = DataLake(root=tempfile.mkdtemp(prefix="noisy-student-benchmark-"))
-    compute = ComputeResource()
-    resources = {
-        "data_lake": lake,
-        "io_manager": ParquetIOManager(lake=lake),
-        "checkpoint_io_manager": CheckpointIOManager(lake=lake),
-        "compute": compute,
-        "tracking": MlflowTracking(lake=lake),
-    }
+    resources = lake_resources(lake)
+    compute = resources["compute"]
     assets = list(defs.assets)
     results: dict = {"profile": active_profile(), "machine": machine(), "lake": lake.root}
     stages: dict[str, dict] = {}

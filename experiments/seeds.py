@@ -53,19 +53,10 @@ def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int) -> None:
 
     from noisy_student_assets.definitions import defs
     from noisy_student_assets.partitions import round_key
-    from resources.compute import ComputeResource
+    from resources import lake_resources
     from resources.data_lake import DataLake
-    from resources.io_managers import CheckpointIOManager, ParquetIOManager
-    from resources.tracking import MlflowTracking
 
-    lake = DataLake(root=str(lake_dir))
-    resources = {
-        "data_lake": lake,
-        "io_manager": ParquetIOManager(lake=lake),
-        "checkpoint_io_manager": CheckpointIOManager(lake=lake),
-        "compute": ComputeResource(),
-        "tracking": MlflowTracking(lake=lake),
-    }
+    resources = lake_resources(DataLake(root=str(lake_dir)))
     config = seed_config(seed, eval_size)
     instance_dir = lake_dir / ".dagster"
     instance_dir.mkdir(parents=True, exist_ok=True)

@@ -4,12 +4,8 @@ import dagster as dg
 
 from noisy_student_assets.assets import controls, models, problems, rounds
 from noisy_student_assets.partitions import ROUNDS
-from resources.compute import ComputeResource
+from resources import lake_resources
 from resources.data_lake import DataLake
-from resources.io_managers import CheckpointIOManager, ParquetIOManager
-from resources.tracking import MlflowTracking
-
-data_lake = DataLake()
 
 foundation_job = dg.define_asset_job(
     "foundation_job",
@@ -31,11 +27,5 @@ round_job = dg.define_asset_job(
 defs = dg.Definitions(
     assets=dg.load_assets_from_modules([problems, models, controls, rounds]),
     jobs=[foundation_job, controls_job, round_job],
-    resources={
-        "data_lake": data_lake,
-        "io_manager": ParquetIOManager(lake=data_lake),
-        "checkpoint_io_manager": CheckpointIOManager(lake=data_lake),
-        "compute": ComputeResource(),
-        "tracking": MlflowTracking(lake=data_lake),
-    },
+    resources=lake_resources(DataLake()),
 )

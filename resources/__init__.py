@@ -1,1 +1,18 @@
 """Dagster resources and IO managers of noisy-student."""
+
+from resources.compute import ComputeResource
+from resources.data_lake import DataLake
+from resources.io_managers import CheckpointIOManager, ParquetIOManager
+from resources.tracking import MlflowTracking
+
+
+def lake_resources(lake: DataLake, compute: ComputeResource | None = None) -> dict:
+    """Every resource the assets need, all on `lake`: the code location's set, and the set a script or
+    test materializes with into a lake of its own."""
+    return {
+        "data_lake": lake,
+        "io_manager": ParquetIOManager(lake=lake),
+        "checkpoint_io_manager": CheckpointIOManager(lake=lake),
+        "compute": compute or ComputeResource(),
+        "tracking": MlflowTracking(lake=lake),
+    }

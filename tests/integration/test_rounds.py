@@ -11,9 +11,9 @@ import pytest
 
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.definitions import defs
+from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
-from resources.io_managers import CheckpointIOManager, ParquetIOManager
 from resources.tracking import MlflowTracking
 from tests.tiny_configs import ROUND_SELECTION, controls_config, foundation_config, round_config
 
@@ -24,13 +24,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> DataLake:
 
 @pytest.fixture(scope="module")
 def resources(lake: DataLake) -> dict:
-    return {
-        "data_lake": lake,
-        "io_manager": ParquetIOManager(lake=lake),
-        "checkpoint_io_manager": CheckpointIOManager(lake=lake),
-        "compute": ComputeResource(device="cpu", dtype="float32"),
-        "tracking": MlflowTracking(lake=lake),
-    }
+    return lake_resources(lake, ComputeResource(device="cpu", dtype="float32"))
 
 
 @pytest.fixture(scope="module")
