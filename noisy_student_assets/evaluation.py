@@ -1,7 +1,6 @@
 """Evaluation of a checkpoint on held-out problems (no Dagster here): greedy accuracy, maj@k, pass@k,
 format rate and completion length, overall and per subject/level."""
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from noisy_student_assets.consensus import majority_vote
-from noisy_student_assets.generation import SamplingSettings, generate_samples
+from noisy_student_assets.generation import Progress, SamplingSettings, generate_sample_sets
 from noisy_student_assets.grading import answers_equivalent, format_reward
 
 BREAKDOWN_COLUMNS = ("subject", "level")
@@ -120,27 +119,24 @@ def evaluate_checkpoint(
     backend: str,
     device: str,
     dtype: str,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress | None = None,
     checkpoint_label: str | None = None,
 ) -> EvalResult:
     """Generate greedy and sampled completions for every eval problem and score them."""
-    report = progress or (lambda stage, done, total: None)
-    common = {"backend": backend, "device": device, "dtype": dtype, "checkpoint_label": checkpoint_label}
-    greedy = generate_samples(
+    greedy, sampled = generate_sample_sets(
         checkpoint_dir,
         eval_problems,
-        SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed),
-        progress=lambda done, total: report("greedy", done, total),
-        **common,
-    )
-    sampled = generate_samples(
-        checkpoint_dir,
-        eval_problems,
-        SamplingSettings(
-            n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
-        ),
-        progress=lambda done, total: report("sampled", done, total),
-        **common,
+        [
+            SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed),
+            SamplingSettings(
+                n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
+            ),
+        ],
+        backend=backend,
+        device=device,
+        dtype=dtype,
+        checkpoint_label=checkpoint_label,
+        progress=progress,
     )
     scores = score_problems(eval_problems, greedy, sampled, settings.ks)
     return EvalResult(

@@ -153,7 +153,7 @@ def evaluate(
             backend=config.backend,
             device=compute.resolved_device,
             dtype=compute.dtype,
-            progress=lambda stage, done, total: context.log.info(f"eval {stage}: {done}/{total} problems"),
+            progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
         )
         eval_seconds = time.perf_counter() - started
         metrics = dict(result.metrics)

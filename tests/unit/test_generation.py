@@ -17,6 +17,7 @@ from noisy_student_assets.generation import (
     Sample,
     SamplingSettings,
     _decode_generated,
+    generate_sample_sets,
     generate_samples,
     sampling_cache_key,
 )
@@ -189,6 +190,20 @@ def test_vllm_and_transformers_agree_on_greedy_completions(tiny_model_dir):
     by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers")
     assert by_vllm["completion"].to_list() == by_transformers["completion"].to_list()
     assert by_vllm["n_tokens"].to_list() == by_transformers["n_tokens"].to_list()
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tiny_model_dir, transformers_run, vllm_run):
+    reports: list[tuple[int, int]] = []
+    greedy, sampled = generate_sample_sets(
+        tiny_model_dir, PROBLEMS, [GREEDY, SAMPLING], backend=backend, batch_size=2 if backend == "transformers" else 1,
+        progress=lambda done, total: reports.append((done, total)),
+    )
+    separately = transformers_run[0] if backend == "transformers" else vllm_run[0]
+    assert sampled.equals(separately)
+    assert greedy.equals(generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(pl.lit(backend).alias("backend")))
+    assert reports[-1] == (2 * PROBLEMS.height, 2 * PROBLEMS.height)
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports)
 
 
 # --- cache key ------------------------------------------------------------------------------------
