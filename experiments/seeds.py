@@ -114,12 +114,10 @@ def mean_sd(frame: pl.DataFrame, by: str, columns: list[str]) -> pl.DataFrame:
 def report(seeds_dir: Path) -> str:
     from noisy_student_assets import plots
     from noisy_student_assets.markdown import markdown_table
-    from noisy_student_assets.summary import HEADLINE
-
     accuracy, rounds = collect(seeds_dir)
     if accuracy.is_empty():
         raise SystemExit(f"no evaluated seeds under {seeds_dir}")
-    headline = [c for c in HEADLINE if accuracy[c].null_count() < accuracy.height]
+    headline = [c for c in accuracy.columns if c not in ("checkpoint", "seed", "problems")]
     lines = [
         f"Seeds: {', '.join(accuracy['seed'].unique(maintain_order=True))}; "
         f"held-out problems: {', '.join(str(int(n)) for n in accuracy['problems'].unique(maintain_order=True))}.",

@@ -19,8 +19,8 @@ from resources.data_lake import default_root
 from resources.tracking import TRACKING_DB_NAME
 
 SUMMARY_FILE = "run_summary.md"
-HEADLINE = ("greedy_accuracy", "maj@4", "pass@4", "format_rate", "mean_completion_tokens")
-"""Metrics shown in the summary table (those a report lacks are left blank)."""
+HEADLINE = ("greedy_accuracy", "maj@", "pass@", "format_rate", "mean_completion_tokens")
+"""Metrics shown in the summary table, in this order; "maj@" and "pass@" stand for every k reported."""
 
 FIXED_CHECKPOINTS = {"base_model": "base_model_eval", "labeled_rl": "labeled_rl_eval"}
 GOLD_CONTROL = ("gold_label_rl", "gold_label_rl_eval")
@@ -54,11 +54,24 @@ def gold_gain_recovered(accuracy: float, labeled_rl: float, gold_label_rl: float
     return (accuracy - labeled_rl) / gain if gain > 0 else math.nan
 
 
+def headline_metrics(metrics: dict[str, dict[str, float]]) -> list[str]:
+    """The HEADLINE metrics any checkpoint reports, maj@k and pass@k in increasing k."""
+    reported = {name for values in metrics.values() for name in values}
+    columns = []
+    for metric in HEADLINE:
+        if metric.endswith("@"):
+            columns += sorted((m for m in reported if m.startswith(metric)), key=lambda m: int(m.removeprefix(metric)))
+        elif metric in reported:
+            columns.append(metric)
+    return columns
+
+
 def accuracy_table(metrics: dict[str, dict[str, float]], seed: int | str = 0) -> pl.DataFrame:
-    """One row per checkpoint: checkpoint, seed and every HEADLINE metric (null where missing)."""
+    """One row per checkpoint: checkpoint, seed and every headline metric (null where it lacks one)."""
+    columns = headline_metrics(metrics)
     return pl.DataFrame(
-        [{"checkpoint": name, "seed": str(seed)} | {m: values.get(m) for m in HEADLINE} for name, values in metrics.items()],
-        schema={"checkpoint": pl.Utf8, "seed": pl.Utf8} | {m: pl.Float64 for m in HEADLINE},
+        [{"checkpoint": name, "seed": str(seed)} | {m: values.get(m) for m in columns} for name, values in metrics.items()],
+        schema={"checkpoint": pl.Utf8, "seed": pl.Utf8} | {m: pl.Float64 for m in columns},
     )
 
 

@@ -1,0 +1,23 @@
+"""The benchmark's measuring instruments (the benchmark itself is `make benchmark`)."""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.run import MemorySampler
+
+
+def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
+    with MemorySampler(interval_s=0.01) as memory:
+        time.sleep(0.1)
+        before = time.time()
+        ballast = bytearray(300 * 2**20)  # 300 MiB, touched so that it is resident
+        ballast[:: 4096] = b"x" * len(ballast[:: 4096])
+        time.sleep(0.1)
+        after = time.time()
+        del ballast
+        time.sleep(0.1)
+    with_ballast = memory.peak_gib(before, after)
+    assert with_ballast - memory.peak_gib(0, before - 0.01) > 0.25
+    assert memory.peak_gib(after + 0.05, time.time()) < with_ballast - 0.25
+    assert memory.peak_gib(time.time() + 10, time.time() + 20) == 0  # no samples, no peak
