@@ -172,8 +172,9 @@ def run(teacher_steps: int) -> dict:
             {"noisy_student_round": {"config": {}}, "eval_report": {"config": EvalConfig().model_dump()}},
             partition=ROUND,
         )
-        events = {e.asset_key.to_user_string(): e for e in result.get_asset_materialization_events()}
-        metadata = {name: event.step_materialization_data.materialization.metadata for name, event in events.items()}
+        entries = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        events = {e.dagster_event.asset_key.to_user_string(): e for e in entries}
+        metadata = {name: e.dagster_event.step_materialization_data.materialization.metadata for name, e in events.items()}
         stage_keys = {
             "sampling": ("generations", "sampling_seconds"),
             "consensus": ("pseudo_labels", "consensus_seconds"),
