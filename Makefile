@@ -57,12 +57,12 @@ test: setup
 
 # Where a round's time and memory go (benchmarks/results/<profile>.json and .md).
 benchmark: setup
-	$(BIN)/python benchmarks/run.py
+	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python benchmarks/run.py
 
 # The main job once per seed in its own lake, then mean ± sd across seeds (data_lake/seeds/results.md).
 SEEDS ?= 0 1 2
 seeds: setup
-	$(BIN)/python experiments/seeds.py --seeds $(SEEDS)
+	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python experiments/seeds.py --seeds $(SEEDS)
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml
