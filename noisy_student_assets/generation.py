@@ -104,38 +104,14 @@ class Sample:
 
 
 def generate_samples(
-    checkpoint_dir: Path,
-    problems: pl.DataFrame,
-    settings: SamplingSettings,
-    *,
-    backend: str = "vllm",
-    device: str = "cpu",
-    dtype: str = "float32",
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    batch_size: int = 16,
-    progress: Progress | None = None,
-    checkpoint_label: str | None = None,
-    gpu_memory_utilization: float = 0.85,
+    checkpoint_dir: Path, problems: pl.DataFrame, settings: SamplingSettings, **options
 ) -> pl.DataFrame:
     """``settings.n`` completions for each problem (columns ``problem_id``, ``prompt``), as a table
     with exactly ``GENERATION_SCHEMA``, in problem order then ``sample_index``.
 
-    ``progress(problems_done, total)`` is called after each batch (transformers) or chunk of
-    batches (vLLM).  ``gpu_memory_utilization`` only matters for vLLM on a GPU.
+    ``options`` are those of ``generate_sample_sets``.
     """
-    (table,) = generate_sample_sets(
-        checkpoint_dir,
-        problems,
-        [settings],
-        backend=backend,
-        device=device,
-        dtype=dtype,
-        system_prompt=system_prompt,
-        batch_size=batch_size,
-        progress=progress,
-        checkpoint_label=checkpoint_label,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    (table,) = generate_sample_sets(checkpoint_dir, problems, [settings], **options)
     return table
 
 
@@ -154,8 +130,11 @@ def generate_sample_sets(
     gpu_memory_utilization: float = 0.85,
 ) -> list[pl.DataFrame]:
     """One ``generate_samples`` table per entry of ``settings_list``, all from one model load (one
-    vLLM engine, whose start-up dominates short runs on a CPU).  ``progress`` counts problems over
-    all the settings: ``total`` is ``len(problems) * len(settings_list)``.
+    vLLM engine, whose start-up dominates short runs on a CPU).
+
+    ``progress(problems_done, total)`` is called after each batch (transformers) or chunk of
+    batches (vLLM), counting over all the settings: ``total`` is ``len(problems) * len(settings_list)``.
+    ``gpu_memory_utilization`` only matters for vLLM on a GPU.
     """
     _validate(problems, backend, dtype)
     if not settings_list:
