@@ -69,6 +69,11 @@ class MemorySampler:
         inside = [rss for t, rss in self.samples if start <= t <= end]
         return max(inside, default=0) / 2**30
 
+    def stage_peaks_gib(self, names: list[str], start: float, ends: list[float]) -> dict[str, float]:
+        """Peak of each stage run back to back from `start`: a stage's window ends at its own end and
+        starts at the previous stage's."""
+        return {name: self.peak_gib(low, high) for name, low, high in zip(names, [start, *ends[:-1]], ends, strict=True)}
+
 
 def machine() -> dict:
     import torch
@@ -183,14 +188,12 @@ def run(teacher_steps: int) -> dict:
         }
         in_stages = {name: metadata[asset][key].value for name, (asset, key) in stage_keys.items()}
         wall = end - start
-        # Each stage ends at its asset's materialization event: the stretch since the previous one is its window.
-        boundaries = [start] + [events[asset].timestamp for asset, _ in stage_keys.values()]
+        # Each stage ends at its asset's materialization event.
+        ends = [events[asset].timestamp for asset, _ in stage_keys.values()]
         stages["round"] = {
             "seconds": wall,
             "stage_seconds": in_stages,
-            "stage_peak_memory_gib": {
-                name: memory.peak_gib(low, high) for name, low, high in zip(in_stages, boundaries, boundaries[1:], strict=True)
-            },
+            "stage_peak_memory_gib": memory.stage_peaks_gib(list(in_stages), start, ends),
             "dagster_io_overhead_seconds": wall - sum(in_stages.values()),
             "dagster_io_overhead_share": (wall - sum(in_stages.values())) / wall,
             "grpo_seconds_per_step": metadata["student_checkpoint"]["seconds_per_step"].value,

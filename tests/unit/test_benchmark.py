@@ -21,3 +21,10 @@ def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
     assert with_ballast - memory.peak_gib(0, before - 0.01) > 0.25
     assert memory.peak_gib(after + 0.05, time.time()) < with_ballast - 0.25
     assert memory.peak_gib(time.time() + 10, time.time() + 20) == 0  # no samples, no peak
+
+
+def test_stage_peaks_take_each_stage_from_the_previous_end_to_its_own() -> None:
+    memory = MemorySampler()
+    memory.samples = [(0.5, 1 * 2**30), (1.5, 3 * 2**30), (2.5, 2 * 2**30), (3.5, 5 * 2**30)]
+    peaks = memory.stage_peaks_gib(["sampling", "consensus", "training"], start=0.0, ends=[1.0, 3.0, 4.0])
+    assert peaks == {"sampling": 1.0, "consensus": 3.0, "training": 5.0}
