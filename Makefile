@@ -42,7 +42,7 @@ run: foundation rounds
 foundation: setup
 	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(FOUNDATION)
 
-# The gold-label upper bound (~8 min on 2 cores); rounds evaluated after it report the share of its gain.
+# The gold-label upper bound (a round's GRPO on true labels); rounds evaluated after it report the share of its gain.
 controls: setup
 	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(CONTROLS)
 
