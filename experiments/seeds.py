@@ -76,7 +76,7 @@ def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int) -> None:
 def collect(seeds_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per seed and checkpoint: headline metrics; per seed and round: the pseudo-label audit and the
     share of the gold-label gain."""
-    from noisy_student_assets.summary import accuracy_table, gold_gain_recovered, label_audits, load_metrics
+    from noisy_student_assets.summary import accuracy_table, gold_gain_shares, label_audits, load_metrics
 
     accuracy, rounds = [], []
     for lake in sorted(seeds_dir.glob("seed-*")):
@@ -86,11 +86,8 @@ def collect(seeds_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
             continue
         accuracy.append(accuracy_table(metrics, seed).with_columns(pl.lit(next(iter(metrics.values()))["problems"]).alias("problems")))
         audits = label_audits(lake).with_columns(pl.lit(seed).alias("seed"))
-        if {"labeled_rl", "gold_label_rl"} <= metrics.keys():
-            shares = {
-                name: gold_gain_recovered(m["greedy_accuracy"], metrics["labeled_rl"]["greedy_accuracy"], metrics["gold_label_rl"]["greedy_accuracy"])
-                for name, m in metrics.items() if name.startswith("round-")
-            }
+        shares = gold_gain_shares(metrics)
+        if shares:
             audits = audits.with_columns(pl.col("round").replace_strict(shares, default=None, return_dtype=pl.Float64).alias("share_of_gold_gain"))
         rounds.append(audits)
     return (pl.concat(accuracy) if accuracy else pl.DataFrame(), pl.concat(rounds, how="diagonal") if rounds else pl.DataFrame())

@@ -26,12 +26,13 @@ FIXED_CHECKPOINTS = {"base_model": "base_model_eval", "labeled_rl": "labeled_rl_
 GOLD_CONTROL = ("gold_label_rl", "gold_label_rl_eval")
 
 
+_RANK = {"base_model": 0, "labeled_rl": 1, GOLD_CONTROL[0]: 3}
+"""Rank of the named checkpoints in `checkpoint_order`; the rounds take rank 2."""
+
+
 def checkpoint_order(name: str) -> tuple[int, str]:
     """Sort key: base model, labeled RL, the rounds in order, then the gold-label control."""
-    fixed = [*FIXED_CHECKPOINTS, GOLD_CONTROL[0]]
-    if name in fixed:
-        return (0 if name == "base_model" else 1 if name == "labeled_rl" else 3, name)
-    return (2, name)
+    return (_RANK.get(name, 2), name)
 
 
 def eval_reports(lake: Path) -> list[tuple[str, Path]]:
@@ -52,6 +53,18 @@ def gold_gain_recovered(accuracy: float, labeled_rl: float, gold_label_rl: float
     labels give which pseudo-labels gave; NaN when true labels gave no gain to measure against."""
     gain = gold_label_rl - labeled_rl
     return (accuracy - labeled_rl) / gain if gain > 0 else math.nan
+
+
+def gold_gain_shares(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Round name -> `gold_gain_recovered` of its greedy accuracy; empty unless both labeled RL and the
+    gold-label control were evaluated."""
+    if not {"labeled_rl", GOLD_CONTROL[0]} <= metrics.keys():
+        return {}
+    labeled, gold = metrics["labeled_rl"]["greedy_accuracy"], metrics[GOLD_CONTROL[0]]["greedy_accuracy"]
+    return {
+        name: gold_gain_recovered(values["greedy_accuracy"], labeled, gold)
+        for name, values in metrics.items() if name.startswith("round-")
+    }
 
 
 def headline_metrics(metrics: dict[str, dict[str, float]]) -> list[str]:
@@ -89,12 +102,11 @@ def label_audits(lake: Path) -> pl.DataFrame:
 def summary_markdown(metrics: dict[str, dict[str, float]], audits: pl.DataFrame) -> str:
     """The run summary as markdown tables."""
     lines = ["## Accuracy per checkpoint", "", markdown_table(accuracy_table(metrics).drop("seed"))]
-    if "labeled_rl" in metrics and GOLD_CONTROL[0] in metrics:
+    if {"labeled_rl", GOLD_CONTROL[0]} <= metrics.keys():
         labeled, gold = metrics["labeled_rl"]["greedy_accuracy"], metrics[GOLD_CONTROL[0]]["greedy_accuracy"]
         recovered = [
-            {"round": name, "greedy_accuracy": values["greedy_accuracy"],
-             "share_of_gold_gain": gold_gain_recovered(values["greedy_accuracy"], labeled, gold)}
-            for name, values in metrics.items() if name.startswith("round-")
+            {"round": name, "greedy_accuracy": metrics[name]["greedy_accuracy"], "share_of_gold_gain": share}
+            for name, share in gold_gain_shares(metrics).items()
         ]
         lines += [
             "", f"## Gold-label gain recovered (labeled RL {labeled:.3f}, gold-label control {gold:.3f})", "",

@@ -298,7 +298,7 @@ def _round_report_extras(lake: DataLake, round_key: str, metrics: dict[str, floa
     """Figures and tables that put the round in context: every checkpoint evaluated up to this round,
     and how well its pseudo-labels matched the hidden gold by agreement."""
     from noisy_student_assets import plots
-    from noisy_student_assets.summary import accuracy_table, checkpoint_order, gold_gain_recovered, load_metrics
+    from noisy_student_assets.summary import accuracy_table, checkpoint_order, gold_gain_shares, load_metrics
 
     so_far = {name: m for name, m in load_metrics(lake.root_path).items() if not name.startswith("round-") or name < round_key}
     checkpoints = dict(sorted((so_far | {round_key: metrics}).items(), key=lambda item: checkpoint_order(item[0])))
@@ -307,10 +307,9 @@ def _round_report_extras(lake: DataLake, round_key: str, metrics: dict[str, floa
         figures={"accuracy_by_checkpoint": plots.accuracy_by_checkpoint(accuracy)},
         tables={"Accuracy per checkpoint": accuracy.drop("seed")},
     )
-    if "labeled_rl" in checkpoints and "gold_label_rl" in checkpoints:
-        extras.metrics["share_of_gold_gain"] = gold_gain_recovered(
-            metrics["greedy_accuracy"], checkpoints["labeled_rl"]["greedy_accuracy"], checkpoints["gold_label_rl"]["greedy_accuracy"]
-        )
+    shares = gold_gain_shares(checkpoints)
+    if shares:
+        extras.metrics["share_of_gold_gain"] = shares[round_key]
     labels_dir = lake.artifact_dir(PSEUDO_LABELS, round_key)
     if (labels_dir / AUDIT_BUCKETS_FILE).exists():
         audit = json.loads((labels_dir / AUDIT_FILE).read_text())
