@@ -102,6 +102,7 @@ def machine() -> dict:
 def run(teacher_steps: int) -> dict:
     import dagster as dg
 
+    from noisy_student_assets import grading
     from noisy_student_assets.config import EvalConfig, RoundConfig
     from noisy_student_assets.definitions import defs
     from noisy_student_assets.generation import generate_samples
@@ -158,6 +159,7 @@ def run(teacher_steps: int) -> dict:
             }
 
         print("consensus + grading over the vLLM samples", flush=True)
+        grading.clear_cache()
         start = time.time()
         labels = vote_pseudo_labels(generations["vllm"], unlabeled, round_config.tau)
         audit_pseudo_labels(labels, generations["vllm"], unlabeled)
@@ -172,6 +174,7 @@ def run(teacher_steps: int) -> dict:
         }
 
         print(f"a round through Dagster: {ROUND}", flush=True)
+        grading.clear_cache()  # the round samples what was just graded: its consensus must not hit the cache
         result, start, end = materialize(
             ["generations", "pseudo_labels", "student_checkpoint", "eval_report"],
             {"noisy_student_round": {"config": {}}, "eval_report": {"config": EvalConfig().model_dump()}},

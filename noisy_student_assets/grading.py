@@ -163,6 +163,11 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
+def clear_cache() -> None:
+    """Forget cached equivalence results, so the next checks are timed cold (the benchmark)."""
+    _equivalent.cache_clear()
+
+
 @lru_cache(maxsize=16384)
 def _equivalent(gold: str, answer: str, timeout_s: float) -> bool:
     # Cached: samples repeat answers, and a pathological one should cost one timeout, not many.

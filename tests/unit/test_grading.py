@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import noisy_student_assets
+from noisy_student_assets import grading
 from noisy_student_assets.grading import (
     answer_reward,
     answers_equivalent,
@@ -263,3 +264,11 @@ def test_every_gsm8k_solution_grades_as_its_answer_and_not_the_next():
         if gold != following and grade(row["answer"], following)
     ]
     assert wrongly_accepted == []
+
+
+def test_clear_cache_makes_the_next_check_cold():
+    answers_equivalent("1/2", "0.5")
+    grading.clear_cache()
+    assert grading._equivalent.cache_info().currsize == 0
+    assert answers_equivalent("1/2", "0.5")
+    assert grading._equivalent.cache_info().misses == 1
