@@ -61,8 +61,9 @@ benchmark: setup
 
 # The main job once per seed in its own lake, then mean ± sd across seeds (data_lake/seeds/results.md).
 SEEDS ?= 0 1 2
+SEEDS_ARGS ?=
 seeds: setup
-	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python experiments/seeds.py --seeds $(SEEDS)
+	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python experiments/seeds.py --seeds $(SEEDS) $(SEEDS_ARGS)
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml

@@ -24,13 +24,13 @@ import polars as pl
 SEEDS_DIR = "seeds"
 
 
-def seed_config(seed: int, eval_size: int) -> dict[str, dict]:
+def seed_config(seed: int, eval_size: int, greedy_only: bool = False) -> dict[str, dict]:
     """Run config per partition set: the foundation's and controls' ops, and a round's."""
     from noisy_student_assets.config import EvalProblemsConfig
 
     eval_source = EvalProblemsConfig().source.model_dump() | {"size": eval_size}
     grpo = {"grpo": {"seed": seed}}
-    evaluation = {"config": {"seed": seed}}
+    evaluation = {"config": {"seed": seed} | ({"samples": 0, "ks": []} if greedy_only else {})}
     return {
         "foundation": {
             "problem_split": {"config": {"seed": seed}},
@@ -48,7 +48,7 @@ def seed_config(seed: int, eval_size: int) -> dict[str, dict]:
     }
 
 
-def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int) -> None:
+def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int, greedy_only: bool) -> None:
     import dagster as dg
 
     from noisy_student_assets.definitions import defs
@@ -57,7 +57,7 @@ def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int) -> None:
     from resources.data_lake import DataLake
 
     resources = lake_resources(DataLake(root=str(lake_dir)))
-    config = seed_config(seed, eval_size)
+    config = seed_config(seed, eval_size, greedy_only)
     instance_dir = lake_dir / ".dagster"
     instance_dir.mkdir(parents=True, exist_ok=True)
     with dg.DagsterInstance.local_temp(tempdir=str(instance_dir)) as instance:
@@ -141,6 +141,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--eval-size", type=int, default=220, help="held-out problems to generate (overlap with training is dropped)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--greedy-only", action="store_true",
+        help="evaluate greedy accuracy only, without the profile's sampled maj@k/pass@k (a third of the eval's generation on cpu)",
+    )
     parser.add_argument("--fresh", action="store_true", help="delete a seed's lake before running it")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
@@ -150,7 +154,7 @@ def main() -> None:
             lake_dir = seeds_dir / f"seed-{seed}"
             if args.fresh:
                 shutil.rmtree(lake_dir, ignore_errors=True)
-            run_seed(lake_dir, seed, args.eval_size, args.rounds)
+            run_seed(lake_dir, seed, args.eval_size, args.rounds, args.greedy_only)
     print(report(seeds_dir))
     print(f"written: {seeds_dir / 'results.md'}, {seeds_dir / 'accuracy_by_checkpoint.png'}")
 

@@ -41,7 +41,7 @@ def score_problems(
     for problem in eval_problems.iter_rows(named=True):
         gold, pid = problem["gold_answer"], problem["problem_id"]
         first = greedy_by_id[pid]
-        answers = sampled_answers[pid]
+        answers = sampled_answers.get(pid, [])  # none in a greedy-only eval
         row = {
             "problem_id": pid,
             "subject": problem["subject"],
@@ -89,7 +89,8 @@ def breakdown(scores: pl.DataFrame) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """Greedy decoding for accuracy, plus `samples` sampled completions per problem for maj@k/pass@k."""
+    """Greedy decoding for accuracy, plus `samples` sampled completions per problem for maj@k/pass@k
+    (`samples=0, ks=()`: greedy only)."""
 
     max_new_tokens: int = 128
     samples: int = 8
@@ -98,7 +99,7 @@ class EvalSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.ks or max(self.ks) > self.samples or min(self.ks) < 1:
+        if self.samples < 0 or any(not 1 <= k <= self.samples for k in self.ks):
             raise ValueError(f"every k in {self.ks} must be within 1..samples={self.samples}")
 
 
@@ -123,21 +124,24 @@ def evaluate_checkpoint(
     checkpoint_label: str | None = None,
 ) -> EvalResult:
     """Generate greedy and sampled completions for every eval problem and score them."""
-    greedy, sampled = generate_sample_sets(
-        checkpoint_dir,
-        eval_problems,
-        [
-            SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed),
+    sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
+    if settings.samples:
+        sample_sets.append(
             SamplingSettings(
                 n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
-            ),
-        ],
+            )
+        )
+    greedy, *sampled = generate_sample_sets(
+        checkpoint_dir,
+        eval_problems,
+        sample_sets,
         backend=backend,
         device=device,
         dtype=dtype,
         checkpoint_label=checkpoint_label,
         progress=progress,
     )
+    sampled = sampled[0] if sampled else greedy.clear()
     scores = score_problems(eval_problems, greedy, sampled, settings.ks)
     return EvalResult(
         scores=scores, metrics=summarize(scores, settings.ks), breakdown=breakdown(scores), greedy=greedy, sampled=sampled

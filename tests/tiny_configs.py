@@ -7,6 +7,7 @@ ROUND_SELECTION = ["generations", "pseudo_labels", "student_checkpoint", "eval_r
 
 TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8}
 TINY_EVAL = {"backend": "transformers", "max_new_tokens": 8, "samples": 2, "ks": [1, 2]}
+TINY_GREEDY_EVAL = TINY_EVAL | {"samples": 0, "ks": []}
 
 
 def tiny_round(tau: float = 0.0) -> dict:
@@ -35,7 +36,7 @@ def controls_config() -> dict:
     return {
         "ops": {
             "gold_label_rl_checkpoint": {"config": {"grpo": TINY_GRPO}},
-            "gold_label_rl_eval": {"config": TINY_EVAL},
+            "gold_label_rl_eval": {"config": TINY_GREEDY_EVAL},
         }
     }
 

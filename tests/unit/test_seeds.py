@@ -55,3 +55,10 @@ def test_a_seed_sets_every_random_choice_but_not_the_eval_set() -> None:
     for group, op in [("foundation", "problem_split"), ("foundation", "labeled_rl_checkpoint"),
                       ("foundation", "gold_label_rl_checkpoint"), ("round", "noisy_student_round"), ("round", "eval_report")]:
         assert first[group][op] != second[group][op], op
+
+
+def test_greedy_only_drops_the_sampled_eval_everywhere() -> None:
+    config = seed_config(0, 220, greedy_only=True)
+    evals = [config["foundation"][op]["config"] for op in ("base_model_eval", "labeled_rl_eval", "gold_label_rl_eval")]
+    for settings in [*evals, config["round"]["eval_report"]["config"]]:
+        assert (settings["samples"], settings["ks"], settings["seed"]) == (0, [], 0)
