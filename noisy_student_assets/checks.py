@@ -15,12 +15,16 @@ NO_EVAL_REGRESSION = dg.AssetCheckSpec(
 )
 
 
-def pseudo_label_quality(coverage: float, mean_agreement: float, min_coverage: float, min_agreement: float) -> dg.AssetCheckResult:
-    """ERROR when too few labels survive tau, or the teacher agrees with itself too rarely to trust them."""
+def pseudo_label_quality(
+    failure: str | None, coverage: float, mean_agreement: float, min_coverage: float, min_agreement: float
+) -> dg.AssetCheckResult:
+    """ERROR when too few labels survive tau, or the teacher agrees with itself too rarely to trust them
+    (`failure`: why, from `pseudo_labels.label_floor_failure`)."""
     return dg.AssetCheckResult(
         check_name=PSEUDO_LABEL_QUALITY.name,
         asset_key=PSEUDO_LABEL_QUALITY.asset_key,
-        passed=coverage >= min_coverage and mean_agreement >= min_agreement,
+        passed=failure is None,
+        description=failure,
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={
             "coverage": coverage,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,11 +59,9 @@ VLLM_CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVE
 VLLM_MIN_BATCHED_TOKENS = 4096
 """vLLM's own default token budget per engine step on CPU; raised only for longer sequences."""
 
-VLLM_CHUNKS_PER_BATCH = 4
-"""vLLM gets ``batch_size * VLLM_CHUNKS_PER_BATCH`` problems per call: it batches internally, and
-the calls only exist so that progress can be reported between them."""
-
 Progress = Callable[[int, int], None]
+ShardCallback = Callable[[int, pl.DataFrame], None]
+"""Called with (index in the settings list, table of one finished shard of problems)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +124,8 @@ def generate_sample_sets(
     dtype: str = "float32",
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     batch_size: int = 16,
+    shard_size: int = 64,
+    on_shard: ShardCallback | None = None,
     progress: Progress | None = None,
     checkpoint_label: str | None = None,
     gpu_memory_utilization: float = 0.85,
@@ -132,8 +133,10 @@ def generate_sample_sets(
     """One ``generate_samples`` table per entry of ``settings_list``, all from one model load (one
     vLLM engine, whose start-up dominates short runs on a CPU).
 
-    ``progress(problems_done, total)`` is called after each batch (transformers) or chunk of
-    batches (vLLM), counting over all the settings: ``total`` is ``len(problems) * len(settings_list)``.
+    Problems go to the backend ``shard_size`` at a time (vLLM batches a shard internally;
+    transformers in batches of ``batch_size``). After each shard, ``on_shard`` gets its table (to
+    persist it: see ``SampleShards``) and ``progress(problems_done, total)`` is called, counting over
+    all the settings: ``total`` is ``len(problems) * len(settings_list)``.
     ``gpu_memory_utilization`` only matters for vLLM on a GPU.
     """
     _validate(problems, backend, dtype)
@@ -147,27 +150,33 @@ def generate_sample_sets(
         for problem in problems["prompt"].to_list()
     ]
     problem_ids = problems["problem_id"].cast(pl.Utf8).to_list()
-    report = progress or (lambda done, total: None)
     total = len(prompt_ids) * len(settings_list)
-    if backend == "vllm":
-        sample_sets = _sample_with_vllm(
-            checkpoint_dir, problem_ids, prompt_ids, settings_list, device, dtype, batch_size * VLLM_CHUNKS_PER_BATCH,
-            report, total, gpu_memory_utilization,
-        )
-    else:
-        sample_sets = _sample_with_transformers(
-            checkpoint_dir, tokenizer, prompt_ids, settings_list, device, dtype, batch_size, report, total
-        )
-    return [
-        _samples_table(
-            problem_ids,
+
+    def table(set_index: int, start: int, samples: list[list[Sample]]) -> pl.DataFrame:
+        return _samples_table(
+            problem_ids[start : start + len(samples)],
             samples,
             checkpoint=checkpoint_label or str(checkpoint_dir),
             backend=backend,
-            sampling=json.dumps(settings.as_dict(), sort_keys=True),
+            sampling=json.dumps(settings_list[set_index].as_dict(), sort_keys=True),
         )
-        for settings, samples in zip(settings_list, sample_sets, strict=True)
-    ]
+
+    def shard_done(set_index: int, start: int, samples: list[list[Sample]]) -> None:
+        if on_shard is not None:
+            on_shard(set_index, table(set_index, start, samples))
+        if progress is not None:
+            progress(len(prompt_ids) * set_index + start + len(samples), total)
+
+    if backend == "vllm":
+        sample_sets = _sample_with_vllm(
+            checkpoint_dir, problem_ids, prompt_ids, settings_list, device, dtype, shard_size, shard_done,
+            gpu_memory_utilization,
+        )
+    else:
+        sample_sets = _sample_with_transformers(
+            checkpoint_dir, tokenizer, prompt_ids, settings_list, device, dtype, shard_size, batch_size, shard_done
+        )
+    return [table(set_index, 0, samples) for set_index, samples in enumerate(sample_sets)]
 
 
 def sampling_cache_key(
@@ -184,6 +193,53 @@ def sampling_cache_key(
         "prompt_template": prompt_template,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+class SampleShards:
+    """The finished shards of one sampling run, on disk, so that a run killed midway resumes from the
+    problems already sampled instead of from zero.
+
+    A shard is written under a temporary name and renamed, so a shard file is always complete; a
+    temporary file left by a killed writer is deleted by the next ``load``. The directory belongs to
+    one sampling run (key it by ``sampling_cache_key``): shards of other settings must not mix in.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def load(self) -> pl.DataFrame:
+        """Every finished shard, in the order written."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for partial in self.directory.glob("*.tmp"):
+            partial.unlink()
+        files = sorted(self.directory.glob("shard-*.parquet"))
+        return pl.concat([pl.read_parquet(f) for f in files]) if files else GENERATION_SCHEMA.to_frame()
+
+    def write(self, _set_index: int, table: pl.DataFrame) -> None:
+        final = self.directory / f"shard-{len(list(self.directory.glob('shard-*.parquet'))):05d}.parquet"
+        partial = final.with_name(final.name + ".tmp")
+        table.write_parquet(partial)
+        os.replace(partial, final)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def generate_samples_resumable(
+    checkpoint_dir: Path, problems: pl.DataFrame, settings: SamplingSettings, shards: SampleShards, **options
+) -> tuple[pl.DataFrame, int]:
+    """``generate_samples``, saving every finished shard into ``shards`` and sampling only the problems
+    that an earlier, interrupted call has not saved there. Returns the table (problem order, then
+    ``sample_index``) and the number of problems taken from saved shards."""
+    done = shards.load()
+    done_ids = done["problem_id"].unique()
+    todo = problems.filter(~pl.col("problem_id").cast(pl.Utf8).is_in(done_ids.implode()))
+    parts = [done]
+    if not todo.is_empty():
+        parts.append(generate_samples(checkpoint_dir, todo, settings, on_shard=shards.write, **options))
+    order = problems.select(pl.col("problem_id").cast(pl.Utf8)).with_row_index("problem_order")
+    table = pl.concat(parts).join(order, on="problem_id").sort("problem_order", "sample_index").drop("problem_order")
+    return table, done_ids.len()
 
 
 def _validate(problems: pl.DataFrame, backend: str, dtype: str) -> None:
@@ -230,9 +286,9 @@ def _sample_with_transformers(
     settings_list: Sequence[SamplingSettings],
     device: str,
     dtype: str,
+    shard_size: int,
     batch_size: int,
-    report: Progress,
-    total: int,
+    shard_done: Callable[[int, int, list[list[Sample]]], None],
 ) -> list[list[list[Sample]]]:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -246,23 +302,26 @@ def _sample_with_transformers(
     model.generation_config = GenerationConfig(eos_token_id=sorted(stop_ids), pad_token_id=pad_id)
     sample_sets: list[list[list[Sample]]] = []
     with torch.inference_mode():
-        for settings in settings_list:
+        for set_index, settings in enumerate(settings_list):
             torch.manual_seed(settings.seed)
             samples: list[list[Sample]] = []
-            for batch in _chunks(prompt_ids, batch_size):
-                inputs = tokenizer.pad(
-                    {"input_ids": batch}, padding=True, padding_side="left", return_tensors="pt"
-                ).to(device)  # left: generation continues from the right end of every row
-                output = model.generate(
-                    **inputs,
-                    **_transformers_sampling_kwargs(settings),
-                    max_new_tokens=settings.max_new_tokens,
-                    num_return_sequences=settings.n,
-                )
-                generated = output[:, inputs["input_ids"].shape[1] :].tolist()
-                decoded = [_decode_generated(tokenizer, ids, stop_ids) for ids in generated]
-                samples.extend(_chunks(decoded, settings.n))  # rows come grouped by prompt
-                report(len(prompt_ids) * len(sample_sets) + len(samples), total)
+            for shard in _chunks(prompt_ids, shard_size):
+                shard_samples: list[list[Sample]] = []
+                for batch in _chunks(shard, batch_size):
+                    inputs = tokenizer.pad(
+                        {"input_ids": batch}, padding=True, padding_side="left", return_tensors="pt"
+                    ).to(device)  # left: generation continues from the right end of every row
+                    output = model.generate(
+                        **inputs,
+                        **_transformers_sampling_kwargs(settings),
+                        max_new_tokens=settings.max_new_tokens,
+                        num_return_sequences=settings.n,
+                    )
+                    generated = output[:, inputs["input_ids"].shape[1] :].tolist()
+                    decoded = [_decode_generated(tokenizer, ids, stop_ids) for ids in generated]
+                    shard_samples.extend(_chunks(decoded, settings.n))  # rows come grouped by prompt
+                shard_done(set_index, len(samples), shard_samples)
+                samples.extend(shard_samples)
             sample_sets.append(samples)
     return sample_sets
 
@@ -299,9 +358,8 @@ def _sample_with_vllm(
     settings_list: Sequence[SamplingSettings],
     device: str,
     dtype: str,
-    chunk_size: int,
-    report: Progress,
-    total: int,
+    shard_size: int,
+    shard_done: Callable[[int, int, list[list[Sample]]], None],
     gpu_memory_utilization: float,
 ) -> list[list[list[Sample]]]:
     on_cpu = device == "cpu"
@@ -321,20 +379,21 @@ def _sample_with_vllm(
     )
     sample_sets: list[list[list[Sample]]] = []
     try:
-        for settings in settings_list:
+        for set_index, settings in enumerate(settings_list):
             requests = [
                 ({"prompt_token_ids": ids}, _vllm_sampling_params(settings, problem_id))
                 for problem_id, ids in zip(problem_ids, prompt_ids, strict=True)
             ]
             samples: list[list[Sample]] = []
-            for chunk in _chunks(requests, chunk_size):
-                prompts, params = zip(*chunk, strict=True)
+            for shard in _chunks(requests, shard_size):
+                prompts, params = zip(*shard, strict=True)
                 outputs = llm.generate(list(prompts), list(params), use_tqdm=False)
-                samples.extend(
+                shard_samples = [
                     [Sample(c.text, len(c.token_ids), c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)]
                     for o in outputs
-                )
-                report(len(prompt_ids) * len(sample_sets) + len(samples), total)
+                ]
+                shard_done(set_index, len(samples), shard_samples)
+                samples.extend(shard_samples)
             sample_sets.append(samples)
     finally:
         # Stop the engine processes now rather than at garbage collection, so that they free their

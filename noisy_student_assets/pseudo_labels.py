@@ -134,3 +134,23 @@ def audit_pseudo_labels(
 def _bucket_labels() -> list[str]:
     edges = [*AGREEMENT_BUCKETS, 1.0]
     return [f"[{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'}" for low, high in zip(edges, edges[1:])]
+
+
+def label_floor_failure(
+    labels: pl.DataFrame, tau: float, min_coverage: float, min_mean_agreement: float
+) -> str | None:
+    """Why these pseudo-labels must not train a student, or None when they clear both floors."""
+    kept = int(labels["kept"].sum())
+    coverage = kept / labels.height if labels.height else 0.0
+    mean_agreement = labels["agreement"].mean() if labels.height else 0.0
+    if kept == 0 and min_coverage > 0:
+        return (
+            f"tau={tau} keeps none of the {labels.height} pseudo-labels (highest agreement "
+            f"{labels['agreement'].max() or 0.0:.2f}): lower tau, sample more answers (K), or set "
+            "min_coverage=0 to train the student on the labeled problems only"
+        )
+    if coverage < min_coverage:
+        return f"tau={tau} keeps {kept}/{labels.height} pseudo-labels: coverage {coverage:.3f} < min_coverage {min_coverage}"
+    if mean_agreement < min_mean_agreement:
+        return f"mean agreement {mean_agreement:.3f} < min_mean_agreement {min_mean_agreement}"
+    return None

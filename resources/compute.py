@@ -1,7 +1,12 @@
 """The compute every heavy asset runs on. Heavy assets also share the op pool `gpu` (limit 1 in
 dagster.yaml), so two GPU steps never overlap, across runs too."""
 
+import fcntl
 import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
@@ -9,6 +14,8 @@ from pydantic import Field
 from noisy_student_assets.profiles import by_profile
 
 GPU_POOL = "gpu"
+DEVICE_LOCK_ACQUIRED = "acquired the device lock"
+DEVICE_LOCK_RELEASED = "released the device lock"
 
 
 class ComputeResource(dg.ConfigurableResource):
@@ -22,6 +29,30 @@ class ComputeResource(dg.ConfigurableResource):
         default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)"
     )
     cpu_threads: int = Field(default=0, ge=0, description="torch CPU threads (0: one per core)")
+    lock_dir: str = Field(default=tempfile.gettempdir(), description="where this machine's device lock file lives")
+
+    @contextmanager
+    def exclusive(self, log: Callable[[str], None]) -> Iterator[None]:
+        """Hold this machine's lock on the device for the block.
+
+        The `gpu` pool keeps Dagster from starting two heavy steps at once, but the SQLite instance's
+        claim of a pool slot is not atomic: two runs that claimed in the same instant both got it
+        (tests/e2e/test_rounds_cli.py). This lock closes the gap on one machine; the kernel releases
+        it when its process dies, so a killed run never leaves it held.
+        """
+        path = Path(self.lock_dir) / f"noisy-student-{self.device}.lock"
+        with path.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log(f"waiting for the device lock {path}: another heavy step holds it")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            log(f"{DEVICE_LOCK_ACQUIRED} {path}")
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                log(f"{DEVICE_LOCK_RELEASED} {path}")
 
     @property
     def resolved_device(self) -> str:

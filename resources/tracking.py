@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -35,7 +36,11 @@ class MlflowTracking(dg.ConfigurableResource):
     (MLflow 3.17 refuses a ./mlruns file store); `mlflow ui --backend-store-uri <uri>` shows it."""
 
     lake: DataLake
-    tracking_uri: str = Field(default="", description="empty: sqlite:///<data lake>/mlflow.db")
+    tracking_uri: str = Field(
+        default="",
+        description="empty: sqlite:///<data lake>/mlflow.db. A remote store: give it as dg.EnvVar and its credentials "
+        "in MLflow's own variables (MLFLOW_TRACKING_TOKEN, _USERNAME, _PASSWORD), never in the URI",
+    )
     experiment_name: str = Field(default="noisy-student")
 
     @property
@@ -50,6 +55,8 @@ class MlflowTracking(dg.ConfigurableResource):
         so TRL's MLflow callback logs into it too."""
         import mlflow  # here, not at import: loading the code location should not wait for mlflow
 
+        # A remote store's URL would otherwise be printed to stdout (Dagster's compute logs) at every run's end.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.lake.root_path.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.resolved_tracking_uri)
         if mlflow.get_experiment_by_name(self.experiment_name) is None:

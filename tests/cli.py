@@ -29,3 +29,8 @@ class DagsterCli:
         )
         assert result.returncode == 0, f"dagster {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
         return result
+
+    def start(self, *args: str, log: Path) -> subprocess.Popen:
+        """`dagster ...` in the background, its output in `log`."""
+        with log.open("w") as out:
+            return subprocess.Popen([DAGSTER, *args], cwd=self.home, env=self.env, stdout=out, stderr=subprocess.STDOUT)

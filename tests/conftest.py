@@ -50,8 +50,87 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def sevens_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model rewired to say mostly "7" or end its turn, so that rewards vary within a group.
+
+    A random model's answers are almost never numbers, so every reward would be 0, every advantage 0,
+    and no weight would move.  Here one residual dimension dominates every input embedding, making the
+    final hidden state nearly constant, and an untied output head reads only that dimension for "7"
+    and end-of-turn: they get most of the probability, and "7" alone (reward 1) is a common answer.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    embedding = model.get_input_embeddings().weight
+    with torch.no_grad():
+        head = torch.nn.Linear(embedding.shape[1], embedding.shape[0], bias=False)
+        head.weight.copy_(embedding)
+        head.weight[:, 0] = 0.0
+        head.weight[tokenizer.convert_tokens_to_ids("7"), 0] = 2.05
+        head.weight[tokenizer.eos_token_id, 0] = 2.0
+        embedding[:, 0] = 10.0
+    model.lm_head = head
+    model.config.tie_word_embeddings = False
+    out = tmp_path_factory.mktemp("sevens_model")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
 def lake_root(tmp_path: Path) -> Path:
     root = tmp_path / "data_lake"
     root.mkdir()
     return root
+
+
+_SUMMARY_LINES = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def run_summary(request: pytest.FixtureRequest):
+    """Adds a line to the summary printed at the end of the pytest run (e.g. the hostile-answer suite's)."""
+    return request.config.stash.setdefault(_SUMMARY_LINES, []).append
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    lines = config.stash.get(_SUMMARY_LINES, [])
+    if lines:
+        terminalreporter.section("noisy-student summary")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A lake holding a round's inputs (problems, base model, labeled-RL teacher); copy it, see `lake_copy`."""
+    from resources.data_lake import DataLake
+    from tests.lakes import TEACHER_INPUTS, materialize
+    from tests.tiny_configs import foundation_config
+
+    root = tmp_path_factory.mktemp("teacher") / "lake"
+    config = foundation_config(tiny_model_dir)
+    for evaluation in ("base_model_eval", "labeled_rl_eval"):
+        del config["ops"][evaluation]
+    materialize(DataLake(root=str(root)), TEACHER_INPUTS, config)
+    return root
+
+
+@pytest.fixture
+def lake_copy(teacher_lake: Path, tmp_path: Path):
+    """Copies of `teacher_lake` for a test to change: `lake_copy()` gives a fresh `DataLake` each call."""
+    import shutil
+
+    from resources.data_lake import DataLake
+
+    copies = iter(range(1_000))
+
+    def copy() -> DataLake:
+        root = tmp_path / f"lake-{next(copies)}"
+        shutil.copytree(teacher_lake, root)
+        return DataLake(root=str(root))
+
+    return copy

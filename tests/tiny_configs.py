@@ -12,7 +12,7 @@ TINY_GREEDY_EVAL = TINY_EVAL | {"samples": 0, "ks": []}
 
 def tiny_round(tau: float = 0.0) -> dict:
     return {
-        "sampling": {"backend": "transformers", "k": 3, "max_new_tokens": 8},
+        "sampling": {"backend": "transformers", "k": 3, "max_new_tokens": 8, "shard_size": 2},
         "tau": tau,
         "min_coverage": 0.0,
         "grpo": TINY_GRPO,

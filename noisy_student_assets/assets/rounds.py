@@ -26,7 +26,7 @@ from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.config import EvalConfig, RoundConfig
 from noisy_student_assets.partitions import PREVIOUS_ROUND, ROUNDS, previous_round_key
 from noisy_student_assets.problems import fingerprint
-from noisy_student_assets.pseudo_labels import AUDIT_BUCKETS_FILE, AUDIT_FILE
+from noisy_student_assets.pseudo_labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, label_floor_failure
 from noisy_student_assets.prompts import prompt_template
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
@@ -99,11 +99,14 @@ def noisy_student_round(
     yield check
     if not check.passed:
         raise dg.Failure(
-            f"{round_key}: pseudo-labels failed their quality floor ({check.metadata}); the student is not trained on them",
+            f"{round_key}: pseudo-labels failed their quality floor: {check.description}; the student is not trained on them",
             metadata=check.metadata,
             allow_retries=False,  # the same samples would fail the same floor again
         )
 
+    no_labels_kept = not pseudo_labels["kept"].any()
+    if no_labels_kept:  # only reachable with min_coverage=0: the user chose to go on without them
+        context.log.warning(f"{round_key}: no pseudo-label reached tau={config.tau}; the student trains on labeled problems only")
     init = teacher if config.student_init == "teacher" else data_lake.artifact_dir(dg.AssetKey("base_model"))
     staged, student_metadata = train_checkpoint(
         context,
@@ -119,7 +122,9 @@ def noisy_student_round(
     final = data_lake.publish(staged, STUDENT, round_key)
     yield dg.MaterializeResult(
         asset_key=STUDENT,
-        metadata=student_metadata | {"path": dg.MetadataValue.path(str(final)), "teacher": dg.MetadataValue.path(str(teacher))},
+        metadata=student_metadata
+        | {"path": dg.MetadataValue.path(str(final)), "teacher": dg.MetadataValue.path(str(teacher))}
+        | ({"warning": f"no pseudo-label reached tau={config.tau}: trained on labeled problems only"} if no_labels_kept else {}),
     )
 
 
@@ -135,7 +140,7 @@ def _sample(
     """The teacher's K samples per problem, reused from the published artifact when its cache key matches."""
     import mlflow
 
-    from noisy_student_assets.generation import generate_samples, sampling_cache_key
+    from noisy_student_assets.generation import SampleShards, generate_samples_resumable, sampling_cache_key
 
     settings = config.sampling.to_settings()
     teacher_sha = weights_sha256(teacher)
@@ -153,21 +158,30 @@ def _sample(
             generations = lake.read_table(GENERATIONS, context.partition_key)
         else:
             context.log.info(f"Sampling {settings.n} answers for {problems.height} problems from {teacher}")
-            started = time.perf_counter()
-            generations = generate_samples(
-                teacher,
-                problems,
-                settings,
-                backend=config.sampling.backend,
-                device=compute.resolved_device,
-                dtype=compute.dtype,
-                progress=lambda done, total: context.log.info(f"sampled {done}/{total} problems"),
-                checkpoint_label=f"{teacher} sha256:{teacher_sha[:12]}",
-                gpu_memory_utilization=compute.memory_share,
-            )
-            timing = {"sampling_seconds": time.perf_counter() - started}
-            timing["generated_tokens_per_second"] = generations["n_tokens"].sum() / timing["sampling_seconds"]
+            # Shards of an attempt killed midway (same cache key) are kept; this attempt samples the rest.
+            shards = SampleShards(lake.work_dir(GENERATIONS.path[-1], context.partition_key, cache_key[:16]))
+            with compute.exclusive(context.log.info):
+                started = time.perf_counter()
+                generations, resumed = generate_samples_resumable(
+                    teacher,
+                    problems,
+                    settings,
+                    shards,
+                    backend=config.sampling.backend,
+                    device=compute.resolved_device,
+                    dtype=compute.dtype,
+                    shard_size=config.sampling.shard_size,
+                    progress=lambda done, total: context.log.info(f"sampled {done}/{total} problems"),
+                    checkpoint_label=f"{teacher} sha256:{teacher_sha[:12]}",
+                    gpu_memory_utilization=compute.memory_share,
+                )
+                timing = {"sampling_seconds": time.perf_counter() - started, "resumed_problems": float(resumed)}
+            if resumed:
+                context.log.info(f"Resumed {resumed}/{problems.height} problems from the shards of an interrupted attempt")
+            else:  # tokens/s of an attempt that resumed would count tokens sampled by the one before
+                timing["generated_tokens_per_second"] = generations["n_tokens"].sum() / timing["sampling_seconds"]
             lake.write_table(generations, GENERATIONS, context.partition_key, extra_files={CACHE_KEY_FILE: cache_key})
+            shards.clear()
         stats = {
             "samples": generations.height,
             "answer_rate": generations["answer"].is_not_null().mean(),
@@ -224,7 +238,10 @@ def _pseudo_label(
             context.partition_key,
             extra_files={AUDIT_FILE: json.dumps(stats | {"tau": config.tau}), AUDIT_BUCKETS_FILE: audit.buckets.write_json()},
         )
-    check = pseudo_label_quality(audit.coverage, stats["mean_agreement"], config.min_coverage, config.min_mean_agreement)
+    check = pseudo_label_quality(
+        label_floor_failure(labels, config.tau, config.min_coverage, config.min_mean_agreement),
+        audit.coverage, stats["mean_agreement"], config.min_coverage, config.min_mean_agreement,
+    )
     context.log.info(f"{kept.height}/{labels.height} pseudo-labels kept at tau={config.tau}; audit {stats}")
     return labels, {
         **stats,

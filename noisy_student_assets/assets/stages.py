@@ -83,11 +83,11 @@ def train_checkpoint(
     run_fingerprint = hashlib.sha256(
         json.dumps([init_sha, dataset.to_list(), settings.as_dict()], sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
-    work_dir = lake.root_path / ".work" / asset_name / (_partition(context) or "all") / run_fingerprint
+    work_dir = lake.work_dir(asset_name, _partition(context), run_fingerprint)
     staged = lake.staging_dir()
     params = {"grpo": settings.as_dict(), "init_checkpoint": str(init_dir), "init_weights_sha256": init_sha}
     context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
-    with tracking.start_run(context, asset_name, params) as run:
+    with tracking.start_run(context, asset_name, params) as run, compute.exclusive(context.log.info):
         started = time.perf_counter()
         result = train_grpo(
             init_dir,
@@ -145,17 +145,18 @@ def evaluate(
     settings = config.to_settings()
     params = {"eval": asdict(settings), "backend": config.backend, "checkpoint": str(checkpoint_dir)}
     with tracking.start_run(context, asset_name, params) as run:
-        started = time.perf_counter()
-        result = evaluate_checkpoint(
-            checkpoint_dir,
-            eval_problems,
-            settings,
-            backend=config.backend,
-            device=compute.resolved_device,
-            dtype=compute.dtype,
-            progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
-        )
-        eval_seconds = time.perf_counter() - started
+        with compute.exclusive(context.log.info):
+            started = time.perf_counter()
+            result = evaluate_checkpoint(
+                checkpoint_dir,
+                eval_problems,
+                settings,
+                backend=config.backend,
+                device=compute.resolved_device,
+                dtype=compute.dtype,
+                progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
+            )
+            eval_seconds = time.perf_counter() - started
         metrics = dict(result.metrics)
         for name, other in (deltas_against or {}).items():
             metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}

@@ -12,6 +12,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
 from tests.cli import DAGSTER_DAEMON
 from tests.tiny_configs import ROUND_SELECTION, foundation_config, round_config
 
@@ -43,16 +44,45 @@ def foundation(dagster_cli, tiny_model_dir):
     return dagster_cli
 
 
-def test_round_partition_through_cli(foundation) -> None:
-    result = foundation(
-        "asset", "materialize", *MODULE, "--select", ",".join(ROUND_SELECTION),
-        "--partition", "round-001", "--config-json", json.dumps(round_config()),
-    )
+def _round_args(round_key: str, config: dict) -> list[str]:
+    return ["asset", "materialize", *MODULE, "--select", ",".join(ROUND_SELECTION), "--partition", round_key, "--config-json", json.dumps(config)]
+
+
+def _device_lock_intervals(instance: dg.DagsterInstance, run_ids: list[str]) -> list[tuple[float, float, str]]:
+    """(acquired, released, run id) of every hold of the device lock by the given runs."""
+    intervals = []
+    for run_id in run_ids:
+        acquired = [e.timestamp for e in instance.all_logs(run_id) if DEVICE_LOCK_ACQUIRED in e.message]
+        released = [e.timestamp for e in instance.all_logs(run_id) if DEVICE_LOCK_RELEASED in e.message]
+        assert len(acquired) == len(released) >= 2
+        intervals += [(start, end, run_id) for start, end in zip(acquired, released, strict=True)]
+    return sorted(intervals)
+
+
+def test_rounds_through_cli_one_then_two_at_once(foundation, tmp_path, monkeypatch) -> None:
+    result = foundation(*_round_args("round-001", round_config()))
     assert "RUN_SUCCESS" in result.stdout + result.stderr
     lake = foundation.lake
     assert _teacher_of(lake, "round-001") == {str(lake / "labeled_rl_checkpoint")}
     assert (lake / "student_checkpoint" / "round-001" / "model.safetensors").is_file()
     assert (lake / "eval_report" / "round-001" / "report.md").is_file()
+
+    # Round 1 again with another tau while round 2 runs, as two users would: the heavy work takes turns
+    # on the device and each round's data stays whole.
+    runs = {key: foundation.start(*_round_args(key, round_config(tau)), log=tmp_path / f"{key}.log")
+            for key, tau in (("round-001", 0.5), ("round-002", 0.0))}
+    for key, process in runs.items():
+        assert process.wait(timeout=900) == 0, (tmp_path / f"{key}.log").read_text()[-4000:]
+    monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
+        concurrent = [r.dagster_run.run_id for r in instance.get_run_records(limit=2)]
+        intervals = _device_lock_intervals(instance, concurrent)
+    for (_, end, run), (start, _, next_run) in zip(intervals, intervals[1:]):
+        assert run == next_run or start >= end, "two runs used the device at once"
+    for key in ("round-001", "round-002"):
+        assert pl.read_parquet(lake / "generations" / key / "data.parquet").height == 6 * 3
+        assert (lake / "eval_report" / key / "report.md").is_file()
+    assert not [p for p in (lake / ".staging").rglob("*") if p.is_file()]
 
 
 def test_backfill_runs_rounds_in_order(foundation, monkeypatch) -> None:

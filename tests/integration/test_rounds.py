@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import dagster as dg
 import mlflow
@@ -15,6 +16,7 @@ from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
+from tests.lakes import metadata_of
 from tests.tiny_configs import ROUND_SELECTION, controls_config, foundation_config, round_config
 
 @pytest.fixture(scope="module")
@@ -55,11 +57,6 @@ def two_rounds(lake, resources, instance, tiny_model_dir) -> dict[str, dg.Execut
     return results
 
 
-def _metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
-    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset]
-    return event.step_materialization_data.materialization.metadata
-
-
 def test_round_two_samples_from_round_one_student(two_rounds, lake: DataLake) -> None:
     round_one_student = lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-001")
     labeled_rl = lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint"))
@@ -67,7 +64,7 @@ def test_round_two_samples_from_round_one_student(two_rounds, lake: DataLake) ->
     second = lake.read_table(dg.AssetKey("generations"), "round-002")
     assert set(first["checkpoint"]) == {f"{labeled_rl} sha256:{weights_sha256(labeled_rl)[:12]}"}
     assert set(second["checkpoint"]) == {f"{round_one_student} sha256:{weights_sha256(round_one_student)[:12]}"}
-    metadata = _metadata(two_rounds["round-002"], "generations")
+    metadata = metadata_of(two_rounds["round-002"], "generations")
     assert metadata["teacher"].value == str(round_one_student)
 
 
@@ -83,7 +80,7 @@ def test_round_artifacts_and_reports(two_rounds, lake: DataLake) -> None:
         assert "delta_vs_labeled_rl/greedy_accuracy" in metrics and "delta_vs_base_model/greedy_accuracy" in metrics
     second = json.loads((lake.artifact_dir(dg.AssetKey("eval_report"), "round-002") / "metrics.json").read_text())
     assert "delta_vs_previous_round/greedy_accuracy" in second["metrics"]
-    metadata = _metadata(two_rounds["round-002"], "eval_report")
+    metadata = metadata_of(two_rounds["round-002"], "eval_report")
     assert isinstance(metadata["greedy_accuracy"].value, float) and "report" in metadata
     checks = two_rounds["round-002"].get_asset_check_evaluations()
     assert {c.check_name for c in checks} == {"pseudo_label_quality", "no_eval_regression"}
@@ -96,10 +93,18 @@ def test_mlflow_runs_are_tagged_per_asset_and_round(two_rounds, lake: DataLake) 
     for asset in ROUND_SELECTION:
         assert {(asset, "round-001"), (asset, "round-002")} <= seen
     assert {("labeled_rl_checkpoint", ""), ("base_model_eval", ""), ("labeled_rl_eval", "")} <= seen
-    student_run_id = _metadata(two_rounds["round-001"], "student_checkpoint")["mlflow_run_id"].value
+    student_run_id = metadata_of(two_rounds["round-001"], "student_checkpoint")["mlflow_run_id"].value
     student_run = mlflow.get_run(student_run_id)
     assert student_run.data.tags["dagster.run_id"] == two_rounds["round-001"].run_id
     assert any(key.startswith("train") or key.startswith("reward") for key in student_run.data.metrics)
+
+
+def test_no_log_or_metadata_shows_the_tracking_uri(two_rounds, lake: DataLake, instance) -> None:
+    uri = MlflowTracking(lake=lake).resolved_tracking_uri
+    for result in two_rounds.values():
+        for entry in instance.all_logs(result.run_id):
+            assert uri not in f"{entry.message} {entry.dagster_event!r}"
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"  # a remote store's URL stays off stdout
 
 
 def test_new_tau_reuses_samples(two_rounds, lake, resources, instance) -> None:
@@ -108,8 +113,8 @@ def test_new_tau_reuses_samples(two_rounds, lake, resources, instance) -> None:
     result = materialize(
         ["generations", "pseudo_labels", "student_checkpoint"], resources, instance, round_config(tau=0.9, with_eval=False), "round-002"
     )
-    assert _metadata(result, "generations")["reused_cached_samples"].value is True
-    assert _metadata(result, "pseudo_labels")["tau"].value == 0.9
+    assert metadata_of(result, "generations")["reused_cached_samples"].value is True
+    assert metadata_of(result, "pseudo_labels")["tau"].value == 0.9
     assert pl.read_parquet(path).equals(before)
 
 
@@ -131,11 +136,12 @@ def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, 
     assert lake.artifact_dir(dg.AssetKey("pseudo_labels"), "round-003").exists()
     assert not lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-003").exists()
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "failed their quality floor" in failure.event_specific_data.error.message
+    assert "failed their quality floor: tau=1.0 keeps" in failure.event_specific_data.error.message
+    assert check.description.startswith("tau=1.0 keeps")
 
 
 def test_gold_label_control_trains_on_the_hidden_gold(two_rounds, lake: DataLake) -> None:
-    metadata = _metadata(two_rounds["foundation"], "gold_label_rl_checkpoint")
+    metadata = metadata_of(two_rounds["foundation"], "gold_label_rl_checkpoint")
     assert (metadata["gold_rows"].value, metadata["pseudo_rows"].value) == (4 + 6, 0)
     assert metadata["init_checkpoint"].value == str(lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint")))
     assert (lake.artifact_dir(dg.AssetKey("gold_label_rl_eval")) / "metrics.json").is_file()
@@ -153,7 +159,7 @@ def test_round_report_has_figures_calibration_and_the_gold_gain(two_rounds, lake
     # Every checkpoint evaluated so far, in order, this round included.
     accuracy_rows = [line.split("|")[1].strip() for line in text.split("## Accuracy per checkpoint")[1].split("##")[0].splitlines() if line.startswith("| ")]
     assert accuracy_rows[1:] == ["base_model", "labeled_rl", "round-001", "round-002", "gold_label_rl"]
-    metadata = _metadata(two_rounds["round-002"], "eval_report")
+    metadata = metadata_of(two_rounds["round-002"], "eval_report")
     for figure in FIGURES:
         assert (report / f"{figure}.png").read_bytes().startswith(b"\x89PNG")
         assert metadata[figure].value.startswith(f"![{figure}](data:image/png;base64,")

@@ -15,10 +15,12 @@ import pytest
 from noisy_student_assets.generation import (
     GENERATION_SCHEMA,
     Sample,
+    SampleShards,
     SamplingSettings,
     _decode_generated,
     generate_sample_sets,
     generate_samples,
+    generate_samples_resumable,
     sampling_cache_key,
 )
 from noisy_student_assets.grading import extract_answer
@@ -36,7 +38,7 @@ GREEDY = SamplingSettings(n=1, temperature=0.0, max_new_tokens=16)
 
 @pytest.fixture(scope="module")
 def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
-    """Samples from the transformers backend in batches of 2, and the progress reports it made."""
+    """Samples from the transformers backend in shards (and batches) of 2, and the progress reports it made."""
     reports: list[tuple[int, int]] = []
     samples = generate_samples(
         tiny_model_dir,
@@ -44,6 +46,7 @@ def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int
         SAMPLING,
         backend="transformers",
         batch_size=2,
+        shard_size=2,
         progress=lambda done, total: reports.append((done, total)),
     )
     return samples, reports
@@ -51,14 +54,14 @@ def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int
 
 @pytest.fixture(scope="module")
 def vllm_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
-    """Samples from the vLLM backend on the CPU, fed 4 problems per call, and the progress reports it made."""
+    """Samples from the vLLM backend on the CPU, in shards of 4 problems, and the progress reports it made."""
     reports: list[tuple[int, int]] = []
     samples = generate_samples(
         tiny_model_dir,
         PROBLEMS,
         SAMPLING,
         backend="vllm",
-        batch_size=1,
+        shard_size=4,
         progress=lambda done, total: reports.append((done, total)),
     )
     return samples, reports
@@ -196,7 +199,7 @@ def test_vllm_and_transformers_agree_on_greedy_completions(tiny_model_dir):
 def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tiny_model_dir, transformers_run, vllm_run):
     reports: list[tuple[int, int]] = []
     greedy, sampled = generate_sample_sets(
-        tiny_model_dir, PROBLEMS, [GREEDY, SAMPLING], backend=backend, batch_size=2 if backend == "transformers" else 1,
+        tiny_model_dir, PROBLEMS, [GREEDY, SAMPLING], backend=backend, batch_size=2, shard_size=2 if backend == "transformers" else 4,
         progress=lambda done, total: reports.append((done, total)),
     )
     separately = transformers_run[0] if backend == "transformers" else vllm_run[0]
@@ -204,6 +207,37 @@ def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tin
     assert greedy.equals(generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(pl.lit(backend).alias("backend")))
     assert reports[-1] == (2 * PROBLEMS.height, 2 * PROBLEMS.height)
     assert [done for done, _ in reports] == sorted(done for done, _ in reports)
+
+
+class ShardWriterKilled(Exception):
+    pass
+
+
+class KilledAfterFirstShard(SampleShards):
+    """Saves one shard, then dies the way a killed writer would: mid-way through its next file."""
+
+    def write(self, set_index: int, table: pl.DataFrame) -> None:
+        if list(self.directory.glob("shard-*.parquet")):
+            (self.directory / "shard-00001.parquet.tmp").write_bytes(b"PAR1 half a file")
+            raise ShardWriterKilled
+        super().write(set_index, table)
+
+
+def test_interrupted_sampling_resumes_after_the_saved_shards(tiny_model_dir, tmp_path, transformers_run):
+    options = {"backend": "transformers", "batch_size": 2, "shard_size": 2}
+    with pytest.raises(ShardWriterKilled):
+        generate_samples_resumable(tiny_model_dir, PROBLEMS, SAMPLING, KilledAfterFirstShard(tmp_path), **options)
+    reports: list[tuple[int, int]] = []
+    samples, resumed = generate_samples_resumable(
+        tiny_model_dir, PROBLEMS, SAMPLING, SampleShards(tmp_path), progress=lambda *r: reports.append(r), **options
+    )
+    assert resumed == 2 and reports[-1] == (3, 3)  # only the 3 unsaved problems were sampled again
+    assert samples.schema == GENERATION_SCHEMA
+    assert samples["problem_id"].to_list() == [p for p in PROBLEMS["problem_id"] for _ in range(SAMPLING.n)]
+    assert samples["sample_index"].to_list() == list(range(SAMPLING.n)) * PROBLEMS.height
+    first_shard = transformers_run[0].head(2 * SAMPLING.n)
+    assert samples.head(2 * SAMPLING.n).equals(first_shard)
+    assert not list(tmp_path.glob("*.tmp")), "the killed writer's partial file is deleted"
 
 
 # --- cache key ------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import math
 import polars as pl
 import pytest
 
-from noisy_student_assets.pseudo_labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, vote_pseudo_labels
+from noisy_student_assets.pseudo_labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, label_floor_failure, vote_pseudo_labels
 
 PROBLEMS = pl.DataFrame(
     {"problem_id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "hidden_gold_answer": ["0.5", "4", "7"]}
@@ -57,3 +57,14 @@ def test_audit_against_hidden_gold() -> None:
     assert buckets["[0.7, 0.9)"]["problems"] == 1 and buckets["[0.7, 0.9)"]["label_accuracy"] == 0.0
     assert buckets["[0.9, 1.0]"]["problems"] == 0 and buckets["[0.9, 1.0]"]["label_accuracy"] is None
     assert sum(audit.buckets["problems"]) == 2 and not math.isnan(audit.coverage)
+
+
+def test_floor_failures_name_their_cause() -> None:
+    labels = vote_pseudo_labels(GENERATIONS, PROBLEMS, 0.5)
+    assert label_floor_failure(labels, 0.5, 0.05, 0.0) is None
+    nothing_kept = labels.with_columns(kept=pl.lit(False))
+    assert label_floor_failure(nothing_kept, 1.0, 0.05, 0.0).startswith("tau=1.0 keeps none of the 3 pseudo-labels (highest agreement")
+    assert label_floor_failure(nothing_kept, 1.0, 0.0, 0.0) is None  # min_coverage=0: the labeled problems alone
+    one_kept = labels.with_columns(kept=pl.Series([True, False, False]))
+    assert label_floor_failure(one_kept, 0.9, 0.5, 0.0) == "tau=0.9 keeps 1/3 pseudo-labels: coverage 0.333 < min_coverage 0.5"
+    assert label_floor_failure(labels, 0.5, 0.0, 0.99).startswith("mean agreement ")

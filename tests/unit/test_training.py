@@ -55,33 +55,6 @@ def pseudo_frame(n: int = 4) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def sevens_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model rewired to say mostly "7" or end its turn, so that rewards vary within a group.
-
-    A random model's answers are almost never numbers, so every reward would be 0, every advantage 0,
-    and no weight would move.  Here one residual dimension dominates every input embedding, making the
-    final hidden state nearly constant, and an untied output head reads only that dimension for "7"
-    and end-of-turn: they get most of the probability, and "7" alone (reward 1) is a common answer.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    embedding = model.get_input_embeddings().weight
-    with torch.no_grad():
-        head = torch.nn.Linear(embedding.shape[1], embedding.shape[0], bias=False)
-        head.weight.copy_(embedding)
-        head.weight[:, 0] = 0.0
-        head.weight[tokenizer.convert_tokens_to_ids(SEVEN), 0] = 2.05
-        head.weight[tokenizer.eos_token_id, 0] = 2.0
-        embedding[:, 0] = 10.0
-    model.lm_head = head
-    model.config.tie_word_embeddings = False
-    out = tmp_path_factory.mktemp("sevens_model")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def training_set():
     return build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT)
 

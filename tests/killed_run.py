@@ -1,0 +1,103 @@
+"""A materialization that stops at a chosen point, for a test to SIGKILL it there (tests/integration/test_crashes.py).
+
+`python -m tests.killed_run <fault> <lake root> <ready file>` runs the real assets on the lake; at the
+fault it writes `<ready file>` and waits forever, as a process does in the instant it is killed:
+
+- `generations-write`: half of the generations' parquet file written;
+- `sampling`: one shard of samples saved, the next one half written;
+- `checkpoint-save`: half of the trained checkpoint's safetensors file written;
+- `training`: the first resumable TRL checkpoint saved, the second step under way.
+
+Only where the process stops is arranged here; what it has written is the pipeline's own doing.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.generation import SampleShards
+from resources.data_lake import TABLE_FILE_NAME, DataLake
+from tests.lakes import materialize
+from tests.tiny_configs import ROUND_SELECTION, TINY_GRPO, round_config
+
+TRAINING_STEPS = 3
+LABELED_RL = {"ops": {"labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO | {"max_steps": TRAINING_STEPS, "save_steps": 1}}}}}
+FAULTS = ("generations-write", "sampling", "checkpoint-save", "training")
+
+
+def materialization(fault: str) -> tuple[list[str], dict, str | None]:
+    """Selection, run config and partition that each fault interrupts (the test re-runs the same)."""
+    if fault in ("generations-write", "sampling"):
+        return ROUND_SELECTION[:3], round_config(with_eval=False), "round-001"
+    return ["labeled_rl_checkpoint"], LABELED_RL, None
+
+
+def _stop_here(ready: Path) -> None:
+    ready.write_text("stopped")
+    threading.Event().wait()
+
+
+def _half_write(path: Path, data: bytes, ready: Path) -> None:
+    Path(path).write_bytes(data[: len(data) // 2])
+    _stop_here(ready)
+
+
+def arrange(fault: str, ready: Path) -> None:
+    if fault == "generations-write":
+        write_parquet = pl.DataFrame.write_parquet
+
+        def stop_in_generations(frame, file, *args, **kwargs):
+            if Path(file).name != TABLE_FILE_NAME or "sample_index" not in frame.columns:  # not the generations table
+                return write_parquet(frame, file, *args, **kwargs)
+            scratch = Path(str(file) + ".whole")
+            write_parquet(frame, scratch, *args, **kwargs)
+            _half_write(Path(file), scratch.read_bytes(), ready)
+
+        pl.DataFrame.write_parquet = stop_in_generations
+    elif fault == "sampling":
+        save_shard = SampleShards.write
+
+        def stop_in_second_shard(shards, set_index, table):
+            if list(shards.directory.glob("shard-*.parquet")):
+                table.write_parquet(shards.directory / "in-flight.parquet.tmp")
+                _stop_here(ready)
+            save_shard(shards, set_index, table)
+
+        SampleShards.write = stop_in_second_shard
+    elif fault == "checkpoint-save":
+        import safetensors.torch
+        import transformers.modeling_utils
+
+        def stop_in_weights(tensors, filename, metadata=None):
+            if "/.staging/" not in str(filename):  # TRL's resumable checkpoints go to the work dir
+                return safetensors.torch.save_file(tensors, filename, metadata=metadata)
+            _half_write(Path(filename), safetensors.torch.save(tensors, metadata=metadata), ready)
+
+        transformers.modeling_utils.safe_save_file = stop_in_weights
+    elif fault == "training":
+        from trl import GRPOTrainer
+
+        save_checkpoint = GRPOTrainer._save_checkpoint
+
+        def stop_after_first_checkpoint(trainer, model, trial):
+            save_checkpoint(trainer, model, trial)
+            if trainer.state.global_step == 1:
+                _stop_here(ready)
+
+        GRPOTrainer._save_checkpoint = stop_after_first_checkpoint
+    else:
+        raise SystemExit(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+
+
+def main(fault: str, lake_root: str, ready: str) -> None:
+    arrange(fault, Path(ready))
+    materialize(DataLake(root=lake_root), *materialization(fault))
+    raise SystemExit(f"{fault}: the run finished without reaching its fault")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
