@@ -104,7 +104,7 @@ def run(teacher_steps: int) -> dict:
 
     from noisy_student_assets import grading
     from noisy_student_assets.config import EvalConfig, RoundConfig
-    from noisy_student_assets.definitions import defs
+    from noisy_student_assets.definitions import ASSETS_AND_CHECKS
     from noisy_student_assets.generation import generate_samples
     from noisy_student_assets.profiles import active_profile
     from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
@@ -114,7 +114,7 @@ def run(teacher_steps: int) -> dict:
     lake = DataLake(root=tempfile.mkdtemp(prefix="noisy-student-benchmark-"))
     resources = lake_resources(lake)
     compute = resources["compute"]
-    assets = list(defs.assets)
+    assets = ASSETS_AND_CHECKS
     results: dict = {"profile": active_profile(), "machine": machine(), "lake": lake.root}
     stages: dict[str, dict] = {}
 

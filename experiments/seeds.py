@@ -29,7 +29,7 @@ def seed_config(seed: int, eval_size: int, greedy_only: bool = False) -> dict[st
     """Run config per partition set: the foundation's and controls' ops, and a round's."""
     from noisy_student_assets.config import EvalProblemsConfig
 
-    eval_source = EvalProblemsConfig().source.model_dump() | {"size": eval_size}
+    eval_source = EvalProblemsConfig().resolved_source.model_dump() | {"size": eval_size}
     grpo = {"grpo": {"seed": seed}}
     evaluation = {"config": {"seed": seed} | ({"samples": 0, "ks": []} if greedy_only else {})}
     return {
@@ -52,7 +52,7 @@ def seed_config(seed: int, eval_size: int, greedy_only: bool = False) -> dict[st
 def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int, greedy_only: bool) -> None:
     import dagster as dg
 
-    from noisy_student_assets.definitions import defs
+    from noisy_student_assets.definitions import ASSETS_AND_CHECKS
     from noisy_student_assets.partitions import round_key
     from resources import lake_resources
     from resources.data_lake import DataLake
@@ -67,7 +67,7 @@ def run_seed(lake_dir: Path, seed: int, eval_size: int, rounds: int, greedy_only
         for selection, ops, partition in steps:
             print(f"seed {seed}: materializing {partition or 'problems, models, controls'}", flush=True)
             result = dg.materialize(
-                list(defs.assets), selection=selection, resources=resources, instance=instance,
+                ASSETS_AND_CHECKS, selection=selection, resources=resources, instance=instance,
                 run_config={"ops": ops}, partition_key=partition,
             )
             if not result.success:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from noisy_student_assets.guards import assert_finite_checkpoint
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -94,7 +96,9 @@ def weights_sha256(checkpoint_dir: Path) -> str:
 def materialize_checkpoint(
     reference: str, out_dir: Path, *, dtype: str = "float32", trust_remote_code: bool = False
 ) -> CheckpointInfo:
-    """Load `reference` and save it to `out_dir` as safetensors with its tokenizer and chat template."""
+    """Load `reference` and save it to `out_dir` as safetensors with its tokenizer and chat template.
+
+    Raises `guards.NonFiniteWeightsError` if any weight is NaN or infinite."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     model, tokenizer = _load(reference, dtype, trust_remote_code)
@@ -109,6 +113,7 @@ def materialize_checkpoint(
         model.hf_quantizer = None
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    assert_finite_checkpoint(out_dir, f"model reference {reference!r}")
     return CheckpointInfo(
         reference=reference,
         n_parameters=sum(p.numel() for p in model.parameters()),

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from noisy_student_assets.evaluation import EvalSettings
 from noisy_student_assets.generation import SamplingSettings
+from noisy_student_assets.guards import OutputHealth, degenerate_output_failure
 from noisy_student_assets.profiles import by_profile
 from noisy_student_assets.training import LOSS_TYPES, SCALE_REWARDS, GRPOSettings
 
@@ -29,20 +30,50 @@ TWO_DIGIT_ADDITION = json.dumps(
 )
 
 
-class ProblemSourceConfig(dg.Config):
-    """Where problems come from; see `noisy_student_assets.problems.load_problems`."""
+SOURCE_KIND_FIELDS = {
+    "gsm8k": ("split", "size", "path"),
+    "math500": ("split", "size", "path"),
+    "reasoning_gym": ("name", "size", "seed", "task_options_json"),
+    "file": ("path", "size", "prompt_field", "answer_field"),
+    "hf": ("name", "split", "size", "task_options_json", "prompt_field", "answer_field"),
+}
+"""The fields each kind of source reads (see `noisy_student_assets.problems.load_problems`)."""
 
-    kind: str = Field(description="gsm8k | math500 | reasoning_gym | file | hf")
+
+class ProblemSourceConfig(dg.Config):
+    """Where problems come from; see `noisy_student_assets.problems.load_problems`.
+
+    A field that the chosen `kind` does not read must keep its default: a value there is a mistake (or a
+    leftover of another kind) that would otherwise be ignored without a word."""
+
+    kind: str = Field(description=" | ".join(SOURCE_KIND_FIELDS))
     name: str = Field(default="", description="reasoning_gym task name or Hugging Face dataset id")
     split: str = Field(default="train", description="dataset split (gsm8k: train/test; math500: test; hf)")
     size: int = Field(default=0, description="rows to take (0 = all); for reasoning_gym, rows to generate")
     seed: int = Field(default=0, description="reasoning_gym generation seed")
-    path: str = Field(default="", description="JSONL or parquet file, for kind=file")
+    path: str = Field(default="", description="JSONL or parquet file, for kind=file (gsm8k/math500: a local copy)")
     task_options_json: str = Field(
         default="{}", description="JSON object: reasoning_gym task options, or {'config': ...} for hf"
     )
     prompt_field: str = Field(default="", description="file/hf column holding the problem text")
     answer_field: str = Field(default="", description="file/hf column holding the final answer")
+
+    @model_validator(mode="after")
+    def _only_the_kind_s_fields(self) -> ProblemSourceConfig:
+        if self.kind not in SOURCE_KIND_FIELDS:
+            raise ValueError(f"unknown problem source kind {self.kind!r}; valid kinds: {', '.join(SOURCE_KIND_FIELDS)}")
+        used = {"kind", *SOURCE_KIND_FIELDS[self.kind]}
+        stray = [
+            f"{name}={getattr(self, name)!r}"
+            for name, field in type(self).model_fields.items()
+            if name not in used and getattr(self, name) != field.default
+        ]
+        if stray:
+            raise ValueError(
+                f"source kind {self.kind!r} reads only {', '.join(sorted(used - {'kind'}))}; "
+                f"remove {', '.join(stray)}"
+            )
+        return self
 
     def load_kwargs(self) -> dict:
         """Keyword arguments for `load_problems`."""
@@ -51,8 +82,9 @@ class ProblemSourceConfig(dg.Config):
         return kwargs
 
     def describe(self) -> str:
-        parts = [self.kind + (f":{self.name}" if self.name else ""), f"split={self.split}"]
-        parts += [f"{key}={value}" for key, value in (("size", self.size), ("seed", self.seed), ("path", self.path)) if value]
+        fields = SOURCE_KIND_FIELDS[self.kind]
+        parts = [self.kind + (f":{self.name}" if self.name else "")]
+        parts += [f"{name}={getattr(self, name)}" for name in ("split", "size", "seed", "path") if name in fields and getattr(self, name)]
         return " ".join(parts)
 
 
@@ -63,25 +95,44 @@ def two_digit_addition(size: int, seed: int) -> ProblemSourceConfig:
     )
 
 
+# A source is replaced whole, never merged field by field: Dagster fills a partly given nested block from
+# its default *instance*, so `{kind: file, path: ...}` over a default reasoning_gym source would have kept
+# that source's size. The profile's source is therefore the default of no field; `None` selects it.
+DEFAULT_TRAINING_SOURCE = by_profile(
+    cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSourceConfig(kind="gsm8k", split="train")
+)
+# reasoning_gym draws item i from seed + i, so the pool (seed 0, 1000 items) spans seeds 0-999; a held-out
+# seed inside that range repeats the pool (seed 1 gave the pool's items 1-110, 16 of them in the split).
+DEFAULT_EVAL_SOURCE = by_profile(
+    cpu=two_digit_addition(size=100, seed=1000), gpu=ProblemSourceConfig(kind="gsm8k", split="test")
+)
+
+
 class ProblemSplitConfig(dg.Config):
     """The training pool and its seeded labeled/unlabeled split."""
 
-    source: ProblemSourceConfig = by_profile(
-        cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSourceConfig(kind="gsm8k", split="train")
+    source: ProblemSourceConfig | None = Field(
+        default=None, description=f"the training pool, given whole; null: {DEFAULT_TRAINING_SOURCE.describe()}"
     )
     n_labeled: int = Field(default=by_profile(cpu=64, gpu=500), description="problems whose gold answer RL may use")
     n_unlabeled: int = Field(default=by_profile(cpu=48, gpu=5000), description="problems to pseudo-label")
     seed: int = Field(default=0, description="seed of the labeled/unlabeled shuffle")
 
+    @property
+    def resolved_source(self) -> ProblemSourceConfig:
+        return self.source or DEFAULT_TRAINING_SOURCE
+
 
 class EvalProblemsConfig(dg.Config):
     """The held-out evaluation set; rows whose prompt also appears in the training pool are dropped."""
 
-    # reasoning_gym draws item i from seed + i, so the pool (seed 0, 1000 items) spans seeds 0-999; a held-out
-    # seed inside that range repeats the pool (seed 1 gave the pool's items 1-110, 16 of them in the split).
-    source: ProblemSourceConfig = by_profile(
-        cpu=two_digit_addition(size=100, seed=1000), gpu=ProblemSourceConfig(kind="gsm8k", split="test")
+    source: ProblemSourceConfig | None = Field(
+        default=None, description=f"the held-out set, given whole; null: {DEFAULT_EVAL_SOURCE.describe()}"
     )
+
+    @property
+    def resolved_source(self) -> ProblemSourceConfig:
+        return self.source or DEFAULT_EVAL_SOURCE
 
 
 class BaseModelConfig(dg.Config):
@@ -132,6 +183,14 @@ class GRPOTrainingConfig(dg.Config):
     bf16: bool = by_profile(cpu=False, gpu=True)
     gradient_accumulation_steps: int = _GRPO.gradient_accumulation_steps
     gradient_checkpointing: bool = by_profile(cpu=False, gpu=True)
+    max_consecutive_skipped_steps: int = Field(
+        default=_GRPO.max_consecutive_skipped_steps,
+        ge=1,
+        description="a step with a non-finite loss or grad norm is skipped; this many in a row fail the asset",
+    )
+    cast_lm_head_to_fp32: bool = Field(
+        default=by_profile(cpu=False, gpu=True), description="TRL: compute the logits in float32 (stabilises bf16)"
+    )
 
     def to_settings(self) -> GRPOSettings:
         values = self.model_dump()
@@ -155,6 +214,9 @@ class SamplingConfig(dg.Config):
     # agreement, and 79% of those labels are right (64 problems, labeled-RL teacher).
     temperature: float = by_profile(cpu=0.6, gpu=_SAMPLING.temperature)
     top_p: float = _SAMPLING.top_p
+    batch_size: int = Field(
+        default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)"
+    )
     max_new_tokens: int = by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512)
     seed: int = _SAMPLING.seed
     shard_size: int = Field(
@@ -201,9 +263,31 @@ class EvalConfig(dg.Config):
         default=by_profile(cpu=[1, 2], gpu=list(_EVAL.ks)), description="k values of maj@k and pass@k (each <= samples)"
     )
     seed: int = _EVAL.seed
+    batch_size: int = Field(
+        default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)"
+    )
     regression_tolerance: float = Field(
         default=0.02, ge=0, description="eval_report warns when greedy accuracy drops more than this vs the previous round"
     )
+    # A model with NaN weights answers nothing and runs every completion to the limit; a collapsed one says the
+    # same thing to every problem. SmolLM2-135M's base greedy outputs on the cpu eval set score far inside these.
+    min_answer_rate: float = Field(
+        default=0.1, ge=0, le=1, description="eval_not_degenerate fails below this share of greedy answers extracted"
+    )
+    max_truncation_rate: float = Field(
+        default=0.9, ge=0, le=1, description="eval_not_degenerate fails above this share of greedy completions cut at the limit"
+    )
+    max_identical_share: float = Field(
+        default=0.5, ge=0, le=1, description="eval_not_degenerate fails when one greedy completion text takes more than this share"
+    )
+
+    def degenerate_failure(self, health: OutputHealth) -> str | None:
+        return degenerate_output_failure(
+            health,
+            min_answer_rate=self.min_answer_rate,
+            max_truncation_rate=self.max_truncation_rate,
+            max_identical_share=self.max_identical_share,
+        )
 
     def to_settings(self) -> EvalSettings:
         return EvalSettings(
@@ -213,3 +297,22 @@ class EvalConfig(dg.Config):
             ks=tuple(self.ks),
             seed=self.seed,
         )
+
+
+class SmokeConfig(dg.Config):
+    """The `smoke_generation` check of a checkpoint: greedy completions of its first eval prompts."""
+
+    prompts: int = Field(default=4, ge=1, description="eval prompts to complete")
+    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1)
+    max_empty_rate: float = Field(default=0.0, ge=0, le=1, description="fail when a larger share is empty or whitespace")
+    max_truncation_rate: float = Field(
+        default=0.75, ge=0, le=1, description="fail when a larger share runs to max_new_tokens (of 4: when all do)"
+    )
+
+
+def resolved_config(config: dg.Config) -> dict:
+    """The settings a materialization ran with, every default filled in (the profile's problem source too)."""
+    values = config.model_dump()
+    if isinstance(config, ProblemSplitConfig | EvalProblemsConfig):
+        values["source"] = config.resolved_source.model_dump()
+    return values

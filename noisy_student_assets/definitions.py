@@ -24,8 +24,14 @@ round_job = dg.define_asset_job(
     description="One Noisy Student round: sample, pseudo-label, train the student, evaluate it.",
 )
 
+ASSETS = dg.load_assets_from_modules([problems, models, controls, rounds])
+ASSET_CHECKS = dg.load_asset_checks_from_modules([models, controls, rounds])
+ASSETS_AND_CHECKS = [*ASSETS, *ASSET_CHECKS]
+"""What `dg.materialize` takes to run any selection of this code location in-process (scripts, tests)."""
+
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([problems, models, controls, rounds]),
+    assets=ASSETS,
+    asset_checks=ASSET_CHECKS,
     jobs=[foundation_job, controls_job, round_job],
     resources=lake_resources(DataLake()),
 )

@@ -120,10 +120,12 @@ def evaluate_checkpoint(
     backend: str,
     device: str,
     dtype: str,
+    batch_size: int = 16,
     progress: Progress | None = None,
     checkpoint_label: str | None = None,
 ) -> EvalResult:
-    """Generate greedy and sampled completions for every eval problem and score them."""
+    """Generate greedy and sampled completions for every eval problem and score them (`batch_size`:
+    prompts per generate call of the transformers backend)."""
     sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
     if settings.samples:
         sample_sets.append(
@@ -138,6 +140,7 @@ def evaluate_checkpoint(
         backend=backend,
         device=device,
         dtype=dtype,
+        batch_size=batch_size,
         checkpoint_label=checkpoint_label,
         progress=progress,
     )

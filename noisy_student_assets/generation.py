@@ -180,11 +180,17 @@ def generate_sample_sets(
 
 
 def sampling_cache_key(
-    checkpoint_sha256: str, problems_fingerprint: str, settings: SamplingSettings, backend: str, prompt_template: str
+    checkpoint_sha256: str,
+    problems_fingerprint: str,
+    settings: SamplingSettings,
+    backend: str,
+    prompt_template: str,
+    batch_size: int = 16,
 ) -> str:
     """sha256 hex identifying a sampling run: equal keys mean the samples can be reused.
 
-    `prompt_template` is how a problem becomes chat messages (`prompts.prompt_template`)."""
+    `prompt_template` is how a problem becomes chat messages (`prompts.prompt_template`). `batch_size`
+    shapes transformers' samples (one generator per call) and not vLLM's, so only the former's key holds it."""
     identity = {
         "checkpoint_sha256": checkpoint_sha256,
         "problems_fingerprint": problems_fingerprint,
@@ -192,6 +198,8 @@ def sampling_cache_key(
         "backend": backend,
         "prompt_template": prompt_template,
     }
+    if backend == "transformers":
+        identity["batch_size"] = batch_size
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
@@ -296,7 +304,11 @@ def _sample_with_transformers(
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=getattr(torch, dtype), use_safetensors=True)
     model.to(device).eval()
     stop_ids = _stop_token_ids(model.generation_config.eos_token_id, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if tokenizer.pad_token_id is None:
+        # Batches are left-padded; the pad positions are masked out, so any id serves (a base model's
+        # tokenizer often defines none, and `tokenizer.pad` then refuses to pad).
+        tokenizer.pad_token = tokenizer.eos_token
+    pad_id = tokenizer.pad_token_id
     # Sampling defaults shipped in the checkpoint (top-k, repetition penalty...) would otherwise be
     # merged into every call; vLLM ignores them when given explicit SamplingParams, and so do we.
     model.generation_config = GenerationConfig(eos_token_id=sorted(stop_ids), pad_token_id=pad_id)

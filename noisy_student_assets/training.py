@@ -16,6 +16,7 @@ settings here, and loading the code location should not wait for torch, peft and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +89,11 @@ class GRPOSettings:
     logging_steps: int = 1
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~20% slower (TRL turns it on by default)."""
+    max_consecutive_skipped_steps: int = 3
+    """A step whose loss or gradient norm is not finite is skipped (`guards.NonFiniteStepGuard`); this many
+    skipped in a row stop training with an error naming the last good resumable checkpoint."""
+    cast_lm_head_to_fp32: bool = False
+    """TRL's `cast_lm_head_to_fp32`: logits in float32 under bf16 (the ScaleRL recipe, Khatri et al. 2025)."""
 
     def __post_init__(self) -> None:
         if self.num_generations < 2:
@@ -99,6 +105,8 @@ class GRPOSettings:
             raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
+        if self.max_consecutive_skipped_steps < 1:
+            raise ValueError(f"max_consecutive_skipped_steps must be >= 1, got {self.max_consecutive_skipped_steps}")
         if self.completions_per_step % self.gradient_accumulation_steps:
             raise ValueError(
                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
@@ -119,6 +127,7 @@ class TrainingResult:
     """Merged, self-contained checkpoint: safetensors weights, tokenizer and chat template, no adapters."""
     metrics: dict[str, float]
     """Final metrics: train_loss, train_runtime, steps (the global step reached), resumed_from_step,
+    skipped_steps (optimizer steps of this call skipped for a non-finite loss or gradient norm),
     seconds_per_step (NaN when the checkpoint resumed from had already reached max_steps), and the mean
     reward and answer reward over the first and last quarter of the logged steps."""
     log_history: list[dict]
@@ -235,6 +244,7 @@ def grpo_config(settings: GRPOSettings, work_dir: Path, *, device: str, report_t
         vllm_mode="colocate",
         bf16=settings.bf16,  # explicit: TRL turns bf16 on when it is left unset
         gradient_checkpointing=settings.gradient_checkpointing,
+        cast_lm_head_to_fp32=settings.cast_lm_head_to_fp32,
         logging_steps=settings.logging_steps,
         report_to=report_to,
         use_cpu=device == "cpu",
@@ -263,6 +273,7 @@ def train_grpo(
     device: str = "cpu",
     report_to: list[str] | None = None,
     callbacks: list | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> TrainingResult:
     """GRPO-train the checkpoint at `init_checkpoint` on `dataset` (see `build_training_dataset`) and save
     the trained, merged model with its tokenizer to `out_dir`.
@@ -271,11 +282,18 @@ def train_grpo(
     this training alone.  `report_to` names transformers' logging integrations (default none): "mlflow"
     logs the trainer's arguments as params and the step logs as metrics into the active MLflow run,
     leaving it open (or into a run of its own, ended after training, when none is active).
+
+    Every optimizer step is guarded (`guards.NonFiniteStepGuard`): a step with a non-finite loss or
+    gradient norm is skipped and reported through `warn`; `settings.max_consecutive_skipped_steps` in a
+    row raise `NonFiniteTrainingError`. The merged checkpoint is checked for non-finite weights before
+    this returns (`NonFiniteWeightsError`), so a broken model never leaves `out_dir` for the lake.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer
+
+    from noisy_student_assets.guards import assert_finite_checkpoint, guarded_trainer_class, step_guard_callback
 
     validate_training_dataset(dataset)
     if len(dataset) < settings.prompts_per_step:
@@ -286,24 +304,27 @@ def train_grpo(
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(init_checkpoint, dtype=torch.float32, use_safetensors=True)
     reward_funcs = [answer_reward] + ([format_reward_fn] if settings.format_reward_weight > 0 else [])
-    trainer = GRPOTrainer(
+    guard = step_guard_callback(settings.max_consecutive_skipped_steps, warn)
+    trainer = guarded_trainer_class(GRPOTrainer)(
         model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(settings, work_dir, device=device, report_to=report_to or ["none"]),
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=callbacks,
+        callbacks=[guard, *(callbacks or [])],
         peft_config=_lora_config(settings) if settings.use_lora else None,
     )
     resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
     resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0
     train_output = trainer.train(resume_from_checkpoint=resume_from)
     save_merged(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out_dir)
+    assert_finite_checkpoint(out_dir, f"GRPO from {init_checkpoint}")
     log_history = list(trainer.state.log_history)
     label_sources = list(dataset["label_source"])
+    metrics = _final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step)
     return TrainingResult(
         checkpoint_dir=out_dir,
-        metrics=_final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step),
+        metrics=metrics | {"skipped_steps": float(len(guard.state.skipped_steps))},
         log_history=log_history,
         n_train_rows=len(dataset),
         n_gold_rows=label_sources.count(GOLD),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -59,10 +60,16 @@ class MlflowTracking(dg.ConfigurableResource):
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.lake.root_path.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.resolved_tracking_uri)
-        if mlflow.get_experiment_by_name(self.experiment_name) is None:
-            # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
-            mlflow.create_experiment(self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri())
-        mlflow.set_experiment(self.experiment_name)
+        # Steps of one run start in parallel processes; the first access creates the SQLite schema (a
+        # migration that two processes at once break: "duplicate column name") and the experiment.
+        with (self.lake.root_path / f"{TRACKING_DB_NAME}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if mlflow.get_experiment_by_name(self.experiment_name) is None:
+                # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
+                mlflow.create_experiment(
+                    self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri()
+                )
+            mlflow.set_experiment(self.experiment_name)
         partition = context.partition_key if context.has_partition_key else ""
         tags = {
             "dagster.run_id": context.run_id,
@@ -73,3 +80,9 @@ class MlflowTracking(dg.ConfigurableResource):
         with mlflow.start_run(run_name=run_name, tags=tags) as run:
             mlflow.log_params(flatten_params(params))
             yield run
+
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Log `metrics` into the active run (see `start_run`)."""
+        import mlflow
+
+        mlflow.log_metrics({name: float(value) for name, value in metrics.items()})

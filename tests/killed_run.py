@@ -22,10 +22,13 @@ import polars as pl
 from noisy_student_assets.generation import SampleShards
 from resources.data_lake import TABLE_FILE_NAME, DataLake
 from tests.lakes import materialize
-from tests.tiny_configs import ROUND_SELECTION, TINY_GRPO, round_config
+from tests.tiny_configs import ROUND_SELECTION, TINY_GRPO, round_config, smoke_checks
 
 TRAINING_STEPS = 3
-LABELED_RL = {"ops": {"labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO | {"max_steps": TRAINING_STEPS, "save_steps": 1}}}}}
+LABELED_RL = {
+    "ops": {"labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO | {"max_steps": TRAINING_STEPS, "save_steps": 1}}}}
+    | smoke_checks("labeled_rl_checkpoint")
+}
 FAULTS = ("generations-write", "sampling", "checkpoint-save", "training")
 
 

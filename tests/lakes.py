@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from noisy_student_assets.definitions import defs
+from noisy_student_assets.definitions import ASSETS_AND_CHECKS
 from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
@@ -15,7 +15,7 @@ TEACHER_INPUTS = ["labeled_problems", "unlabeled_problems", "eval_problems", "ba
 
 def materialize(lake: DataLake, selection: list[str], config: dict, partition: str | None = None) -> dg.ExecuteInJobResult:
     resources = lake_resources(lake, ComputeResource(device="cpu", dtype="float32"))
-    result = dg.materialize(list(defs.assets), selection=selection, resources=resources, run_config=config, partition_key=partition)
+    result = dg.materialize(ASSETS_AND_CHECKS, selection=selection, resources=resources, run_config=config, partition_key=partition)
     assert result.success
     return result
 

@@ -9,7 +9,8 @@ import polars as pl
 
 from noisy_student_assets.assets.models import HEAVY_RETRY, checkpoint_eval
 from noisy_student_assets.assets.stages import train_checkpoint
-from noisy_student_assets.config import GoldLabelRLConfig
+from noisy_student_assets.checks import checkpoint_checks
+from noisy_student_assets.config import GoldLabelRLConfig, resolved_config
 from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
@@ -41,6 +42,7 @@ def gold_label_rl_checkpoint(
         labeled=pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), revealed]),
         pseudo_labeled=None,
         grpo=config.grpo,
+        run_config=resolved_config(config),
         compute=compute,
         tracking=tracking,
         lake=data_lake,
@@ -49,3 +51,4 @@ def gold_label_rl_checkpoint(
 
 
 gold_label_rl_eval = checkpoint_eval("gold_label_rl_eval", "gold_label_rl_checkpoint", group=GROUP)
+gold_label_rl_checkpoint_checks = checkpoint_checks("gold_label_rl_checkpoint")

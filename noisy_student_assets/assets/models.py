@@ -1,5 +1,6 @@
 """Checkpoints that are not tied to a round, and their evaluations."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -7,7 +8,8 @@ import polars as pl
 
 from noisy_student_assets.assets.stages import evaluate, train_checkpoint
 from noisy_student_assets.checkpoints import materialize_checkpoint
-from noisy_student_assets.config import BaseModelConfig, EvalConfig, LabeledRLConfig
+from noisy_student_assets.checks import checkpoint_checks, eval_not_degenerate_spec
+from noisy_student_assets.config import BaseModelConfig, EvalConfig, LabeledRLConfig, resolved_config
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
@@ -17,13 +19,17 @@ HEAVY_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
 
 
 @dg.asset(io_manager_key="checkpoint_io_manager", group_name=GROUP)
-def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, data_lake: DataLake) -> dg.Output[Path]:
+def base_model(
+    context: dg.AssetExecutionContext, config: BaseModelConfig, data_lake: DataLake, tracking: MlflowTracking
+) -> dg.Output[Path]:
     """The starting checkpoint as a self-contained safetensors directory with tokenizer and chat template."""
     staged = data_lake.staging_dir()
     context.log.info(f"Resolving model reference {config.reference!r}")
-    info = materialize_checkpoint(
-        config.reference, staged, dtype=config.dtype, trust_remote_code=config.trust_remote_code
-    )
+    run_config = resolved_config(config)
+    with tracking.start_run(context, "base_model", {"config": run_config}) as run:
+        info = materialize_checkpoint(
+            config.reference, staged, dtype=config.dtype, trust_remote_code=config.trust_remote_code
+        )
     return dg.Output(
         staged,
         metadata={
@@ -32,6 +38,8 @@ def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, data_
             "dtype": info.dtype,
             "weights_sha256": info.weights_sha256,
             "chat_template": dg.MetadataValue.md(f"```jinja\n{info.chat_template}\n```"),
+            "config": dg.MetadataValue.json(run_config),
+            "mlflow_run_id": run.info.run_id,
         },
     )
 
@@ -54,6 +62,7 @@ def labeled_rl_checkpoint(
         labeled=labeled_problems,
         pseudo_labeled=None,
         grpo=config.grpo,
+        run_config=resolved_config(config),
         compute=compute,
         tracking=tracking,
         lake=data_lake,
@@ -70,6 +79,7 @@ def checkpoint_eval(name: str, checkpoint: str, group: str = GROUP) -> dg.Assets
         pool=GPU_POOL,
         retry_policy=HEAVY_RETRY,
         ins={"checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager")},
+        check_specs=[eval_not_degenerate_spec(name)],
         description=f"`{checkpoint}` evaluated on eval_problems (greedy accuracy, maj@k, pass@k, format rate).",
     )
     def _eval(
@@ -80,8 +90,8 @@ def checkpoint_eval(name: str, checkpoint: str, group: str = GROUP) -> dg.Assets
         compute: ComputeResource,
         tracking: MlflowTracking,
         data_lake: DataLake,
-    ) -> dg.MaterializeResult:
-        _, metadata = evaluate(
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+        _, metadata, health_check = evaluate(
             context,
             name,
             checkpoint_dir=checkpoint_dir,
@@ -91,10 +101,13 @@ def checkpoint_eval(name: str, checkpoint: str, group: str = GROUP) -> dg.Assets
             tracking=tracking,
             lake=data_lake,
         )
-        return dg.MaterializeResult(metadata=metadata)
+        yield dg.MaterializeResult(metadata=metadata)
+        yield health_check
 
     return _eval
 
 
 base_model_eval = checkpoint_eval("base_model_eval", "base_model")
 labeled_rl_eval = checkpoint_eval("labeled_rl_eval", "labeled_rl_checkpoint")
+base_model_checks = checkpoint_checks("base_model")
+labeled_rl_checkpoint_checks = checkpoint_checks("labeled_rl_checkpoint")

@@ -21,9 +21,16 @@ import polars as pl
 from noisy_student_assets.assets.metadata import markdown_table
 from noisy_student_assets.assets.models import HEAVY_RETRY
 from noisy_student_assets.assets.stages import ReportExtras, evaluate, read_eval_metrics, train_checkpoint
-from noisy_student_assets.checks import NO_EVAL_REGRESSION, PSEUDO_LABEL_QUALITY, no_eval_regression, pseudo_label_quality
+from noisy_student_assets.checks import (
+    NO_EVAL_REGRESSION,
+    PSEUDO_LABEL_QUALITY,
+    checkpoint_checks,
+    eval_not_degenerate_spec,
+    no_eval_regression,
+    pseudo_label_quality,
+)
 from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.config import EvalConfig, RoundConfig
+from noisy_student_assets.config import EvalConfig, RoundConfig, resolved_config
 from noisy_student_assets.partitions import PREVIOUS_ROUND, ROUNDS, previous_round_key
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.pseudo_labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, label_floor_failure
@@ -115,6 +122,7 @@ def noisy_student_round(
         labeled=labeled,
         pseudo_labeled=pseudo_labels.filter("kept"),
         grpo=config.grpo,
+        run_config=resolved_config(config),
         compute=compute,
         tracking=tracking,
         lake=data_lake,
@@ -147,11 +155,11 @@ def _sample(
     # Only the columns sampling reads: the hidden gold must not shape (or even key) the samples.
     problems = unlabeled.select("problem_id", "prompt")
     cache_key = sampling_cache_key(
-        teacher_sha, fingerprint(problems), settings, config.sampling.backend, prompt_template()
+        teacher_sha, fingerprint(problems), settings, config.sampling.backend, prompt_template(), config.sampling.batch_size
     )
     published = lake.artifact_dir(GENERATIONS, context.partition_key)
     reused = (published / CACHE_KEY_FILE).exists() and (published / CACHE_KEY_FILE).read_text() == cache_key
-    params = {"sampling": settings.as_dict(), "backend": config.sampling.backend, "teacher": str(teacher), "cache_key": cache_key}
+    params = {"config": resolved_config(config), "teacher": str(teacher), "cache_key": cache_key}
     with tracking.start_run(context, "generations", params) as run:
         if reused:
             context.log.info(f"Reusing generations with cache key {cache_key} (same teacher, problems, sampling)")
@@ -171,6 +179,7 @@ def _sample(
                     device=compute.resolved_device,
                     dtype=compute.dtype,
                     shard_size=config.sampling.shard_size,
+                    batch_size=config.sampling.batch_size,
                     progress=lambda done, total: context.log.info(f"sampled {done}/{total} problems"),
                     checkpoint_label=f"{teacher} sha256:{teacher_sha[:12]}",
                     gpu_memory_utilization=compute.memory_share,
@@ -198,6 +207,7 @@ def _sample(
         "teacher": dg.MetadataValue.path(str(teacher)),
         "teacher_weights_sha256": teacher_sha,
         "sampling": dg.MetadataValue.json(settings.as_dict() | {"backend": config.sampling.backend}),
+        "config": dg.MetadataValue.json(params["config"]),
         "path": dg.MetadataValue.path(str(published)),
         "preview": markdown_table(generations.select("problem_id", "sample_index", "answer", "completion")),
         "mlflow_run_id": run.info.run_id,
@@ -216,7 +226,7 @@ def _pseudo_label(
 
     from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
 
-    with tracking.start_run(context, "pseudo_labels", {"tau": config.tau}) as run:
+    with tracking.start_run(context, "pseudo_labels", {"config": resolved_config(config)}) as run:
         started = time.perf_counter()
         labels = vote_pseudo_labels(generations, unlabeled, config.tau)
         audit = audit_pseudo_labels(labels, generations, unlabeled)
@@ -268,7 +278,7 @@ def _pseudo_label(
         "gold_label_rl_eval",
         dg.AssetDep("eval_report", partition_mapping=PREVIOUS_ROUND),
     ],
-    check_specs=[NO_EVAL_REGRESSION],
+    check_specs=[NO_EVAL_REGRESSION, eval_not_degenerate_spec("eval_report")],
 )
 def eval_report(
     context: dg.AssetExecutionContext,
@@ -288,7 +298,7 @@ def eval_report(
         "labeled_rl": read_eval_metrics(data_lake, dg.AssetKey("labeled_rl_eval")),
         "base_model": read_eval_metrics(data_lake, dg.AssetKey("base_model_eval")),
     }
-    metrics, metadata = evaluate(
+    metrics, metadata, health_check = evaluate(
         context,
         "eval_report",
         checkpoint_dir=data_lake.artifact_dir(STUDENT, round_key),
@@ -301,6 +311,7 @@ def eval_report(
         extras=lambda metrics: _round_report_extras(data_lake, round_key, metrics),
     )
     yield dg.MaterializeResult(metadata=metadata)
+    yield health_check
     reference_name = "previous_round" if baselines["previous_round"] else "labeled_rl"
     reference = baselines[reference_name]
     yield no_eval_regression(
@@ -309,6 +320,9 @@ def eval_report(
         reference_name,
         config.regression_tolerance,
     )
+
+
+student_checkpoint_checks = checkpoint_checks(STUDENT.path[-1], partitions_def=ROUNDS)
 
 
 def _round_report_extras(lake: DataLake, round_key: str, metrics: dict[str, float]) -> ReportExtras:

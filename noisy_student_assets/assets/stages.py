@@ -8,7 +8,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
@@ -17,7 +17,8 @@ import polars as pl
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.config import EvalConfig, GRPOTrainingConfig
+from noisy_student_assets.checks import eval_not_degenerate
+from noisy_student_assets.config import EvalConfig, GRPOTrainingConfig, resolved_config
 from noisy_student_assets.evaluation import METRICS_FILE
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
@@ -63,13 +64,17 @@ def train_checkpoint(
     labeled: pl.DataFrame,
     pseudo_labeled: pl.DataFrame | None,
     grpo: GRPOTrainingConfig,
+    run_config: dict,
     compute: ComputeResource,
     tracking: MlflowTracking,
     lake: DataLake,
 ) -> tuple[Path, dict]:
     """GRPO from `init_dir` on labeled (+ pseudo-labeled) problems into a staged checkpoint directory.
 
-    Returns the staged directory (for the checkpoint IO manager or `DataLake.publish`) and metadata.
+    `run_config` is the asset's resolved config (`config.resolved_config`), logged as MLflow params and
+    metadata. Returns the staged directory (for the checkpoint IO manager or `DataLake.publish`) and
+    metadata. Steps with a non-finite loss or gradient norm are skipped and logged as warnings; too many
+    in a row, or a trained checkpoint with non-finite weights, fail the asset before anything is published.
     """
     import mlflow
 
@@ -85,7 +90,7 @@ def train_checkpoint(
     ).hexdigest()[:16]
     work_dir = lake.work_dir(asset_name, _partition(context), run_fingerprint)
     staged = lake.staging_dir()
-    params = {"grpo": settings.as_dict(), "init_checkpoint": str(init_dir), "init_weights_sha256": init_sha}
+    params = {"config": run_config, "init_checkpoint": str(init_dir), "init_weights_sha256": init_sha}
     context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
     with tracking.start_run(context, asset_name, params) as run, compute.exclusive(context.log.info):
         started = time.perf_counter()
@@ -98,6 +103,7 @@ def train_checkpoint(
             device=compute.resolved_device,
             report_to=["mlflow"],
             callbacks=[_dagster_log_callback(context)],
+            warn=context.log.warning,
         )
         training_seconds = time.perf_counter() - started
         mlflow.log_metrics({f"final/{k}": v for k, v in result.metrics.items()} | {"training_seconds": training_seconds})
@@ -111,6 +117,7 @@ def train_checkpoint(
         "pseudo_rows": result.n_pseudo_rows,
         "mlflow_run_id": run.info.run_id,
         "grpo_settings": dg.MetadataValue.json(settings.as_dict()),
+        "config": dg.MetadataValue.json(run_config),
         "training_seconds": training_seconds,
         **{k: float(v) for k, v in result.metrics.items()},
     }
@@ -129,10 +136,11 @@ def evaluate(
     lake: DataLake,
     deltas_against: dict[str, dict] | None = None,
     extras: Callable[[dict[str, float]], ReportExtras] | None = None,
-) -> tuple[dict[str, float], dict]:
+) -> tuple[dict[str, float], dict, dg.AssetCheckResult]:
     """Evaluate `checkpoint_dir` on `eval_problems`; publish the report directory (per-problem scores,
-    breakdown, metrics.json, report.md, figures) as this asset's artifact. Returns the metrics and the
-    metadata.
+    breakdown, metrics.json, report.md, figures) as this asset's artifact. Returns the metrics, the
+    metadata and the `eval_not_degenerate` check's result (answer, truncation and identical-completion
+    rates of the greedy outputs against the thresholds in `config`).
 
     `deltas_against` maps a name ("previous_round", "labeled_rl", "base_model") to that checkpoint's
     metrics; the report adds the differences for every shared metric. `extras`, given the metrics,
@@ -142,8 +150,11 @@ def evaluate(
 
     from noisy_student_assets.evaluation import evaluate_checkpoint
 
+    from noisy_student_assets.guards import output_health
+
     settings = config.to_settings()
-    params = {"eval": asdict(settings), "backend": config.backend, "checkpoint": str(checkpoint_dir)}
+    run_config = resolved_config(config)
+    params = {"config": run_config, "checkpoint": str(checkpoint_dir)}
     with tracking.start_run(context, asset_name, params) as run:
         with compute.exclusive(context.log.info):
             started = time.perf_counter()
@@ -154,10 +165,12 @@ def evaluate(
                 backend=config.backend,
                 device=compute.resolved_device,
                 dtype=compute.dtype,
+                batch_size=config.batch_size,
                 progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
             )
             eval_seconds = time.perf_counter() - started
-        metrics = dict(result.metrics)
+        health = output_health(result.greedy)
+        metrics = dict(result.metrics) | health.as_dict()
         for name, other in (deltas_against or {}).items():
             metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}
         added = extras(metrics) if extras else ReportExtras()
@@ -184,9 +197,11 @@ def evaluate(
         "path": dg.MetadataValue.path(str(final)),
         "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
         "eval_seconds": eval_seconds,
+        "config": dg.MetadataValue.json(run_config),
         "mlflow_run_id": run.info.run_id,
     }
-    return result.metrics, metadata
+    check = eval_not_degenerate(asset_name, health, config.degenerate_failure(health))
+    return result.metrics, metadata, check
 
 
 def read_eval_metrics(lake: DataLake, asset_key: dg.AssetKey, partition_key: str | None = None) -> dict | None:

@@ -28,3 +28,28 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
     assert config["num_hidden_layers"] == 30 and "quantization_config" not in config  # SmolLM2-135M, de-quantised
     assert (lake / "base_model" / "model.safetensors").stat().st_size > 500e6  # float32 weights
     assert (dagster_cli.home / "data_lake" / ".dagster" / "storage").is_dir(), "the instance in dagster.yaml was used"
+
+
+def test_base_model_eval_with_transformers_on_the_real_base_model(dagster_cli) -> None:
+    """The transformers backend on SmolLM2 as the base model asset saves it (not a trained checkpoint), with the
+    checkpoint checks and the degenerate-output check at their defaults."""
+    eval_source = {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 12, "seed": 1000}
+    config = {
+        "ops": {
+            "eval_problems": {"config": {"source": eval_source}},
+            "base_model_eval": {"config": {"backend": "transformers", "samples": 0, "ks": []}},
+        }
+    }
+    result = dagster_cli(
+        "asset", "materialize", "-m", "noisy_student_assets.definitions",
+        "--select", "labeled_problems,unlabeled_problems,eval_problems,base_model,base_model_eval",
+        "--config-json", json.dumps(config),
+    )
+    output = result.stdout + result.stderr
+    assert "RUN_SUCCESS" in output
+    for check in ("finite_weights", "smoke_generation"):
+        assert f"Asset check '{check}' on 'base_model' passed" in output
+    assert "Asset check 'eval_not_degenerate' on 'base_model_eval' passed" in output
+    report = json.loads((dagster_cli.lake / "base_model_eval" / "metrics.json").read_text())
+    assert report["settings"]["config"]["backend"] == "transformers"
+    assert report["metrics"]["problems"] == 12 and report["metrics"]["answer_rate"] > 0.5

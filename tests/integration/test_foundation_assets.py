@@ -14,17 +14,12 @@ from noisy_student_assets.assets.models import base_model
 from noisy_student_assets.assets.problems import eval_problems, problem_split
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA
+from resources import lake_resources
 from resources.data_lake import DataLake
-from resources.io_managers import CheckpointIOManager, ParquetIOManager
 
 
 def _resources(root: Path) -> dict:
-    lake = DataLake(root=str(root))
-    return {
-        "data_lake": lake,
-        "io_manager": ParquetIOManager(lake=lake),
-        "checkpoint_io_manager": CheckpointIOManager(lake=lake),
-    }
+    return lake_resources(DataLake(root=str(root)))
 
 
 def test_data_assets_and_base_model_materialize(lake_root: Path, tiny_model_dir: Path) -> None:

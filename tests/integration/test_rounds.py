@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.definitions import defs
+from noisy_student_assets.definitions import ASSETS_AND_CHECKS
 from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
@@ -35,7 +35,7 @@ def instance() -> dg.DagsterInstance:
         yield instance
 
 
-ASSETS = list(defs.assets)
+ASSETS = ASSETS_AND_CHECKS
 
 
 def materialize(selection, resources, instance, config, partition=None) -> dg.ExecuteInJobResult:
@@ -83,7 +83,10 @@ def test_round_artifacts_and_reports(two_rounds, lake: DataLake) -> None:
     metadata = metadata_of(two_rounds["round-002"], "eval_report")
     assert isinstance(metadata["greedy_accuracy"].value, float) and "report" in metadata
     checks = two_rounds["round-002"].get_asset_check_evaluations()
-    assert {c.check_name for c in checks} == {"pseudo_label_quality", "no_eval_regression"}
+    assert {c.check_name for c in checks} == {
+        "pseudo_label_quality", "no_eval_regression", "eval_not_degenerate", "finite_weights", "smoke_generation"
+    }
+    assert all(c.passed for c in checks if c.check_name != "no_eval_regression")
 
 
 def test_mlflow_runs_are_tagged_per_asset_and_round(two_rounds, lake: DataLake) -> None:

@@ -46,3 +46,36 @@ def test_round_keys() -> None:
     assert previous_round_key("round-001") is None and previous_round_key("round-010") == "round-009"
     with pytest.raises(ValueError, match="not a round partition key"):
         round_number("2024-01-01")
+
+
+CHECKPOINTS = ("base_model", "labeled_rl_checkpoint", "student_checkpoint", "gold_label_rl_checkpoint")
+EVALS = ("base_model_eval", "labeled_rl_eval", "gold_label_rl_eval", "eval_report")
+
+
+def test_every_checkpoint_and_eval_has_blocking_checks() -> None:
+    graph = defs.resolve_asset_graph()
+    blocking = {
+        key.to_user_string() for key in graph.asset_check_keys if graph.get_check_spec(key).blocking
+    }
+    expected = {f"{c}:{name}" for c in CHECKPOINTS for name in ("finite_weights", "smoke_generation")}
+    expected |= {f"{e}:eval_not_degenerate" for e in EVALS} | {"pseudo_labels:pseudo_label_quality"}
+    assert expected <= blocking
+    assert graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("student_checkpoint"), "finite_weights")).partitions_def == ROUNDS
+
+
+def test_the_gpu_profile_stabilises_bf16_training() -> None:
+    """The profile is read when the config module loads, so it is checked in a fresh interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json; from noisy_student_assets.config import RoundConfig, LabeledRLConfig, EvalConfig;"
+        "print(json.dumps([LabeledRLConfig().grpo.model_dump(), RoundConfig().sampling.batch_size, EvalConfig().batch_size]))"
+    )
+    env = os.environ | {"NOISY_STUDENT_PROFILE": "gpu"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    grpo, sampling_batch, eval_batch = json.loads(out.stdout.strip().splitlines()[-1])
+    assert grpo["bf16"] and grpo["cast_lm_head_to_fp32"] and grpo["max_consecutive_skipped_steps"] == 3
+    assert sampling_batch == eval_batch == 128

@@ -266,3 +266,23 @@ def test_sampling_cache_key_is_stable_and_sensitive_to_every_input():
     assert key == sampling_cache_key(**base) and len(key) == 64
     keys = {sampling_cache_key(**(base | change)) for change in variants}
     assert key not in keys and len(keys) == len(variants)
+    # transformers' samples depend on how prompts are batched, vLLM's do not
+    assert sampling_cache_key(**base, batch_size=64) == key
+    transformers = base | {"backend": "transformers"}
+    assert sampling_cache_key(**transformers, batch_size=64) != sampling_cache_key(**transformers, batch_size=16)
+
+
+def test_transformers_pads_a_batch_for_a_tokenizer_without_a_pad_token(tiny_model_dir: Path, tmp_path: Path):
+    """Many base models' tokenizers define no pad token; batched generation must still left-pad."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).pad_token is None
+    unpadded = generate_samples(tmp_path, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
+    padded = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
+    assert unpadded["completion"].to_list() == padded["completion"].to_list()

@@ -1,0 +1,169 @@
+"""The guards against broken models: the step guard inside real TRL GRPO runs on a tiny model (steps
+poisoned through a gradient hook), the non-finite weight scan, and the degenerate-output verdicts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from noisy_student_assets.guards import (
+    NonFiniteTrainingError,
+    NonFiniteWeightsError,
+    assert_finite_checkpoint,
+    degenerate_output_failure,
+    non_finite_tensors,
+    output_health,
+    smoke_failure,
+    step_guard_callback,
+)
+from noisy_student_assets.training import GRPOSettings, build_training_dataset, train_grpo
+from tests.poison import PoisonGradients
+
+RUN = GRPOSettings(
+    max_steps=3, num_generations=4, prompts_per_step=2, max_completion_length=8, learning_rate=1e-2, save_steps=1
+)
+
+
+@pytest.fixture(scope="module")
+def training_set():
+    labeled = pl.DataFrame(
+        {"problem_id": [f"p{i}" for i in range(4)], "prompt": [f"What is {i} + 7 - {i}?" for i in range(4)], "gold_answer": ["7"] * 4}
+    )
+    return build_training_dataset(labeled, None, "Answer with \\boxed{}.")
+
+
+def _all_finite(checkpoint: Path) -> bool:
+    return not non_finite_tensors(checkpoint)[0]
+
+
+# --- the step guard in real GRPO runs -------------------------------------------------------------
+
+
+def test_a_poisoned_step_is_skipped_and_training_finishes_finite(sevens_model_dir, training_set, tmp_path: Path):
+    warnings = []
+    result = train_grpo(
+        sevens_model_dir, training_set, RUN, tmp_path / "out", work_dir=tmp_path / "work",
+        callbacks=[PoisonGradients({2})], warn=warnings.append,
+    )
+    assert result.metrics["skipped_steps"] == 1 and result.metrics["steps"] == 3
+    assert _all_finite(result.checkpoint_dir)
+    assert len(warnings) == 1 and warnings[0].startswith("step 2: non-finite gradient norm")
+    initial, trained = load_file(sevens_model_dir / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert any(not torch.equal(initial[name], trained[name]) for name in initial), "steps 1 and 3 still trained"
+
+
+def test_a_skipped_step_updates_nothing(sevens_model_dir, training_set, tmp_path: Path):
+    settings = replace(RUN, max_steps=1, use_lora=False, save_steps=0)
+    result = train_grpo(
+        sevens_model_dir, training_set, settings, tmp_path / "out", work_dir=tmp_path / "work",
+        callbacks=[PoisonGradients({1})],
+    )
+    assert result.metrics["skipped_steps"] == 1
+    initial, trained = load_file(sevens_model_dir / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert all(torch.equal(initial[name], trained[name]) for name in initial)
+
+
+def test_consecutive_poisoned_steps_stop_training_and_a_relaunch_resumes(sevens_model_dir, training_set, tmp_path: Path):
+    settings = replace(RUN, max_steps=5)
+    work_dir = tmp_path / "work"
+    with pytest.raises(NonFiniteTrainingError) as stopped:
+        train_grpo(
+            sevens_model_dir, training_set, settings, tmp_path / "out", work_dir=work_dir,
+            callbacks=[PoisonGradients({2, 3, 4, 5})],
+        )
+    message = str(stopped.value)
+    assert "training stopped at step 4: 3 consecutive optimizer steps (steps 2, 3, 4)" in message
+    assert f"the last good resumable checkpoint is {work_dir / 'checkpoint-1'}" in message
+    assert not (tmp_path / "out").exists(), "nothing is saved for publishing"
+    assert [path.name for path in work_dir.glob("checkpoint-*")] == ["checkpoint-1"], "no checkpoint of a skipped step"
+
+    resumed = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "out", work_dir=work_dir)
+    assert resumed.metrics["resumed_from_step"] == 1 and resumed.metrics["steps"] == 5
+    assert resumed.metrics["skipped_steps"] == 0 and _all_finite(resumed.checkpoint_dir)
+
+
+def test_without_a_good_checkpoint_the_error_says_a_rerun_starts_over(sevens_model_dir, training_set, tmp_path: Path):
+    with pytest.raises(NonFiniteTrainingError, match="no resumable checkpoint was saved"):
+        train_grpo(
+            sevens_model_dir, training_set, replace(RUN, max_consecutive_skipped_steps=2), tmp_path / "out",
+            work_dir=tmp_path / "work", callbacks=[PoisonGradients({1, 2, 3})],
+        )
+
+
+def test_a_non_finite_loss_skips_the_step_even_with_finite_gradients():
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(1, 2)).sum().backward()
+    before = [p.detach().clone() for p in layer.parameters()]
+    guard = step_guard_callback(3)
+    args, state, control = SimpleNamespace(output_dir="unused"), SimpleNamespace(global_step=0), SimpleNamespace(should_save=True)
+    guard.on_step_begin(args, state, control)
+    guard.observe_loss(torch.tensor(math.inf))
+    guard.on_pre_optimizer_step(args, state, control, model=layer, optimizer=optimizer)
+    optimizer.step()
+    assert guard.state.skipped_steps == [1]
+    assert all(torch.equal(b, p) for b, p in zip(before, layer.parameters(), strict=True))
+    assert guard.on_step_end(args, state, control).should_save is False
+
+
+# --- non-finite weights ---------------------------------------------------------------------------
+
+
+def test_non_finite_tensors_names_each_broken_tensor(tmp_path: Path):
+    save_file(
+        {"fine": torch.ones(3), "nan": torch.tensor([1.0, math.nan]), "inf": torch.tensor([-math.inf])},
+        tmp_path / "model.safetensors",
+    )
+    assert non_finite_tensors(tmp_path) == (["inf", "nan"], 3)
+    with pytest.raises(NonFiniteWeightsError, match="2 of 3 tensors hold NaN or inf"):
+        assert_finite_checkpoint(tmp_path, "test checkpoint")
+
+
+def test_a_directory_without_weights_is_an_error(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="no .safetensors"):
+        non_finite_tensors(tmp_path)
+
+
+# --- degenerate outputs ---------------------------------------------------------------------------
+
+
+def _completions(texts: list[str], answers: list[str | None], finish: list[str]) -> pl.DataFrame:
+    return pl.DataFrame({"completion": texts, "answer": answers, "finish_reason": finish})
+
+
+THRESHOLDS = {"min_answer_rate": 0.1, "max_truncation_rate": 0.9, "max_identical_share": 0.5}
+
+
+def test_healthy_outputs_pass():
+    health = output_health(_completions(["1 + 2 = 3", "\\boxed{5}", "7", "it is 9"], ["3", "5", "7", None], ["stop"] * 4))
+    assert (health.answer_rate, health.truncation_rate, health.identical_share) == (0.75, 0.0, 0.25)
+    assert degenerate_output_failure(health, **THRESHOLDS) is None
+
+
+def test_a_nan_model_s_outputs_fail_with_every_number():
+    """What the H100 run's NaN checkpoint produced: the same text, no answer, every completion cut off."""
+    health = output_health(_completions(["!!!!"] * 4, [None] * 4, ["length"] * 4))
+    failure = degenerate_output_failure(health, **THRESHOLDS)
+    assert failure == (
+        "degenerate outputs over 4 completions: answer rate 0.000 < 0.1; truncation rate 1.000 > 0.9; "
+        "identical-completion share 1.000 > 0.5"
+    )
+
+
+def test_smoke_fails_on_empty_text_or_when_all_run_to_the_limit():
+    fine = output_health(_completions(["a", "b"], [None, None], ["length", "stop"]))
+    all_cut = output_health(_completions(["a", "b"], [None, None], ["length", "length"]))
+    empty = output_health(_completions(["a", "  "], [None, None], ["stop", "stop"]))
+    bounds = {"max_empty_rate": 0.0, "max_truncation_rate": 0.75}
+    assert smoke_failure(fine, **bounds) is None
+    assert "100% ran to the token limit" in smoke_failure(all_cut, **bounds)
+    assert "50% of the completions are empty" in smoke_failure(empty, **bounds)
+    assert smoke_failure(all_cut, max_empty_rate=0.0, max_truncation_rate=1.0) is None
+    assert smoke_failure(empty, max_empty_rate=0.5, max_truncation_rate=0.75) is None
