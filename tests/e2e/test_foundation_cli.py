@@ -13,26 +13,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
+    """The problem tables and SmolLM2 as the base model, and `base_model_eval` on it with the transformers
+    backend (a base model's tokenizer, not a trained one's), with every check at its default."""
     dagster_cli("definitions", "validate", "-w", "workspace.yaml")
-    result = dagster_cli(
-        "asset", "materialize", "-m", "noisy_student_assets.definitions",
-        "--select", "labeled_problems,unlabeled_problems,eval_problems,base_model",
-    )
-    assert "RUN_SUCCESS" in result.stdout + result.stderr
-
-    lake = dagster_cli.lake
-    assert pl.read_parquet(lake / "labeled_problems" / "data.parquet").height > 0
-    assert HIDDEN_GOLD_COLUMN in pl.read_parquet(lake / "unlabeled_problems" / "data.parquet").columns
-    assert pl.read_parquet(lake / "eval_problems" / "data.parquet").height > 0
-    config = json.loads((lake / "base_model" / "config.json").read_text())
-    assert config["num_hidden_layers"] == 30 and "quantization_config" not in config  # SmolLM2-135M, de-quantised
-    assert (lake / "base_model" / "model.safetensors").stat().st_size > 500e6  # float32 weights
-    assert (dagster_cli.home / "data_lake" / ".dagster" / "storage").is_dir(), "the instance in dagster.yaml was used"
-
-
-def test_base_model_eval_with_transformers_on_the_real_base_model(dagster_cli) -> None:
-    """The transformers backend on SmolLM2 as the base model asset saves it (not a trained checkpoint), with the
-    checkpoint checks and the degenerate-output check at their defaults."""
     eval_source = {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 12, "seed": 1000}
     config = {
         "ops": {
@@ -47,9 +30,19 @@ def test_base_model_eval_with_transformers_on_the_real_base_model(dagster_cli) -
     )
     output = result.stdout + result.stderr
     assert "RUN_SUCCESS" in output
+
+    lake = dagster_cli.lake
+    assert pl.read_parquet(lake / "labeled_problems" / "data.parquet").height > 0
+    assert HIDDEN_GOLD_COLUMN in pl.read_parquet(lake / "unlabeled_problems" / "data.parquet").columns
+    assert pl.read_parquet(lake / "eval_problems" / "data.parquet").height == 12
+    config = json.loads((lake / "base_model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 30 and "quantization_config" not in config  # SmolLM2-135M, de-quantised
+    assert (lake / "base_model" / "model.safetensors").stat().st_size > 500e6  # float32 weights
+    assert (dagster_cli.home / "data_lake" / ".dagster" / "storage").is_dir(), "the instance in dagster.yaml was used"
+
     for check in ("finite_weights", "smoke_generation"):
         assert f"Asset check '{check}' on 'base_model' passed" in output
     assert "Asset check 'eval_not_degenerate' on 'base_model_eval' passed" in output
-    report = json.loads((dagster_cli.lake / "base_model_eval" / "metrics.json").read_text())
+    report = json.loads((lake / "base_model_eval" / "metrics.json").read_text())
     assert report["settings"]["config"]["backend"] == "transformers"
     assert report["metrics"]["problems"] == 12 and report["metrics"]["answer_rate"] > 0.5

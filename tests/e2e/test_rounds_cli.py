@@ -4,6 +4,7 @@ a backfill of rounds 1-2 that the daemon runs in order (tiny model, tiny setting
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import polars as pl
 import pytest
 
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
-from tests.cli import DAGSTER_DAEMON
+from tests.cli import DAGSTER_DAEMON, DagsterCli
 from tests.tiny_configs import ROUND_SELECTION, foundation_config, round_config
 
 pytestmark = pytest.mark.e2e
@@ -38,10 +39,20 @@ def _teacher_of(lake: Path, round_key: str) -> set[str]:
     return {label.split(" sha256:")[0] for label in pl.read_parquet(lake / "generations" / round_key / "data.parquet")["checkpoint"]}
 
 
+@pytest.fixture(scope="module")
+def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> Path:
+    """A project directory (instance and lake) whose foundation the CLI materialized once for this module."""
+    cli = DagsterCli(tmp_path_factory.mktemp("foundation"))
+    cli("asset", "materialize", *MODULE, "--select", FOUNDATION, "--config-json", json.dumps(foundation_config(tiny_model_dir)))
+    return cli.home
+
+
 @pytest.fixture
-def foundation(dagster_cli, tiny_model_dir):
-    dagster_cli("asset", "materialize", *MODULE, "--select", FOUNDATION, "--config-json", json.dumps(foundation_config(tiny_model_dir)))
-    return dagster_cli
+def foundation(foundation_home: Path, tmp_path: Path) -> DagsterCli:
+    """A copy of `foundation_home` of the test's own, so that no test sees another's runs or rounds."""
+    home = tmp_path / "project"
+    shutil.copytree(foundation_home, home)
+    return DagsterCli(home)
 
 
 def _round_args(round_key: str, config: dict) -> list[str]:
