@@ -215,9 +215,7 @@ def degenerate_output_failure(
         reasons.append(f"truncation rate {health.truncation_rate:.3f} > {max_truncation_rate}")
     if health.identical_share > max_identical_share:
         reasons.append(f"identical-completion share {health.identical_share:.3f} > {max_identical_share}")
-    if not reasons:
-        return None
-    return f"degenerate outputs over {health.completions} completions: " + "; ".join(reasons)
+    return _verdict(f"degenerate outputs over {health.completions} completions", reasons)
 
 
 def smoke_failure(health: OutputHealth, *, max_empty_rate: float, max_truncation_rate: float) -> str | None:
@@ -228,6 +226,8 @@ def smoke_failure(health: OutputHealth, *, max_empty_rate: float, max_truncation
         reasons.append(f"{health.empty_rate:.0%} of the completions are empty (allowed: {max_empty_rate:.0%})")
     if health.truncation_rate > max_truncation_rate:
         reasons.append(f"{health.truncation_rate:.0%} ran to the token limit (allowed: {max_truncation_rate:.0%})")
-    if not reasons:
-        return None
-    return f"smoke generation over {health.completions} prompts: " + "; ".join(reasons)
+    return _verdict(f"smoke generation over {health.completions} prompts", reasons)
+
+
+def _verdict(subject: str, reasons: list[str]) -> str | None:
+    return f"{subject}: " + "; ".join(reasons) if reasons else None
