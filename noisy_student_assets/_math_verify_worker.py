@@ -56,7 +56,7 @@ class MathVerifyWorker:
                 if self._conn.poll(timeout_s):
                     return self._conn.recv() is True
                 _log.warning("math-verify check exceeded %.1f s; killing its worker", timeout_s)
-            except Exception:  # died or never started; "never raise" outranks the cause
+            except Exception:  # noqa: BLE001 - died or never started; "never raise" outranks the cause
                 _log.warning("math-verify worker failed; a fresh one serves the next check", exc_info=True)
             self._stop()
             return False
@@ -110,7 +110,7 @@ def _serve(fd: int) -> None:
     def equivalent(gold: str, answer: str) -> bool:
         try:
             return verify(parse_answer(gold), parse_answer(answer), timeout_seconds=_INNER_TIMEOUT_S)
-        except Exception:  # math-verify raises on some malformed input
+        except Exception:  # noqa: BLE001 - math-verify raises on some malformed input
             return False
 
     equivalent("1", "1")  # warm up the LaTeX parser before declaring readiness

@@ -14,7 +14,6 @@ import hashlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from noisy_student_assets.guards import assert_finite_checkpoint

@@ -12,40 +12,52 @@ import polars as pl
 from noisy_student_assets.assets.metadata import markdown_table
 from noisy_student_assets.config import SmokeConfig
 from noisy_student_assets.guards import OutputHealth, non_finite_tensors, output_health, smoke_failure
+from noisy_student_assets.layout import EVAL_PROBLEMS
+from noisy_student_assets.training_compute import read_compute
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
 
-PSEUDO_LABEL_QUALITY = dg.AssetCheckSpec(
-    "pseudo_label_quality",
-    asset="pseudo_labels",
-    blocking=True,  # the round also stops itself before training when it fails
-    description="Coverage at tau and mean agreement are above their configured floors.",
-)
-NO_EVAL_REGRESSION = dg.AssetCheckSpec(
-    "no_eval_regression",
-    asset="eval_report",
-    description="Greedy accuracy did not drop more than the tolerance below the previous round (or labeled RL).",
-)
+PSEUDO_LABEL_QUALITY = "pseudo_label_quality"
+NO_EVAL_REGRESSION = "no_eval_regression"
 EVAL_NOT_DEGENERATE = "eval_not_degenerate"
 FINITE_WEIGHTS = "finite_weights"
 SMOKE_GENERATION = "smoke_generation"
+COMPUTE_MATCHED = "compute_matched"
 
 
-def eval_not_degenerate_spec(asset: str) -> dg.AssetCheckSpec:
+def pseudo_label_quality_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        PSEUDO_LABEL_QUALITY,
+        asset=asset_key,
+        blocking=True,  # the student also refuses labels whose audit records a failed floor
+        description="Blocking: coverage at tau and mean agreement are above their configured floors; below them "
+        "the round's student is not trained.",
+    )
+
+
+def no_eval_regression_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        NO_EVAL_REGRESSION,
+        asset=asset_key,
+        description="Warns when greedy accuracy dropped more than the tolerance below the previous round (or labeled RL).",
+    )
+
+
+def eval_not_degenerate_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
     """The check every eval asset reports: its greedy outputs are not degenerate (thresholds in EvalConfig)."""
     return dg.AssetCheckSpec(
         EVAL_NOT_DEGENERATE,
-        asset=asset,
+        asset=asset_key,
         blocking=True,
-        description="Greedy completions have answers, mostly end by themselves and differ between problems "
+        description="Blocking: greedy completions have answers, mostly end by themselves and differ between problems "
         "(a broken model scores 0.0 by running every completion to the token limit).",
     )
 
 
-def eval_not_degenerate(asset: str, health: OutputHealth, failure: str | None) -> dg.AssetCheckResult:
+def eval_not_degenerate(asset_key: dg.AssetKey, health: OutputHealth, failure: str | None) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name=EVAL_NOT_DEGENERATE,
-        asset_key=dg.AssetKey(asset),
+        asset_key=asset_key,
         passed=failure is None,
         description=failure,
         severity=dg.AssetCheckSeverity.ERROR,
@@ -54,13 +66,18 @@ def eval_not_degenerate(asset: str, health: OutputHealth, failure: str | None) -
 
 
 def pseudo_label_quality(
-    failure: str | None, coverage: float, mean_agreement: float, min_coverage: float, min_agreement: float
+    asset_key: dg.AssetKey,
+    failure: str | None,
+    coverage: float,
+    mean_agreement: float,
+    min_coverage: float,
+    min_agreement: float,
 ) -> dg.AssetCheckResult:
     """ERROR when too few labels survive tau, or the teacher agrees with itself too rarely to trust them
     (`failure`: why, from `pseudo_labels.label_floor_failure`)."""
     return dg.AssetCheckResult(
-        check_name=PSEUDO_LABEL_QUALITY.name,
-        asset_key=PSEUDO_LABEL_QUALITY.asset_key,
+        check_name=PSEUDO_LABEL_QUALITY,
+        asset_key=asset_key,
         passed=failure is None,
         description=failure,
         severity=dg.AssetCheckSeverity.ERROR,
@@ -73,12 +90,14 @@ def pseudo_label_quality(
     )
 
 
-def no_eval_regression(accuracy: float, previous_accuracy: float | None, previous_name: str, tolerance: float) -> dg.AssetCheckResult:
+def no_eval_regression(
+    asset_key: dg.AssetKey, accuracy: float, previous_accuracy: float | None, previous_name: str, tolerance: float
+) -> dg.AssetCheckResult:
     """WARN when greedy accuracy fell by more than `tolerance` against the previous checkpoint."""
     passed = previous_accuracy is None or accuracy >= previous_accuracy - tolerance
     return dg.AssetCheckResult(
-        check_name=NO_EVAL_REGRESSION.name,
-        asset_key=NO_EVAL_REGRESSION.asset_key,
+        check_name=NO_EVAL_REGRESSION,
+        asset_key=asset_key,
         passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={
@@ -91,7 +110,7 @@ def no_eval_regression(accuracy: float, previous_accuracy: float | None, previou
 
 
 def checkpoint_checks(
-    asset: str, partitions_def: dg.PartitionsDefinition | None = None
+    asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
 ) -> list[dg.AssetChecksDefinition]:
     """Blocking checks of the published checkpoint of `asset`: every weight is finite, and a short greedy
     generation on the first eval prompts yields text that does not all run to the token limit.
@@ -99,13 +118,13 @@ def checkpoint_checks(
     The checkpoint's own asset already refuses to publish non-finite weights; `finite_weights` makes the
     verdict visible in the UI and catches a checkpoint changed or placed in the lake by other means.
     """
-    asset_key = dg.AssetKey(asset)
+    asset = asset_key.to_user_string()
 
     def checkpoint_dir(context: dg.AssetCheckExecutionContext, data_lake: DataLake):
         partition = context.partition_key if partitions_def is not None else None
         path = data_lake.artifact_dir(asset_key, partition)
         if not (path / "config.json").exists():
-            raise dg.Failure(f"{asset}{f' {partition}' if partition else ''} has no checkpoint at {path}")
+            raise dg.Failure(f"{asset}{f' arm {partition}' if partition else ''} has no checkpoint at {path}")
         return path
 
     @dg.asset_check(
@@ -113,7 +132,7 @@ def checkpoint_checks(
         name=FINITE_WEIGHTS,
         blocking=True,
         partitions_def=partitions_def,
-        description="Every tensor of the published checkpoint is finite (no NaN, no inf).",
+        description="Blocking: every tensor of the published checkpoint is finite (no NaN, no inf).",
     )
     def finite_weights(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
         bad, total = non_finite_tensors(checkpoint_dir(context, data_lake))
@@ -130,8 +149,8 @@ def checkpoint_checks(
         blocking=True,
         partitions_def=partitions_def,
         pool=GPU_POOL,
-        additional_ins={"eval_problems": dg.AssetIn("eval_problems")},
-        description="Greedy completions of the first eval prompts are not empty and do not all run to the token limit.",
+        additional_ins={"eval_problems": dg.AssetIn(EVAL_PROBLEMS)},
+        description="Blocking: greedy completions of the first eval prompts are not empty and do not all run to the token limit.",
     )
     def smoke_generation(
         context: dg.AssetCheckExecutionContext,
@@ -165,3 +184,32 @@ def checkpoint_checks(
         )
 
     return [finite_weights, smoke_generation]
+
+
+def compute_matched_check(
+    control_key: dg.AssetKey, student_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition
+) -> dg.AssetChecksDefinition:
+    """ERROR when a control checkpoint's lineage spent other optimizer steps, prompts or completions than
+    the round's student's: the round's gain over it would then not be a gain at equal compute."""
+
+    @dg.asset_check(
+        asset=control_key,
+        name=COMPUTE_MATCHED,
+        partitions_def=partitions_def,
+        additional_deps=[student_key],
+        description="Since the base model, this control spent the same optimizer steps, prompts and completions as "
+        "the round's student (compute.json of both checkpoints).",
+    )
+    def compute_matched(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
+        control = read_compute(data_lake.artifact_dir(control_key, context.partition_key)).total
+        student = read_compute(data_lake.artifact_dir(student_key, context.partition_key)).total
+        mismatches = control.mismatches(student)
+        return dg.AssetCheckResult(
+            passed=not mismatches,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"control vs student: {'; '.join(mismatches)}" if mismatches else None,
+            metadata={f"control/{k}": v for k, v in control.as_dict().items()}
+            | {f"student/{k}": v for k, v in student.as_dict().items()},
+        )
+
+    return compute_matched

@@ -7,15 +7,19 @@ profiles differ. The Dagster launchpad and `dagster asset materialize --config` 
 from __future__ import annotations
 
 import json
+from typing import ClassVar, TypeVar
 
 import dagster as dg
 from pydantic import Field, model_validator
 
+from noisy_student_assets import experiments
 from noisy_student_assets.evaluation import EvalSettings
 from noisy_student_assets.generation import SamplingSettings
 from noisy_student_assets.guards import OutputHealth, degenerate_output_failure
 from noisy_student_assets.profiles import by_profile
 from noisy_student_assets.training import LOSS_TYPES, SCALE_REWARDS, GRPOSettings
+
+ConfigT = TypeVar("ConfigT", bound=dg.Config)
 
 TWO_DIGIT_ADDITION = json.dumps(
     {
@@ -102,37 +106,51 @@ DEFAULT_TRAINING_SOURCE = by_profile(
     cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSourceConfig(kind="gsm8k", split="train")
 )
 # reasoning_gym draws item i from seed + i, so the pool (seed 0, 1000 items) spans seeds 0-999; a held-out
-# seed inside that range repeats the pool (seed 1 gave the pool's items 1-110, 16 of them in the split).
+# seed inside that range repeats the pool. 230 candidates leave 210 once the pool's prompts are dropped.
 DEFAULT_EVAL_SOURCE = by_profile(
-    cpu=two_digit_addition(size=100, seed=1000), gpu=ProblemSourceConfig(kind="gsm8k", split="test")
+    cpu=two_digit_addition(size=230, seed=1000), gpu=ProblemSourceConfig(kind="gsm8k", split="test")
 )
 
 
-class ProblemSplitConfig(dg.Config):
-    """The training pool and its seeded labeled/unlabeled split."""
+class _SourcedConfig(dg.Config):
+    """A problem table read from a source given whole; `None` is the profile's `DEFAULT_SOURCE`."""
 
-    source: ProblemSourceConfig | None = Field(
-        default=None, description=f"the training pool, given whole; null: {DEFAULT_TRAINING_SOURCE.describe()}"
-    )
-    n_labeled: int = Field(default=by_profile(cpu=64, gpu=500), description="problems whose gold answer RL may use")
-    n_unlabeled: int = Field(default=by_profile(cpu=48, gpu=5000), description="problems to pseudo-label")
-    seed: int = Field(default=0, description="seed of the labeled/unlabeled shuffle")
+    DEFAULT_SOURCE: ClassVar[ProblemSourceConfig]
+    source: ProblemSourceConfig | None = None
 
     @property
     def resolved_source(self) -> ProblemSourceConfig:
-        return self.source or DEFAULT_TRAINING_SOURCE
+        return self.source or self.DEFAULT_SOURCE
 
 
-class EvalProblemsConfig(dg.Config):
-    """The held-out evaluation set; rows whose prompt also appears in the training pool are dropped."""
+class ProblemPoolConfig(_SourcedConfig):
+    """The training pool every arm draws its labeled, unlabeled and validation problems from."""
 
+    DEFAULT_SOURCE: ClassVar[ProblemSourceConfig] = DEFAULT_TRAINING_SOURCE
+    source: ProblemSourceConfig | None = Field(
+        default=None, description=f"the training pool, given whole; null: {DEFAULT_TRAINING_SOURCE.describe()}"
+    )
+
+
+class EvalProblemsConfig(_SourcedConfig):
+    """The held-out evaluation set, shared by every arm; rows whose prompt is in the training pool are dropped."""
+
+    DEFAULT_SOURCE: ClassVar[ProblemSourceConfig] = DEFAULT_EVAL_SOURCE
     source: ProblemSourceConfig | None = Field(
         default=None, description=f"the held-out set, given whole; null: {DEFAULT_EVAL_SOURCE.describe()}"
     )
 
-    @property
-    def resolved_source(self) -> ProblemSourceConfig:
-        return self.source or DEFAULT_EVAL_SOURCE
+
+class ProblemSplitConfig(dg.Config):
+    """An arm's seeded, disjoint draw of labeled, unlabeled and validation problems from the pool."""
+
+    arm_stage: ClassVar[str] = experiments.PROBLEM_SPLIT
+    n_labeled: int = Field(default=by_profile(cpu=64, gpu=500), description="problems whose gold answer RL may use")
+    n_unlabeled: int = Field(default=by_profile(cpu=48, gpu=5000), description="problems to pseudo-label")
+    n_validation: int = Field(
+        default=by_profile(cpu=200, gpu=500), ge=0, description="labeled problems held out to choose settings on (never trained on)"
+    )
+    seed: int = Field(default=0, description="seed of the draw")
 
 
 class BaseModelConfig(dg.Config):
@@ -173,7 +191,7 @@ class GRPOTrainingConfig(dg.Config):
     lora_r: int = _GRPO.lora_r
     lora_alpha: int = _GRPO.lora_alpha
     lora_dropout: float = _GRPO.lora_dropout
-    lora_target_modules: list[str] = list(_GRPO.lora_target_modules)
+    lora_target_modules: list[str] = Field(default=list(_GRPO.lora_target_modules))
     seed: int = _GRPO.seed
     # A LoRA checkpoint (adapter + optimiser state) saves in well under a second, against ~70 s a step on 2 cores.
     save_steps: int = Field(
@@ -191,6 +209,10 @@ class GRPOTrainingConfig(dg.Config):
     cast_lm_head_to_fp32: bool = Field(
         default=by_profile(cpu=False, gpu=True), description="TRL: compute the logits in float32 (stabilises bf16)"
     )
+    merge_lora_for_generation: bool = Field(
+        default=_GRPO.merge_lora_for_generation,
+        description="sample the GRPO groups with the LoRA adapters merged in (transformers generation; faster decoding)",
+    )
 
     def to_settings(self) -> GRPOSettings:
         values = self.model_dump()
@@ -201,6 +223,7 @@ class GRPOTrainingConfig(dg.Config):
 class LabeledRLConfig(dg.Config):
     """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
 
+    arm_stage: ClassVar[str] = experiments.LABELED_RL
     # On 2 cores a step (16 completions of <= 96 tokens) takes about 70 s: 6 steps keep the main job near 30 min.
     grpo: GRPOTrainingConfig = GRPOTrainingConfig(max_steps=by_profile(cpu=6, gpu=200))
 
@@ -208,6 +231,7 @@ class LabeledRLConfig(dg.Config):
 class SamplingConfig(dg.Config):
     """How the teacher samples K answers per unlabeled problem."""
 
+    arm_stage: ClassVar[str] = experiments.SAMPLING
     backend: str = Field(default="vllm", description="vllm | transformers")
     k: int = Field(default=by_profile(cpu=_SAMPLING.n, gpu=16), description="samples per problem")
     # SmolLM2's samples at temperature 1 agree too rarely to vote: at 0.6, 30% of problems reach tau=0.5
@@ -230,37 +254,47 @@ class SamplingConfig(dg.Config):
 
 
 ROUND_GRPO = GRPOTrainingConfig(max_steps=by_profile(cpu=3, gpu=200))
-"""GRPO of a round's student; the gold-label control trains with the same settings by default."""
+"""GRPO of a round's student, and of each of its controls (the same steps, prompts and completions)."""
 
 
-class RoundConfig(dg.Config):
-    """One Noisy Student round: sample with the teacher, vote, keep confident labels, train the student."""
+class PseudoLabelConfig(dg.Config):
+    """The majority vote over the teacher's samples: which labels to keep, and the floors below which the
+    round must not train on them."""
 
-    sampling: SamplingConfig = SamplingConfig()
+    arm_stage: ClassVar[str] = experiments.PSEUDO_LABELS
     tau: float = Field(default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement >= tau")
-    student_init: str = Field(default="teacher", description="teacher | base_model: where the student starts")
     min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
     min_mean_agreement: float = Field(default=0.0, ge=0, le=1, description="floor on the mean vote agreement")
+
+
+class StudentConfig(dg.Config):
+    """GRPO of a round's student on labeled + kept pseudo-labeled problems; the gold- and random-label
+    controls train the same way on their own labels."""
+
+    arm_stage: ClassVar[str] = experiments.STUDENT
+    student_init: str = Field(default="teacher", description="teacher | base_model: where the student starts")
     grpo: GRPOTrainingConfig = ROUND_GRPO
 
 
-class GoldLabelRLConfig(dg.Config):
-    """The gold-label upper bound: a round's GRPO from the labeled-RL checkpoint, with every unlabeled
-    problem carrying its true answer instead of a pseudo-label."""
+class LabeledOnlyConfig(dg.Config):
+    """The labeled-only control: the round's GRPO on the labeled problems alone, from its own previous round."""
 
+    arm_stage: ClassVar[str] = experiments.LABELED_ONLY
     grpo: GRPOTrainingConfig = ROUND_GRPO
 
 
 class EvalConfig(dg.Config):
     """Evaluation on eval_problems: greedy accuracy, and maj@k / pass@k from `samples` sampled answers."""
 
+    arm_stage: ClassVar[str] = experiments.EVAL
     backend: str = Field(default="vllm", description="vllm | transformers")
     max_new_tokens: int = by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024)
-    # On 2 cores an eval of 93 problems with 4 samples took about 5 min; 2 samples generate 40% fewer tokens.
-    samples: int = Field(default=by_profile(cpu=2, gpu=_EVAL.samples), description="sampled completions per problem")
+    # On 2 cores an eval of 93 problems with 4 samples took about 5 min, and `make run` evaluates six checkpoints
+    # on 210 problems: the cpu profile measures greedy accuracy only (what the verdict compares), about 1 min each.
+    samples: int = Field(default=by_profile(cpu=0, gpu=_EVAL.samples), description="sampled completions per problem")
     temperature: float = by_profile(cpu=0.6, gpu=_EVAL.temperature)
     ks: list[int] = Field(
-        default=by_profile(cpu=[1, 2], gpu=list(_EVAL.ks)), description="k values of maj@k and pass@k (each <= samples)"
+        default=by_profile(cpu=[], gpu=list(_EVAL.ks)), description="k values of maj@k and pass@k (each <= samples)"
     )
     seed: int = _EVAL.seed
     batch_size: int = Field(
@@ -313,6 +347,18 @@ class SmokeConfig(dg.Config):
 def resolved_config(config: dg.Config) -> dict:
     """The settings a materialization ran with, every default filled in (the profile's problem source too)."""
     values = config.model_dump()
-    if isinstance(config, ProblemSplitConfig | EvalProblemsConfig):
+    if isinstance(config, _SourcedConfig):
         values["source"] = config.resolved_source.model_dump()
     return values
+
+
+def with_arm(config: ConfigT, arm: experiments.Arm | None) -> tuple[ConfigT, list[str]]:
+    """`config` with the arm's overrides of its stage written over it, and the run-config settings those
+    overrides replaced ('tau=0.8 -> 0.5'), so that a launchpad value the arm overrules is never lost silently."""
+    stage = getattr(type(config), "arm_stage", None)
+    if arm is None or stage is None:
+        return config, []
+    overrides = arm.overrides(stage)
+    values = config.model_dump()
+    replaced = experiments.overridden(values, overrides, type(config)().model_dump())
+    return type(config)(**experiments.apply(values, overrides)), replaced

@@ -1,42 +1,41 @@
-"""Rounds as partitions.
+"""Arms as partitions, rounds as asset-key prefixes.
 
-Round N's teacher is round N-1's student, so a round's assets depend on their own previous partition.
-Dagster 1.13 accepts such a self-dependency only on time-window partitions, so rounds are a daily
-time window that only looks like rounds: `fmt="round-%j"` turns 1900-01-01.. into `round-001`..
-(`end` is exclusive). `PREVIOUS_ROUND` maps a round to the one before; round-001 has none, and its
-teacher is the labeled-RL checkpoint instead.
+Round N's teacher is round N-1's student. Dagster 1.13 accepts an asset that depends on its own earlier
+partition only on time-window partitions, which drew rounds as days of 1900 and hid the teacher edge in
+the UI. Here every round has assets of its own (`round_002/pseudo_labels`), made by a factory, so each
+teacher is an ordinary input edge; arms are a dynamic partition (`arm`) of every per-arm asset, so a
+backfill over arms runs each arm's rounds in dependency order (see README, "Rounds and arms in Dagster").
+
+The number of rounds is fixed when the code location loads: the most rounds any experiment file asks for
+(`experiments.max_rounds`); "Reload definitions" in the UI picks up a raised count.
 """
 
 import dagster as dg
 
-MAX_ROUNDS = 30
+from noisy_student_assets import layout
+from noisy_student_assets.experiments import default_experiments_dir, max_rounds
 
-ROUNDS = dg.TimeWindowPartitionsDefinition(
-    start="round-001",
-    end=f"round-{MAX_ROUNDS + 1:03d}",
-    fmt="round-%j",
-    cron_schedule="0 0 * * *",
-)
+ARMS = dg.DynamicPartitionsDefinition(name="arm")
 
-PREVIOUS_ROUND = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+ROUNDS = max_rounds(default_experiments_dir())
+"""Rounds 1..ROUNDS are defined."""
 
 
-def round_number(partition_key: str) -> int:
-    """`round-007` -> 7."""
-    prefix, _, number = partition_key.partition("-")
-    if prefix != "round" or not number.isdigit():
-        raise ValueError(f"{partition_key!r} is not a round partition key like 'round-001'")
-    return int(number)
+def round_key(number: int, name: str) -> dg.AssetKey:
+    """The key of a round's asset: `round_003/pseudo_labels`."""
+    return dg.AssetKey(layout.round_asset(number, name))
 
 
-def round_key(number: int) -> str:
-    """7 -> `round-007`."""
-    if not 1 <= number <= MAX_ROUNDS:
-        raise ValueError(f"round {number} is outside 1..{MAX_ROUNDS}")
-    return f"round-{number:03d}"
+def teacher_key(number: int) -> dg.AssetKey:
+    """Round 1's teacher is the arm's labeled-RL checkpoint; round N's is round N-1's student."""
+    return round_key(number - 1, layout.STUDENT) if number > 1 else dg.AssetKey(layout.LABELED_RL)
 
 
-def previous_round_key(partition_key: str) -> str | None:
-    """The round before, or None for round-001 (whose teacher is the labeled-RL checkpoint)."""
-    number = round_number(partition_key)
-    return round_key(number - 1) if number > 1 else None
+def labeled_only_init_key(number: int) -> dg.AssetKey:
+    """The labeled-only control continues its own chain: round 1 from labeled RL, round N from round N-1."""
+    name = layout.control_checkpoint(layout.LABELED_ONLY)
+    return round_key(number - 1, name) if number > 1 else dg.AssetKey(layout.LABELED_RL)
+
+
+def round_group(number: int) -> str:
+    return layout.round_prefix(number)

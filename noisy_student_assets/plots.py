@@ -33,40 +33,6 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def accuracy_by_checkpoint(accuracy: pl.DataFrame, metric: str = "greedy_accuracy") -> bytes:
-    """Bars of `metric` per checkpoint (in the table's order of first appearance), with one dot per
-    seed and error bars of one standard deviation when a checkpoint has several seeds.
-
-    `accuracy` has the columns `checkpoint`, `seed` and `metric`.
-    """
-    stats = (
-        accuracy.group_by("checkpoint", maintain_order=True)
-        .agg(pl.col(metric).mean().alias("mean"), pl.col(metric).std().alias("std"), pl.col(metric).alias("values"))
-        .with_columns(pl.col("std").fill_null(0.0).fill_nan(0.0))
-    )
-    fig, ax = _figure()
-    positions = range(stats.height)
-    several_seeds = bool((stats["values"].list.len() > 1).any())
-    ax.bar(
-        positions,
-        stats["mean"],
-        yerr=stats["std"] if several_seeds else None,
-        capsize=4,
-        color="#4c72b0",
-        alpha=0.8,
-    )
-    for position, values in zip(positions, stats["values"], strict=True):
-        ax.scatter([position] * len(values), values, color="black", s=10, zorder=3)
-    for position, mean, top in zip(positions, stats["mean"], stats["values"].list.max(), strict=True):
-        ax.annotate(f"{mean:.3f}", (position, max(mean, top)), ha="center", va="bottom", fontsize=8, xytext=(0, 6), textcoords="offset points")
-    seeds = accuracy["seed"].n_unique()
-    ax.set_xticks(list(positions), stats["checkpoint"].to_list(), rotation=20, ha="right")
-    ax.set_ylabel(metric)
-    ax.set_ylim(0, min(1.0, max(stats["mean"].max() + stats["std"].max(), 0.05) * 1.25))
-    ax.set_title(f"{metric} per checkpoint" + (f" (mean ± sd over {seeds} seeds)" if several_seeds else ""))
-    return _png(fig)
-
-
 def agreement_histogram(agreement: Sequence[float], tau: float, k: int) -> bytes:
     """How often the teacher's K samples agreed with their majority, with tau marked."""
     fig, ax = _figure()
@@ -96,4 +62,49 @@ def label_accuracy_vs_agreement(buckets: pl.DataFrame) -> bytes:
     ax.set_xlabel("agreement bucket")
     ax.set_ylabel("label accuracy vs hidden gold")
     ax.set_title("Pseudo-label calibration")
+    return _png(fig)
+
+
+_ROLE_COLORS = {"student": "#4c72b0", "labeled_only": "#dd8452", "gold_label": "#55a868", "random_label": "#c44e52"}
+_GROUP_STYLES = ("-", "--", ":", "-.")
+
+
+def accuracy_by_round(accuracy: pl.DataFrame, metric: str = "greedy_accuracy") -> bytes:
+    """`metric` per round for each chain (the student and each control; round 0 is labeled RL), the mean
+    over seeds with one standard deviation as error bars; one line style per arm group when the table has
+    a `group` column, and the base model as a dotted line when it has a `base_model` row.
+
+    `accuracy` has the columns `round`, `checkpoint` (student, labeled_only, gold_label, random_label or
+    base_model) and `metric`.
+    """
+    fig, ax = _figure(7.2, 4.0)
+    table = accuracy if "group" in accuracy.columns else accuracy.with_columns(pl.lit("").alias("group"))
+    base = table.filter(pl.col("checkpoint") == "base_model")[metric].drop_nulls()
+    if base.len():
+        ax.axhline(base.mean(), color="grey", linestyle=":", label=f"base model ({base.mean():.3f})")
+    chains = table.filter(pl.col("checkpoint") != "base_model")
+    groups = chains["group"].unique(maintain_order=True).to_list()
+    for group_index, group in enumerate(groups):
+        for role in chains.filter(pl.col("group") == group)["checkpoint"].unique(maintain_order=True).to_list():
+            points = (
+                chains.filter((pl.col("group") == group) & (pl.col("checkpoint") == role))
+                .group_by("round")
+                .agg(pl.col(metric).mean().alias("mean"), pl.col(metric).std().fill_null(0.0).alias("std"))
+                .sort("round")
+            )
+            ax.errorbar(
+                points["round"],
+                points["mean"],
+                yerr=points["std"],
+                capsize=3,
+                marker="o",
+                color=_ROLE_COLORS.get(role, "black"),
+                linestyle=_GROUP_STYLES[group_index % len(_GROUP_STYLES)],
+                label=f"{role} {group}".strip(),
+            )
+    rounds = chains["round"].unique().sort().to_list()
+    ax.set_xticks(rounds, ["labeled RL" if r == 0 else f"round {r}" for r in rounds])
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} by round" + (" (mean ± sd over seeds)" if chains.group_by("group", "checkpoint", "round").len()["len"].max() > 1 else ""))
+    ax.legend(fontsize=7, loc="best")
     return _png(fig)

@@ -110,27 +110,35 @@ def problems_from_records(
     return _build_table(source, _user_rows(located, id_prefix, prompt_field, answer_field), size)
 
 
-def split_labeled_unlabeled(
-    problems: pl.DataFrame, n_labeled: int, n_unlabeled: int, seed: int
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Draw disjoint labeled (PROBLEM_SCHEMA) and unlabeled (UNLABELED_SCHEMA) sets of the requested sizes.
+def split_problems(
+    problems: pl.DataFrame, n_labeled: int, n_unlabeled: int, seed: int, n_validation: int = 0
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Draw disjoint labeled and validation (PROBLEM_SCHEMA) and unlabeled (UNLABELED_SCHEMA) sets of the
+    requested sizes.
 
     The order is a seeded sha256 of each problem_id, so a split depends only on the ids and the seed: it is the
-    same across runs, machines and library versions, and independent of the input row order. The unlabeled
-    frame has no gold_answer column; its gold moves to HIDDEN_GOLD_COLUMN (last) so training cannot read it.
+    same across runs, machines and library versions, and independent of the input row order. Labeled problems
+    come first in that order, then unlabeled, then validation, so adding validation problems changes neither
+    of the others. The unlabeled frame has no gold_answer column; its gold moves to HIDDEN_GOLD_COLUMN (last)
+    so training cannot read it. Validation problems keep their gold: settings are chosen on them, never on
+    the held-out eval set, and nothing trains on them.
     """
-    if n_labeled < 1 or n_unlabeled < 1:
-        raise ValueError(f"n_labeled and n_unlabeled must both be >= 1, got {n_labeled} and {n_unlabeled}")
-    needed = n_labeled + n_unlabeled
+    if n_labeled < 1 or n_unlabeled < 1 or n_validation < 0:
+        raise ValueError(
+            f"n_labeled and n_unlabeled must both be >= 1 and n_validation >= 0, got {n_labeled}, {n_unlabeled}, {n_validation}"
+        )
+    needed = n_labeled + n_unlabeled + n_validation
     if needed > problems.height:
         raise ValueError(
-            f"asked for {n_labeled} labeled + {n_unlabeled} unlabeled = {needed} problems,"
+            f"asked for {n_labeled} labeled + {n_unlabeled} unlabeled + {n_validation} validation = {needed} problems,"
             f" but the table has only {problems.height}"
         )
     draw_key = pl.Series([hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest() for pid in problems["problem_id"]])
     drawn = problems.select(PROBLEM_SCHEMA.names()).sort(draw_key).head(needed)
-    unlabeled = drawn.slice(n_labeled).rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
-    return drawn.head(n_labeled), unlabeled
+    unlabeled = (
+        drawn.slice(n_labeled, n_unlabeled).rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
+    )
+    return drawn.head(n_labeled), unlabeled, drawn.slice(n_labeled + n_unlabeled)
 
 
 def drop_overlap(problems: pl.DataFrame, reference: pl.DataFrame) -> pl.DataFrame:

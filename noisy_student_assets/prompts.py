@@ -18,7 +18,7 @@ DEFAULT_SYSTEM_PROMPT = ""
 def build_messages(problem: str, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> list[dict[str, str]]:
     """Chat messages for one problem (the system turn is omitted when `system_prompt` is empty)."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return messages + [{"role": "user", "content": f"{problem}\n{ANSWER_INSTRUCTION}"}]
+    return [*messages, {"role": "user", "content": f"{problem}\n{ANSWER_INSTRUCTION}"}]
 
 
 def prompt_template(system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> str:

@@ -8,6 +8,7 @@ as in test-time RL (Zuo et al. 2025, "TTRL").
 """
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import polars as pl
 
@@ -133,7 +134,7 @@ def audit_pseudo_labels(
 
 def _bucket_labels() -> list[str]:
     edges = [*AGREEMENT_BUCKETS, 1.0]
-    return [f"[{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'}" for low, high in zip(edges, edges[1:])]
+    return [f"[{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'}" for low, high in pairwise(edges)]
 
 
 def label_floor_failure(

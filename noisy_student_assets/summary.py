@@ -1,138 +1,192 @@
-"""The run summary: every evaluated checkpoint's headline metrics, each round's pseudo-label audit,
-and the share of the gold-label gain that self-training recovered (no Dagster here).
+"""The run summary and the verdict across arms, read from the data lake (no Dagster here).
 
-`python -m noisy_student_assets.summary` (run by `make run` after the rounds) prints it, writes it
-to `<data lake>/run_summary.md` for pasting into a write-up, and says where the reports and the
-MLflow store are.
+For every round of every arm: the student's greedy accuracy and each control's, and the difference
+student minus control with a paired bootstrap interval over eval problems; arms of one experiment that
+differ only by seed are pooled, with seeds resampled too (`noisy_student_assets.verdict`). The summary
+leads with one plain sentence per arm group: the last round against its labeled-only control.
+
+`python -m noisy_student_assets.summary` (run by `make run` after the grid) prints it and writes it to
+`<data lake>/run_summary.md`; the `verdict` asset publishes the same tables with the comparison plot.
 """
 
+from __future__ import annotations
+
 import json
-import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from noisy_student_assets.evaluation import METRICS_FILE
+from noisy_student_assets import layout
+from noisy_student_assets.experiments import Arm, default_experiments_dir, load_experiments
 from noisy_student_assets.markdown import markdown_table
 from noisy_student_assets.pseudo_labels import AUDIT_FILE
-from resources.data_lake import default_root
-from resources.tracking import TRACKING_DB_NAME
+from noisy_student_assets.training_compute import compute_comparison
+from noisy_student_assets.verdict import paired_difference, paired_scores
 
 SUMMARY_FILE = "run_summary.md"
-HEADLINE = ("greedy_accuracy", "maj@", "pass@", "format_rate", "mean_completion_tokens")
-"""Metrics shown in the summary table, in this order; "maj@" and "pass@" stand for every k reported."""
-
-FIXED_CHECKPOINTS = {"base_model": "base_model_eval", "labeled_rl": "labeled_rl_eval"}
-GOLD_CONTROL = ("gold_label_rl", "gold_label_rl_eval")
+ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
+AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1")
 
 
-_RANK = {"base_model": 0, "labeled_rl": 1, GOLD_CONTROL[0]: 3}
-"""Rank of the named checkpoints in `checkpoint_order`; the rounds take rank 2."""
+@dataclass(frozen=True)
+class Evaluation:
+    metrics: dict[str, float]
+    scores: pl.DataFrame
 
 
-def checkpoint_order(name: str) -> tuple[int, str]:
-    """Sort key: base model, labeled RL, the rounds in order, then the gold-label control."""
-    return (_RANK.get(name, 2), name)
+def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> Evaluation | None:
+    """An eval asset's published metrics and per-problem scores, or None."""
+    directory = layout.artifact_dir(lake, key_path, arm)
+    if not (directory / layout.METRICS_FILE).exists():
+        return None
+    metrics = json.loads((directory / layout.METRICS_FILE).read_text())["metrics"]
+    return Evaluation(metrics, pl.read_parquet(directory / layout.SCORES_FILE))
 
 
-def eval_reports(lake: Path) -> list[tuple[str, Path]]:
-    """(checkpoint name, report dir) of every published evaluation, in `checkpoint_order`."""
-    rounds = sorted((lake / "eval_report").glob("round-*")) if (lake / "eval_report").is_dir() else []
-    named = [(name, lake / asset) for name, asset in [*FIXED_CHECKPOINTS.items(), GOLD_CONTROL]]
-    named += [(path.name, path) for path in rounds]
-    return sorted(((name, path) for name, path in named if (path / METRICS_FILE).exists()), key=lambda item: checkpoint_order(item[0]))
+def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], Evaluation]:
+    """(round, role) -> evaluation for one arm; round 0 is labeled RL (where every chain starts)."""
+    found = {}
+    labeled_rl = read_evaluation(lake, layout.LABELED_RL_EVAL, arm)
+    if labeled_rl:
+        found |= {(0, role): labeled_rl for role in ROLES}
+    for number in range(1, rounds + 1):
+        for role in ROLES:
+            evaluation = read_evaluation(lake, layout.round_asset(number, layout.eval_of(role)), arm)
+            if evaluation:
+                found[(number, role)] = evaluation
+    return found
 
 
-def load_metrics(lake: Path) -> dict[str, dict[str, float]]:
-    """Checkpoint name -> the metrics its eval report published, in `eval_reports` order."""
-    return {name: json.loads((path / METRICS_FILE).read_text())["metrics"] for name, path in eval_reports(lake)}
+def group_label(arm: Arm) -> str:
+    """What an arm group sets besides the seed: 'tau=0.8 k=16', or 'defaults'."""
+    spec = arm.spec.without_seed().model_dump(exclude_none=True)
+    return " ".join(f"{name}={value}" for name, value in spec.items()) or "defaults"
 
 
-def gold_gain_recovered(accuracy: float, labeled_rl: float, gold_label_rl: float) -> float:
-    """(accuracy - labeled RL) / (gold-label control - labeled RL): the share of the gain that true
-    labels give which pseudo-labels gave; NaN when true labels gave no gain to measure against."""
-    gain = gold_label_rl - labeled_rl
-    return (accuracy - labeled_rl) / gain if gain > 0 else math.nan
+@dataclass(frozen=True)
+class ExperimentResults:
+    accuracy: pl.DataFrame
+    """experiment, group, arm, seed, round, checkpoint (role or base_model), greedy_accuracy."""
+    differences: pl.DataFrame
+    """Per experiment, group, round and control: the student minus the control over the group's seeds."""
+    audits: pl.DataFrame
+    """Per arm and round: the pseudo-label audit against the hidden gold."""
+    sentences: list[str]
+    """Per group: the last round against its labeled-only control, in words."""
 
 
-def gold_gain_shares(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Round name -> `gold_gain_recovered` of its greedy accuracy; empty unless both labeled RL and the
-    gold-label control were evaluated."""
-    if not {"labeled_rl", GOLD_CONTROL[0]} <= metrics.keys():
-        return {}
-    labeled, gold = metrics["labeled_rl"]["greedy_accuracy"], metrics[GOLD_CONTROL[0]]["greedy_accuracy"]
-    return {
-        name: gold_gain_recovered(values["greedy_accuracy"], labeled, gold)
-        for name, values in metrics.items() if name.startswith("round-")
-    }
-
-
-def headline_metrics(metrics: dict[str, dict[str, float]]) -> list[str]:
-    """The HEADLINE metrics any checkpoint reports, maj@k and pass@k in increasing k."""
-    reported = {name for values in metrics.values() for name in values}
-    columns = []
-    for metric in HEADLINE:
-        if metric.endswith("@"):
-            columns += sorted((m for m in reported if m.startswith(metric)), key=lambda m: int(m.removeprefix(metric)))
-        elif metric in reported:
-            columns.append(metric)
-    return columns
-
-
-def accuracy_table(metrics: dict[str, dict[str, float]], seed: int | str = 0) -> pl.DataFrame:
-    """One row per checkpoint: checkpoint, seed and every headline metric (null where it lacks one)."""
-    columns = headline_metrics(metrics)
-    return pl.DataFrame(
-        [{"checkpoint": name, "seed": str(seed)} | {m: values.get(m) for m in columns} for name, values in metrics.items()],
-        schema={"checkpoint": pl.Utf8, "seed": pl.Utf8} | {m: pl.Float64 for m in columns},
+def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
+    """Everything the lake holds about `arms`, up to round `rounds`."""
+    base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
+    accuracy, audits, by_group = [], [], {}
+    for arm in arms:
+        evaluations = arm_evaluations(lake, arm.name, rounds)
+        by_group.setdefault((arm.experiment, group_label(arm)), []).append(evaluations)
+        row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
+        if base and evaluations:
+            accuracy.append(row | {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"]})
+        accuracy += [
+            row | {"round": number, "checkpoint": role, "greedy_accuracy": evaluation.metrics["greedy_accuracy"]}
+            for (number, role), evaluation in evaluations.items()
+        ]
+        for number in range(1, rounds + 1):
+            audit_path = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name) / AUDIT_FILE
+            if audit_path.exists():
+                audit = json.loads(audit_path.read_text())
+                audits.append(row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS})
+    differences, last_verdicts = [], {}
+    for (experiment, group), arm_runs in by_group.items():
+        for number in range(1, rounds + 1):
+            for control in layout.CONTROLS:
+                pairs = [(runs[(number, layout.STUDENT_ROLE)], runs[(number, control)]) for runs in arm_runs
+                         if (number, layout.STUDENT_ROLE) in runs and (number, control) in runs]
+                if not pairs:
+                    continue
+                difference = paired_difference(
+                    *paired_scores([(student.scores, other.scores) for student, other in pairs]),
+                    treatment_name=f"round {number} ({group})",
+                    control_name=f"its {control.replace('_', '-')} control",
+                )
+                matched = all(compute_comparison(student.metrics, other.metrics)[0] for student, other in pairs)
+                differences.append(
+                    {"experiment": experiment, "group": group, "round": number, "control": control}
+                    | {key: value for key, value in difference.as_dict().items() if key not in ("treatment", "control")}
+                    | {"compute_matched": matched}
+                )
+                if control == layout.LABELED_ONLY:  # later rounds replace earlier ones
+                    last_verdicts[(experiment, group)] = f"**{experiment}, {group}**: {difference.sentence()}" + (
+                        "" if matched else " (NOT compute-matched)"
+                    )
+    sentences = list(last_verdicts.values())
+    return ExperimentResults(
+        accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
+        differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
+        audits=pl.DataFrame(audits) if audits else pl.DataFrame(),
+        sentences=sentences,
     )
 
 
-def label_audits(lake: Path) -> pl.DataFrame:
-    """One row per round with pseudo-labels: tau, coverage, kept and overall label accuracy, teacher pass@1."""
-    directory = lake / "pseudo_labels"
-    rows = [
-        {"round": path.parent.name} | json.loads(path.read_text())
-        for path in sorted(directory.glob(f"round-*/{AUDIT_FILE}"))
-    ] if directory.is_dir() else []
-    columns = ["round", "tau", "coverage", "kept", "mean_agreement", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1"]
-    return pl.DataFrame(rows).select(columns) if rows else pl.DataFrame(schema=columns)
+_ACCURACY_SCHEMA = {
+    "experiment": pl.Utf8, "group": pl.Utf8, "arm": pl.Utf8, "seed": pl.Utf8,
+    "round": pl.Int64, "checkpoint": pl.Utf8, "greedy_accuracy": pl.Float64,
+}
 
 
-def summary_markdown(metrics: dict[str, dict[str, float]], audits: pl.DataFrame) -> str:
-    """The run summary as markdown tables."""
-    lines = ["## Accuracy per checkpoint", "", markdown_table(accuracy_table(metrics).drop("seed"))]
-    if {"labeled_rl", GOLD_CONTROL[0]} <= metrics.keys():
-        labeled, gold = metrics["labeled_rl"]["greedy_accuracy"], metrics[GOLD_CONTROL[0]]["greedy_accuracy"]
-        recovered = [
-            {"round": name, "greedy_accuracy": metrics[name]["greedy_accuracy"], "share_of_gold_gain": share}
-            for name, share in gold_gain_shares(metrics).items()
-        ]
-        lines += [
-            "", f"## Gold-label gain recovered (labeled RL {labeled:.3f}, gold-label control {gold:.3f})", "",
-            markdown_table(pl.DataFrame(recovered)) if recovered else "No rounds evaluated yet.",
-        ]
-    if audits.height:
-        lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(audits)]
+def accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
+    """Greedy accuracy as mean ± sd over seeds, one row per group and round, one column per checkpoint."""
+    stats = (
+        accuracy.group_by("experiment", "group", "round", "checkpoint", maintain_order=True)
+        .agg(
+            pl.format(
+                "{} ± {} (n={})",
+                pl.col("greedy_accuracy").mean().round(3),
+                pl.col("greedy_accuracy").std().fill_null(0.0).round(3),
+                pl.len(),
+            ).alias("greedy_accuracy")
+        )
+    )
+    return stats.pivot(on="checkpoint", index=["experiment", "group", "round"], values="greedy_accuracy").sort("experiment", "group", "round")
+
+
+def summary_markdown(results: ExperimentResults) -> str:
+    """The verdict sentences, then the tables, as markdown that can be pasted into a write-up."""
+    lines = ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
+    lines += [f"- {sentence}" for sentence in results.sentences] or ["No round has been evaluated against its labeled-only control yet."]
+    if results.differences.height:
+        shown = results.differences.select(
+            "experiment", "group", "round", "control", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
+        )
+        lines += ["", "## Student minus control, per round (paired bootstrap 95% intervals)", "", markdown_table(shown)]
+    if results.accuracy.height:
+        lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
+    if results.audits.height:
+        lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(results.audits.drop("experiment", "group"))]
     return "\n".join(lines) + "\n"
 
 
+def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
+    """The arms of the experiment files that have a labeled-RL evaluation in the lake, and the most rounds."""
+    experiments = load_experiments(experiments_dir)
+    evaluated = layout.artifact_dir(lake, layout.LABELED_RL_EVAL)
+    arms = [arm for experiment in experiments.values() for arm in experiment.all_arms() if (evaluated / arm.name).is_dir()]
+    return arms, max((experiments[arm.experiment].rounds for arm in arms), default=0)
+
+
 def main() -> None:
-    lake = Path(default_root())
+    lake = layout.default_lake_root()
     print(f"\nData lake: {lake}")
-    reports = eval_reports(lake)
-    if not reports:
-        print("No eval reports yet.")
+    arms, rounds = lake_arms(lake, default_experiments_dir())
+    if not arms:
+        print("No evaluated arms yet.")
         return
-    summary = summary_markdown(load_metrics(lake), label_audits(lake))
+    summary = summary_markdown(collect(lake, arms, rounds))
     (lake / SUMMARY_FILE).write_text(f"# noisy-student run summary\n\n{summary}")
     print(summary)
     print(f"Run summary (markdown): {lake / SUMMARY_FILE}")
-    print("Eval reports:")
-    for name, path in reports:
-        print(f"  {name:<14} {path / 'report.md'}")
-    print(f"\nMLflow store: sqlite:///{lake / TRACKING_DB_NAME}")
-    print(f"  compare runs: mlflow ui --backend-store-uri sqlite:///{lake / TRACKING_DB_NAME}")
+    print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
+    store = f"sqlite:///{lake / layout.TRACKING_DB_NAME}"
+    print(f"\nMLflow store: {store}\n  compare runs: mlflow ui --backend-store-uri {store}")
 
 
 if __name__ == "__main__":

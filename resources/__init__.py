@@ -2,11 +2,12 @@
 
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
+from resources.experiments import ExperimentFiles
 from resources.io_managers import CheckpointIOManager, ParquetIOManager
 from resources.tracking import MlflowTracking
 
 
-def lake_resources(lake: DataLake, compute: ComputeResource | None = None) -> dict:
+def lake_resources(lake: DataLake, compute: ComputeResource | None = None, experiments: ExperimentFiles | None = None) -> dict:
     """Every resource the assets need, all on `lake`: the code location's set, and the set a script or
     test materializes with into a lake of its own."""
     return {
@@ -15,4 +16,5 @@ def lake_resources(lake: DataLake, compute: ComputeResource | None = None) -> di
         "checkpoint_io_manager": CheckpointIOManager(lake=lake),
         "compute": compute or ComputeResource(),
         "tracking": MlflowTracking(lake=lake),
+        "experiments": experiments or ExperimentFiles(),
     }

@@ -41,6 +41,7 @@ class ComputeResource(dg.ConfigurableResource):
         it when its process dies, so a killed run never leaves it held.
         """
         path = Path(self.lock_dir) / f"noisy-student-{self.device}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

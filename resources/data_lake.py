@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 import psutil
 
+from noisy_student_assets import layout
+
 STAGING_DIR_NAME = ".staging"
 WORK_DIR_NAME = ".work"
+INDEX_DIR_NAME = ".index"
 TABLE_FILE_NAME = "data.parquet"
-
-
-def default_root() -> str:
-    """`NOISY_STUDENT_DATA_LAKE` (written to `.env` by `make setup`), else `./data_lake`."""
-    return os.environ.get("NOISY_STUDENT_DATA_LAKE") or str(Path("data_lake").resolve())
+CONTENT_KEY_FILE = "content_key.txt"
+"""In an artifact that may be reused: a sha256 of everything that shaped it (see `DataLake.recall`)."""
 
 
 def publish_dir(staged: Path, final: Path) -> None:
@@ -40,17 +42,17 @@ def publish_dir(staged: Path, final: Path) -> None:
 
 
 class DataLake(dg.ConfigurableResource):
-    """Root directory of all artifacts: `<root>/<asset>/<partition>/` (or `<root>/<asset>/` unpartitioned)."""
+    """Root directory of all artifacts: `<root>/<asset key path>/<arm>/`, or `<root>/<asset key path>/` for
+    the assets every arm shares (see `noisy_student_assets.layout`)."""
 
-    root: str = default_root()
+    root: str = str(layout.default_lake_root())
 
     @property
     def root_path(self) -> Path:
         return Path(self.root).expanduser().resolve()
 
     def artifact_dir(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> Path:
-        path = self.root_path.joinpath(*asset_key.path)
-        return path / partition_key if partition_key else path
+        return layout.artifact_dir(self.root_path, tuple(asset_key.path), partition_key)
 
     def staging_dir(self) -> Path:
         """A fresh directory on the lake's filesystem, so publishing it is a rename, not a copy.
@@ -67,17 +69,46 @@ class DataLake(dg.ConfigurableResource):
         path.mkdir(parents=True)
         return path
 
-    def work_dir(self, asset_name: str, partition_key: str | None, run_key: str) -> Path:
+    def work_dir(self, asset_key: dg.AssetKey, partition_key: str | None, run_key: str) -> Path:
         """Where a stage keeps resumable state (TRL checkpoints, sample shards) until it publishes.
 
         `run_key` must change with anything that shapes the run, so a retry resumes only its own run."""
-        return self.root_path / WORK_DIR_NAME / asset_name / (partition_key or "all") / run_key
+        return self.root_path.joinpath(WORK_DIR_NAME, *asset_key.path, partition_key or "all", run_key)
 
     def publish(self, staged: Path, asset_key: dg.AssetKey, partition_key: str | None = None) -> Path:
-        """Move a staged directory into the artifact's place; returns that place."""
+        """Move a staged directory into the artifact's place; returns that place. A staged artifact that
+        carries a content key is indexed under it, so that an identical computation elsewhere can reuse it."""
         final = self.artifact_dir(asset_key, partition_key)
         publish_dir(staged, final)
+        if (final / CONTENT_KEY_FILE).exists():
+            place = str(final.relative_to(self.root_path))
+            entries = self.root_path / INDEX_DIR_NAME / (final / CONTENT_KEY_FILE).read_text()
+            entries.mkdir(parents=True, exist_ok=True)
+            (entries / hashlib.sha256(place.encode()).hexdigest()[:16]).write_text(place)
         return final
+
+    def recall(self, content_key: str) -> Path | None:
+        """A published artifact made from exactly the inputs `content_key` stands for (by any asset or arm),
+        or None. Each candidate's own key file is read back, so one replaced since it was indexed is skipped."""
+        entries = self.root_path / INDEX_DIR_NAME / content_key
+        for entry in sorted(entries.iterdir()) if entries.is_dir() else []:
+            found = self.root_path / entry.read_text()
+            key_file = found / CONTENT_KEY_FILE
+            if key_file.exists() and key_file.read_text() == content_key:
+                return found
+        return None
+
+    def stage_copy(self, artifact: Path) -> Path:
+        """A staged copy of a published artifact, by hard links: published files are never written in place
+        (a new version is a new directory), so sharing them is safe and costs no space."""
+        staged = self.staging_dir()
+        shutil.copytree(artifact, staged, copy_function=os.link, dirs_exist_ok=True)
+        return staged
+
+    def read_sidecar(self, asset_key: dg.AssetKey, partition_key: str | None, name: str) -> str | None:
+        """A small text file published beside an artifact (see `write_table`), or None."""
+        path = self.artifact_dir(asset_key, partition_key) / name
+        return path.read_text() if path.exists() else None
 
     def write_table(
         self,
@@ -96,9 +127,17 @@ class DataLake(dg.ConfigurableResource):
     def read_table(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> pl.DataFrame:
         path = self.artifact_dir(asset_key, partition_key) / TABLE_FILE_NAME
         if not path.exists():
-            where = f" partition {partition_key}" if partition_key else ""
+            where = f" arm {partition_key}" if partition_key else ""
             raise FileNotFoundError(f"{asset_key.to_user_string()}{where} has no table at {path}: materialize it first")
         return pl.read_parquet(path)
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    """A table to publish with small text files beside it (audit figures, a content key)."""
+
+    frame: pl.DataFrame
+    extra_files: dict[str, str] = field(default_factory=dict)
 
 
 def _writer_alive(staging_name: str) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from resources.data_lake import DataLake
+from resources.data_lake import DataLake, LakeTable
 
 
 def _partition_key(context: dg.OutputContext | dg.InputContext) -> str | None:
@@ -16,13 +16,15 @@ def _partition_key(context: dg.OutputContext | dg.InputContext) -> str | None:
 
 
 class ParquetIOManager(dg.ConfigurableIOManager):
-    """Stores a `polars.DataFrame` at `<lake>/<asset>/<partition>/data.parquet`."""
+    """Stores a `polars.DataFrame` (or a `LakeTable`, with files beside it) at
+    `<lake>/<asset>/<partition>/data.parquet`."""
 
     lake: DataLake
 
-    def handle_output(self, context: dg.OutputContext, obj: pl.DataFrame) -> None:
-        path = self.lake.write_table(obj, context.asset_key, _partition_key(context))
-        context.add_output_metadata({"path": dg.MetadataValue.path(str(path)), "dagster/row_count": obj.height})
+    def handle_output(self, context: dg.OutputContext, obj: pl.DataFrame | LakeTable) -> None:
+        table = obj if isinstance(obj, LakeTable) else LakeTable(obj)
+        path = self.lake.write_table(table.frame, context.asset_key, _partition_key(context), table.extra_files)
+        context.add_output_metadata({"path": dg.MetadataValue.path(str(path)), "dagster/row_count": table.frame.height})
 
     def load_input(self, context: dg.InputContext) -> pl.DataFrame:
         return self.lake.read_table(context.asset_key, _partition_key(context))

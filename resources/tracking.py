@@ -1,9 +1,11 @@
-"""MLflow tracking: one MLflow run per (asset, partition), tagged with the Dagster run that made it."""
+"""MLflow tracking: one MLflow run per (asset, arm), tagged with the Dagster run that made it, its arm,
+round and role, and nested under a parent run per arm, so that the MLflow UI compares arms side by side."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -11,13 +13,17 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import Field
 
+from noisy_student_assets import layout
+from noisy_student_assets.experiments import Arm
 from resources.data_lake import DataLake
 
 if TYPE_CHECKING:
     import mlflow
 
-TRACKING_DB_NAME = "mlflow.db"
 ARTIFACTS_DIR_NAME = "mlflow-artifacts"
+ARM_TAG, EXPERIMENT_TAG, ROUND_TAG, ROLE_TAG = "arm", "experiment", "round", "role"
+PARENT_OF_ARM_TAG = "parent_of_arm"
+"""Set on the one parent run of an arm, whose value is the arm."""
 
 
 def flatten_params(params: Mapping[str, object], prefix: str = "") -> dict[str, str]:
@@ -30,6 +36,16 @@ def flatten_params(params: Mapping[str, object], prefix: str = "") -> dict[str, 
         else:
             flat[name] = str(value)[:6000]  # MLflow's limit on a param value
     return flat
+
+
+def metric_name(name: str) -> str:
+    """MLflow metric names allow letters, digits, _ - . / and space: "maj@8" -> "maj_at_8", "tau=0.5" -> "tau_0.5"."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name.replace("@", "_at_"))
+
+
+def role_of(asset_name: str) -> str:
+    """What a round asset's run stands for: the student's chain or one of the controls."""
+    return next((control for control in layout.CONTROLS if asset_name.startswith(control)), layout.STUDENT_ROLE)
 
 
 class MlflowTracking(dg.ConfigurableResource):
@@ -46,43 +62,70 @@ class MlflowTracking(dg.ConfigurableResource):
 
     @property
     def resolved_tracking_uri(self) -> str:
-        return self.tracking_uri or f"sqlite:///{self.lake.root_path / TRACKING_DB_NAME}"
+        return self.tracking_uri or f"sqlite:///{self.lake.root_path / layout.TRACKING_DB_NAME}"
 
     @contextmanager
     def start_run(
-        self, context: dg.AssetExecutionContext, asset_name: str, params: Mapping[str, object]
+        self, context: dg.AssetExecutionContext, params: Mapping[str, object], arm: Arm | None, name: str | None = None
     ) -> Iterator[mlflow.ActiveRun]:
-        """An MLflow run for `asset_name` (and the context's partition) that is active inside the block,
-        so TRL's MLflow callback logs into it too."""
+        """An MLflow run for the asset being materialized (`name`: the multi-asset's, else the asset key),
+        active inside the block so that TRL's MLflow callback logs into it too. Named `<asset> <round> <arm>`;
+        a child of the arm's parent run."""
         import mlflow  # here, not at import: loading the code location should not wait for mlflow
 
         # A remote store's URL would otherwise be printed to stdout (Dagster's compute logs) at every run's end.
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.lake.root_path.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.resolved_tracking_uri)
-        # Steps of one run start in parallel processes; the first access creates the SQLite schema (a
-        # migration that two processes at once break: "duplicate column name") and the experiment.
-        with (self.lake.root_path / f"{TRACKING_DB_NAME}.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if mlflow.get_experiment_by_name(self.experiment_name) is None:
-                # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
-                mlflow.create_experiment(
-                    self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri()
-                )
-            mlflow.set_experiment(self.experiment_name)
-        partition = context.partition_key if context.has_partition_key else ""
+        key_path = name.split("/") if name else list(context.asset_key.path)
+        round_name = key_path[0] if len(key_path) > 1 else ""
         tags = {
             "dagster.run_id": context.run_id,
-            "dagster.asset": asset_name,
-            "dagster.partition": partition,
+            "dagster.asset": "/".join(key_path),
+            "dagster.partition": arm.name if arm else "",
+            ROUND_TAG: round_name,
+            ROLE_TAG: role_of(key_path[-1]) if round_name else key_path[-1],
         }
-        run_name = f"{asset_name}/{partition}" if partition else asset_name
+        # Steps of one run start in parallel processes; the first access creates the SQLite schema (a
+        # migration that two processes at once break: "duplicate column name"), the experiment and the arm's parent.
+        with (self.lake.root_path / f"{layout.TRACKING_DB_NAME}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            experiment = mlflow.get_experiment_by_name(self.experiment_name)
+            experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
+                # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
+                self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri()
+            )
+            mlflow.set_experiment(experiment_id=experiment_id)
+            if arm is not None:
+                tags |= {ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment, "mlflow.parentRunId": self._arm_parent(experiment_id, arm)}
+        run_name = " ".join(part for part in (key_path[-1], round_name, arm.name if arm else "") if part)
         with mlflow.start_run(run_name=run_name, tags=tags) as run:
             mlflow.log_params(flatten_params(params))
             yield run
 
-    def log_metrics(self, metrics: Mapping[str, float]) -> None:
-        """Log `metrics` into the active run (see `start_run`)."""
+    def _arm_parent(self, experiment_id: str, arm: Arm) -> str:
+        """The id of the arm's parent run (made on first use, holding the arm's spec as params)."""
+        client = self._client()
+        found = client.search_runs([experiment_id], filter_string=f"tags.{PARENT_OF_ARM_TAG} = '{arm.name}'", max_results=1)
+        if found:
+            return found[0].info.run_id
+        parent = client.create_run(
+            experiment_id,
+            run_name=f"arm {arm.name}",
+            tags={PARENT_OF_ARM_TAG: arm.name, ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment},
+        )
+        for key, value in flatten_params({"arm": arm.spec.model_dump(exclude_none=True)}).items():
+            client.log_param(parent.info.run_id, key, value)
+        client.set_terminated(parent.info.run_id)
+        return parent.info.run_id
+
+    def _client(self):
         import mlflow
 
-        mlflow.log_metrics({name: float(value) for name, value in metrics.items()})
+        return mlflow.MlflowClient(self.resolved_tracking_uri)
+
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Log `metrics` into the active run (see `start_run`) under MLflow-safe names (`metric_name`)."""
+        import mlflow
+
+        mlflow.log_metrics({metric_name(name): float(value) for name, value in metrics.items()})

@@ -10,7 +10,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.pop("NOISY_STUDENT_PROFILE", None)
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
+
+# The test arms, for the code location loaded in-process and for the CLI and daemon the tests start.
+TEST_EXPERIMENTS = Path(__file__).parent / "experiments"
+os.environ["NOISY_STUDENT_EXPERIMENTS"] = str(TEST_EXPERIMENTS)
 
 import pytest  # noqa: E402
 
@@ -106,16 +110,16 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A lake holding a round's inputs (problems, base model, labeled-RL teacher); copy it, see `lake_copy`."""
+    """A lake holding round 1's inputs for arm `a` (shared inputs, split, labeled-RL teacher); copy it, see `lake_copy`."""
     from resources.data_lake import DataLake
-    from tests.lakes import TEACHER_INPUTS, materialize
-    from tests.tiny_configs import foundation_config
+    from tests.lakes import materialize
+    from tests.tiny_configs import FOUNDATION, SHARED, tiny_config
 
     root = tmp_path_factory.mktemp("teacher") / "lake"
-    config = foundation_config(tiny_model_dir)
-    for evaluation in ("base_model_eval", "labeled_rl_eval"):
-        del config["ops"][evaluation]
-    materialize(DataLake(root=str(root)), TEACHER_INPUTS, config)
+    lake = DataLake(root=str(root))
+    config = tiny_config(tiny_model_dir)
+    materialize(lake, SHARED, config)
+    materialize(lake, FOUNDATION, config, arm="a")
     return root
 
 

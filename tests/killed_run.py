@@ -1,6 +1,6 @@
 """A materialization that stops at a chosen point, for a test to SIGKILL it there (tests/integration/test_crashes.py).
 
-`python -m tests.killed_run <fault> <lake root> <ready file>` runs the real assets on the lake; at the
+`python -m tests.killed_run <fault> <lake root> <ready file> <model dir>` runs the real assets on the lake; at the
 fault it writes `<ready file>` and waits forever, as a process does in the instant it is killed:
 
 - `generations-write`: half of the generations' parquet file written;
@@ -19,24 +19,24 @@ from pathlib import Path
 
 import polars as pl
 
+from noisy_student_assets import layout
 from noisy_student_assets.generation import SampleShards
 from resources.data_lake import TABLE_FILE_NAME, DataLake
 from tests.lakes import materialize
-from tests.tiny_configs import ROUND_SELECTION, TINY_GRPO, round_config, smoke_checks
+from tests.tiny_configs import TINY_GRPO, round_names, tiny_config, with_op_config
 
 TRAINING_STEPS = 3
-LABELED_RL = {
-    "ops": {"labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO | {"max_steps": TRAINING_STEPS, "save_steps": 1}}}}
-    | smoke_checks("labeled_rl_checkpoint")
-}
+ARM = "a"
 FAULTS = ("generations-write", "sampling", "checkpoint-save", "training")
 
 
-def materialization(fault: str) -> tuple[list[str], dict, str | None]:
-    """Selection, run config and partition that each fault interrupts (the test re-runs the same)."""
+def materialization(fault: str, model_dir: str) -> tuple[list[str], dict, str]:
+    """Selection, run config and arm that each fault interrupts (the test re-runs the same)."""
+    config = tiny_config(Path(model_dir))
     if fault in ("generations-write", "sampling"):
-        return ROUND_SELECTION[:3], round_config(with_eval=False), "round-001"
-    return ["labeled_rl_checkpoint"], LABELED_RL, None
+        return round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT), config, ARM
+    grpo = TINY_GRPO | {"max_steps": TRAINING_STEPS, "save_steps": 1}
+    return [layout.LABELED_RL], with_op_config(config, layout.LABELED_RL, grpo=grpo), ARM
 
 
 def _stop_here(ready: Path) -> None:
@@ -96,9 +96,9 @@ def arrange(fault: str, ready: Path) -> None:
         raise SystemExit(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
 
 
-def main(fault: str, lake_root: str, ready: str) -> None:
+def main(fault: str, lake_root: str, ready: str, model_dir: str) -> None:
     arrange(fault, Path(ready))
-    materialize(DataLake(root=lake_root), *materialization(fault))
+    materialize(DataLake(root=lake_root), *materialization(fault, model_dir))
     raise SystemExit(f"{fault}: the run finished without reaching its fault")
 
 

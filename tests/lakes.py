@@ -2,24 +2,73 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import dagster as dg
 
-from noisy_student_assets.definitions import ASSETS_AND_CHECKS
+from noisy_student_assets.grid import materialize_selection
+from noisy_student_assets.partitions import ARMS
 from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 
-TEACHER_INPUTS = ["labeled_problems", "unlabeled_problems", "eval_problems", "base_model", "labeled_rl_checkpoint"]
-"""What a round's op reads (its eval aside)."""
+TEST_ARMS = ("a", "b")
+"""The arms of tests/experiments/tests.yaml."""
 
 
-def materialize(lake: DataLake, selection: list[str], config: dict, partition: str | None = None) -> dg.ExecuteInJobResult:
-    resources = lake_resources(lake, ComputeResource(device="cpu", dtype="float32"))
-    result = dg.materialize(ASSETS_AND_CHECKS, selection=selection, resources=resources, run_config=config, partition_key=partition)
-    assert result.success
+def isolated_resources(lake: DataLake) -> dict:
+    """The code location's resources on `lake`, on the CPU, with a device lock of the lake's own: a test must
+    not queue behind (or block) a pipeline running on this machine."""
+    return lake_resources(lake, ComputeResource(device="cpu", dtype="float32", lock_dir=str(lake.root_path)))
+
+
+@contextmanager
+def arms_instance() -> Iterator[dg.DagsterInstance]:
+    """An ephemeral Dagster instance with the test arms registered."""
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(ARMS.name, list(TEST_ARMS))
+        yield instance
+
+
+def materialize(
+    lake: DataLake,
+    names: list[str],
+    config: dict,
+    arm: str | None = None,
+    instance: dg.DagsterInstance | None = None,
+    raise_on_error: bool = True,
+) -> dg.ExecuteInJobResult:
+    """Materialize `names` of one arm (or the shared assets, arm None) into `lake`."""
+    resources = isolated_resources(lake)
+
+    def run(on: dg.DagsterInstance) -> dg.ExecuteInJobResult:
+        return materialize_selection(
+            names, partition=arm, instance=on, resources=resources, run_config=config, raise_on_error=raise_on_error
+        )
+
+    if instance is not None:
+        result = run(instance)
+    else:
+        with arms_instance() as ephemeral:
+            result = run(ephemeral)
+    assert result.success or not raise_on_error
     return result
 
 
 def metadata_of(result: dg.ExecuteInJobResult, asset: str) -> dict:
     (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset]
     return event.step_materialization_data.materialization.metadata
+
+
+def run_checks(lake: DataLake, asset: str, config: dict, arm: str) -> dg.ExecuteInJobResult:
+    """Only the checks of one arm's asset, as the UI's *Execute checks* runs them: a subset of `arm_job` (a run
+    that selects no asset has no partitions of its own)."""
+    from noisy_student_assets.definitions import defs
+
+    checks = dg.AssetSelection.checks_for_assets(dg.AssetKey(asset.split("/"))).resolve_checks(defs.resolve_asset_graph())
+    job = defs.get_job_def("arm_job").get_subset(asset_selection=set(), asset_check_selection=set(checks))
+    with arms_instance() as instance:
+        return job.execute_in_process(
+            run_config=config, instance=instance, partition_key=arm, resources=isolated_resources(lake), raise_on_error=False
+        )

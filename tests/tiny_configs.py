@@ -1,11 +1,12 @@
 """Run configs that make every stage tiny (1 GRPO step, 8-token completions) for tests where the
-model's skill does not matter."""
+model's skill does not matter. `tiny_config` holds config of every op of the code location; the grid and
+`tests.lakes.materialize` pass on only the selected ones'."""
 
 from pathlib import Path
 
+from noisy_student_assets import layout
 from noisy_student_assets.checks import SMOKE_GENERATION
-
-ROUND_SELECTION = ["generations", "pseudo_labels", "student_checkpoint", "eval_report"]
+from noisy_student_assets.config import TWO_DIGIT_ADDITION
 
 TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8}
 # A random model runs every completion to its (8-token) limit, often in whitespace alone, and answers nothing:
@@ -15,48 +16,63 @@ RANDOM_MODEL_OUTPUT = {"min_answer_rate": 0.0, "max_truncation_rate": 1.0, "max_
 TINY_EVAL = {"backend": "transformers", "max_new_tokens": 8, "samples": 2, "ks": [1, 2]} | RANDOM_MODEL_OUTPUT
 TINY_SMOKE = {"prompts": 2, "max_new_tokens": 8, "max_empty_rate": 1.0, "max_truncation_rate": 1.0}
 TINY_GREEDY_EVAL = TINY_EVAL | {"samples": 0, "ks": []}
+TINY_SAMPLING = {"backend": "transformers", "k": 3, "max_new_tokens": 8, "shard_size": 2}
+N_LABELED, N_UNLABELED, N_VALIDATION = 4, 6, 3
+TWO_DIGIT = {"kind": "reasoning_gym", "name": "basic_arithmetic", "task_options_json": TWO_DIGIT_ADDITION}
+
+SHARED = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
+FOUNDATION = [layout.LABELED_PROBLEMS, layout.LABELED_RL]
+"""What round 1 reads (with SHARED), evaluations aside."""
 
 
-def tiny_round(tau: float = 0.0) -> dict:
-    return {
-        "sampling": {"backend": "transformers", "k": 3, "max_new_tokens": 8, "shard_size": 2},
-        "tau": tau,
-        "min_coverage": 0.0,
-        "grpo": TINY_GRPO,
+def op(*key_path: str) -> str:
+    """The op name of an asset: `round_001__generations`."""
+    return "__".join(key_path)
+
+
+def round_names(number: int, *names: str) -> list[str]:
+    return ["/".join(layout.round_asset(number, name)) for name in names]
+
+
+def round_chain(number: int, *controls: str) -> list[str]:
+    """A round's student chain and the given controls, with their evaluations."""
+    control_assets = [name for control in controls for name in (layout.control_checkpoint(control), layout.control_eval(control))]
+    return round_names(number, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *control_assets, layout.EVAL_REPORT)
+
+
+def tiny_config(tiny_model_dir: Path, rounds: int = 2, tau: float = 0.0, min_coverage: float = 0.0) -> dict:
+    """Run config of every op of the code location (with `rounds` rounds), tiny."""
+    ops = {
+        layout.PROBLEM_POOL: {"config": {"source": TWO_DIGIT | {"size": 40, "seed": 0}}},
+        layout.EVAL_PROBLEMS: {"config": {"source": TWO_DIGIT | {"size": 5, "seed": 1000}}},
+        "problem_split": {"config": {"n_labeled": N_LABELED, "n_unlabeled": N_UNLABELED, "n_validation": N_VALIDATION}},
+        layout.BASE_MODEL: {"config": {"reference": str(tiny_model_dir)}},
+        layout.LABELED_RL: {"config": {"grpo": TINY_GRPO}},
+        layout.BASE_MODEL_EVAL: {"config": TINY_EVAL},
+        layout.LABELED_RL_EVAL: {"config": TINY_EVAL},
+        layout.LABELED_RL_VALIDATION: {"config": TINY_GREEDY_EVAL},
     }
-
-
-def smoke_checks(*checkpoints: str) -> dict:
-    """Run config of the `smoke_generation` checks of `checkpoints`, for a random model."""
-    return {f"{checkpoint}_{SMOKE_GENERATION}": {"config": TINY_SMOKE} for checkpoint in checkpoints}
-
-
-def foundation_config(tiny_model_dir: Path) -> dict:
-    return {
-        "ops": {
-            "problem_split": {"config": {"n_labeled": 4, "n_unlabeled": 6}},
-            "eval_problems": {"config": {"source": {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 5, "seed": 9}}},
-            "base_model": {"config": {"reference": str(tiny_model_dir)}},
-            "labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO}},
-            "base_model_eval": {"config": TINY_EVAL},
-            "labeled_rl_eval": {"config": TINY_EVAL},
+    checkpoints = [layout.BASE_MODEL, layout.LABELED_RL]
+    for number in range(1, rounds + 1):
+        prefix = layout.round_prefix(number)
+        ops |= {
+            op(prefix, layout.GENERATIONS): {"config": TINY_SAMPLING},
+            op(prefix, layout.PSEUDO_LABELS): {"config": {"tau": tau, "min_coverage": min_coverage}},
+            op(prefix, layout.STUDENT): {"config": {"grpo": TINY_GRPO}},
+            op(prefix, layout.EVAL_REPORT): {"config": TINY_EVAL},
         }
-        | smoke_checks("base_model", "labeled_rl_checkpoint")
-    }
+        checkpoints.append(op(prefix, layout.STUDENT))
+        for control in layout.CONTROLS:
+            checkpoint = op(prefix, layout.control_checkpoint(control))
+            ops[checkpoint] = {"config": {"grpo": TINY_GRPO}}
+            ops[op(prefix, layout.control_eval(control))] = {"config": TINY_GREEDY_EVAL}
+            checkpoints.append(checkpoint)
+    ops |= {f"{checkpoint}_{SMOKE_GENERATION}": {"config": TINY_SMOKE} for checkpoint in checkpoints}
+    return {"ops": ops}
 
 
-def controls_config() -> dict:
-    return {
-        "ops": {
-            "gold_label_rl_checkpoint": {"config": {"grpo": TINY_GRPO}},
-            "gold_label_rl_eval": {"config": TINY_GREEDY_EVAL},
-        }
-        | smoke_checks("gold_label_rl_checkpoint")
-    }
-
-
-def round_config(tau: float = 0.0, with_eval: bool = True) -> dict:
-    ops = {"noisy_student_round": {"config": tiny_round(tau)}} | smoke_checks("student_checkpoint")
-    if with_eval:
-        ops["eval_report"] = {"config": TINY_EVAL}
+def with_op_config(config: dict, op_name: str, **settings) -> dict:
+    """A copy of `config` with `settings` written into one op's config."""
+    ops = dict(config["ops"])
+    ops[op_name] = {"config": ops[op_name]["config"] | settings}
     return {"ops": ops}

@@ -1,54 +1,130 @@
-"""Controls that say how much of the possible gain self-training recovered: the same GRPO as a round,
-from the same teacher, but with every unlabeled problem carrying its true answer. No real run has
-those labels, so this is the upper bound a round's pseudo-labels are measured against."""
+"""A round's compute-matched controls, per arm (made by `round_controls(n)`). Each trains the round's GRPO
+(the same steps, prompts per step and completions per prompt) on other labels, so that since the base
+model it has spent exactly what the round's student spent (the `compute_matched` check says so):
 
+- `labeled_only`: the labeled problems alone, continuing its own chain (round 1 from labeled RL, round N
+  from labeled-only N-1): what the user would do anyway, train longer on the labels they have;
+- `gold_label`: from the student's init, the unlabeled problems with their true answers: the upper bound;
+- `random_label`: from the student's init, the kept problems with their pseudo-labels shuffled among them:
+  does label correctness matter at all?
+"""
+
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 
-from noisy_student_assets.assets.models import HEAVY_RETRY, checkpoint_eval
-from noisy_student_assets.assets.stages import train_checkpoint
-from noisy_student_assets.checks import checkpoint_checks
-from noisy_student_assets.config import GoldLabelRLConfig, resolved_config
-from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets import layout
+from noisy_student_assets.assets.models import BASE_MODEL, HEAVY_RETRY, checkpoint_eval
+from noisy_student_assets.assets.rounds import kept_pseudo_labels, student_init_dir
+from noisy_student_assets.assets.stages import StageRun, stage, train_checkpoint
+from noisy_student_assets.checks import checkpoint_checks, compute_matched_check
+from noisy_student_assets.config import LabeledOnlyConfig, StudentConfig
+from noisy_student_assets.control_data import gold_revealed, shuffled_pseudo_labels
+from noisy_student_assets.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
 from resources.compute import GPU_POOL, ComputeResource
 from resources.data_lake import DataLake
+from resources.experiments import ExperimentFiles
 from resources.tracking import MlflowTracking
 
-GROUP = "controls"
 
+def round_controls(number: int) -> list:
+    """Round `number`'s control checkpoints, their evaluations and checks."""
+    key = partial(round_key, number)
+    student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
+    checkpoint_key = {control: key(layout.control_checkpoint(control)) for control in layout.CONTROLS}
+    heavy = {
+        "group_name": round_group(number),
+        "partitions_def": ARMS,
+        "pool": GPU_POOL,
+        "retry_policy": HEAVY_RETRY,
+        "io_manager_key": "checkpoint_io_manager",
+    }
+    teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
+    labeled = dg.AssetIn(layout.LABELED_PROBLEMS)
 
-@dg.asset(io_manager_key="checkpoint_io_manager", group_name=GROUP, pool=GPU_POOL, retry_policy=HEAVY_RETRY)
-def gold_label_rl_checkpoint(
-    context: dg.AssetExecutionContext,
-    config: GoldLabelRLConfig,
-    labeled_rl_checkpoint: Path,
-    labeled_problems: pl.DataFrame,
-    unlabeled_problems: pl.DataFrame,
-    compute: ComputeResource,
-    tracking: MlflowTracking,
-    data_lake: DataLake,
-) -> dg.Output[Path]:
-    """GRPO from `labeled_rl_checkpoint` on labeled + unlabeled problems, all rewarded against their
-    true answers: what round 1 would reach if every pseudo-label were kept and right."""
-    # The one place the hidden gold trains anything, deliberately: this checkpoint is a yardstick,
-    # never a teacher.
-    revealed = unlabeled_problems.select("problem_id", "prompt", pl.col(HIDDEN_GOLD_COLUMN).alias("gold_answer"))
-    staged, metadata = train_checkpoint(
-        context,
-        "gold_label_rl_checkpoint",
-        init_dir=labeled_rl_checkpoint,
-        labeled=pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), revealed]),
-        pseudo_labeled=None,
-        grpo=config.grpo,
-        run_config=resolved_config(config),
-        compute=compute,
-        tracking=tracking,
-        lake=data_lake,
+    @dg.asset(
+        key=checkpoint_key[layout.LABELED_ONLY],
+        ins={"init": dg.AssetIn(labeled_only_init_key(number), input_manager_key="checkpoint_io_manager"), "labeled_problems": labeled},
+        description="Control: the round's GRPO on the labeled problems alone, from the previous round's labeled-only "
+        "checkpoint (round 1: labeled RL).",
+        **heavy,
     )
-    return dg.Output(staged, metadata=metadata)
+    def labeled_only_checkpoint(
+        context: dg.AssetExecutionContext,
+        config: LabeledOnlyConfig,
+        init: Path,
+        labeled_problems: pl.DataFrame,
+        compute: ComputeResource,
+        data_lake: DataLake,
+        experiments: ExperimentFiles,
+        tracking: MlflowTracking,
+    ) -> dg.Output[Path]:
+        with stage(context, config, experiments=experiments, tracking=tracking) as current:
+            staged = train_checkpoint(current, init_dir=init, labeled=labeled_problems, pseudo_labeled=None, compute=compute, lake=data_lake)
+        return dg.Output(staged, metadata=current.metadata)
+
+    @dg.asset(
+        key=checkpoint_key[layout.GOLD_LABEL],
+        ins={"teacher": teacher, "labeled_problems": labeled, "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS)},
+        deps=[BASE_MODEL],
+        description="Control: the round's GRPO from the student's init on the labeled problems and every unlabeled "
+        "problem with its true answer (the upper bound; the only asset trained on the hidden gold).",
+        **heavy,
+    )
+    def gold_label_checkpoint(
+        context: dg.AssetExecutionContext,
+        config: StudentConfig,
+        teacher: Path,
+        labeled_problems: pl.DataFrame,
+        unlabeled_problems: pl.DataFrame,
+        compute: ComputeResource,
+        data_lake: DataLake,
+        experiments: ExperimentFiles,
+        tracking: MlflowTracking,
+    ) -> dg.Output[Path]:
+        with stage(context, config, experiments=experiments, tracking=tracking) as current:
+            revealed = pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
+            staged = _train_from_student_init(current, teacher, revealed, None, compute, data_lake)
+        return dg.Output(staged, metadata=current.metadata)
+
+    @dg.asset(
+        key=checkpoint_key[layout.RANDOM_LABEL],
+        ins={"teacher": teacher, "labeled_problems": labeled, "pseudo_labels": dg.AssetIn(labels_key)},
+        deps=[BASE_MODEL],
+        description="Control: the student's training with the kept pseudo-labels shuffled among the kept problems "
+        "(no problem keeps its own label).",
+        **heavy,
+    )
+    def random_label_checkpoint(
+        context: dg.AssetExecutionContext,
+        config: StudentConfig,
+        teacher: Path,
+        labeled_problems: pl.DataFrame,
+        pseudo_labels: pl.DataFrame,
+        compute: ComputeResource,
+        data_lake: DataLake,
+        experiments: ExperimentFiles,
+        tracking: MlflowTracking,
+    ) -> dg.Output[Path]:
+        with stage(context, config, experiments=experiments, tracking=tracking) as current:
+            kept = kept_pseudo_labels(current, pseudo_labels, labels_key, data_lake)
+            shuffled = shuffled_pseudo_labels(kept, seed=current.config.grpo.seed)
+            moved = int((shuffled["pseudo_label"] != kept["pseudo_label"]).sum())
+            current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
+            staged = _train_from_student_init(current, teacher, labeled_problems, shuffled, compute, data_lake)
+        return dg.Output(staged, metadata=current.metadata)
+
+    checks = []
+    for control_key in checkpoint_key.values():
+        checks += [*checkpoint_checks(control_key, partitions_def=ARMS), compute_matched_check(control_key, student_key, ARMS)]
+    evals = [checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number)) for c in layout.CONTROLS]
+    return [labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals, *checks]
 
 
-gold_label_rl_eval = checkpoint_eval("gold_label_rl_eval", "gold_label_rl_checkpoint", group=GROUP)
-gold_label_rl_checkpoint_checks = checkpoint_checks("gold_label_rl_checkpoint")
+def _train_from_student_init(
+    current: StageRun, teacher: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None, compute: ComputeResource, lake: DataLake
+) -> Path:
+    init = student_init_dir(current, teacher, lake)
+    return train_checkpoint(current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled, compute=compute, lake=lake)

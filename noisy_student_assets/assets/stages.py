@@ -1,47 +1,101 @@
-"""The heavy stages (GRPO training, evaluation) as the assets run them: logging to the Dagster run,
-tracking in MLflow, publishing into the data lake. The ML libraries (and mlflow) are imported inside
-the functions so that loading the code location (UI, CLI, `definitions validate`) stays fast."""
+"""What every asset body shares: `stage` (the arm's overrides applied to the run config, an MLflow run,
+timers and the metadata they fill), and the two heavy stages, GRPO training and evaluation. The ML
+libraries and mlflow are imported inside the functions so that loading the code location (UI, CLI,
+`definitions validate`) stays fast."""
+
+from __future__ import annotations
 
 import hashlib
 import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
-from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.checks import eval_not_degenerate
-from noisy_student_assets.config import EvalConfig, GRPOTrainingConfig, resolved_config
-from noisy_student_assets.evaluation import METRICS_FILE
+from noisy_student_assets.config import resolved_config, with_arm
+from noisy_student_assets.experiments import Arm
+from noisy_student_assets.layout import METRICS_FILE, SCORES_FILE
+from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
+from noisy_student_assets.training_compute import grpo_compute, read_compute, record_compute
 from resources.compute import ComputeResource
-from resources.data_lake import DataLake
+from resources.data_lake import CONTENT_KEY_FILE, DataLake
+from resources.experiments import ExperimentFiles
 from resources.tracking import MlflowTracking
 
 REPORT_FILE = "report.md"
 
 
-@dataclass(frozen=True)
-class ReportExtras:
-    """What an eval asset adds to its report once its checkpoint's metrics are known."""
+@dataclass
+class StageRun:
+    """One materialization in progress: its effective config, its arm, its MLflow run and its metadata."""
 
-    metrics: dict[str, float] = field(default_factory=dict)
-    figures: dict[str, bytes] = field(default_factory=dict)
-    """File stem -> PNG: stored in the report dir, inlined in the metadata, logged to MLflow."""
-    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
-    """Section title -> table: in report.md and as its own metadata entry."""
+    context: dg.AssetExecutionContext
+    config: Any
+    """The run config with the arm's overrides applied: what this materialization runs with."""
+    arm: Arm | None
+    tracking: MlflowTracking
+    mlflow_run_id: str
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def partition(self) -> str | None:
+        return self.arm.name if self.arm else None
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Time the block as metadata and an MLflow metric `name` (e.g. "training_seconds")."""
+        started = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - started
+        self.metadata[name] = seconds
+        self.tracking.log_metrics({name: seconds})
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        self.tracking.log_metrics(metrics)
 
 
-def _partition(context: dg.AssetExecutionContext) -> str | None:
-    return context.partition_key if context.has_partition_key else None
+@contextmanager
+def stage(
+    context: dg.AssetExecutionContext,
+    config: Any,
+    *,
+    experiments: ExperimentFiles,
+    tracking: MlflowTracking,
+    params: dict | None = None,
+    name: str | None = None,
+) -> Iterator[StageRun]:
+    """Run an asset body as one stage: resolve the arm the partition names and apply its overrides to
+    `config`, open the MLflow run (params: the effective config and `params`), and on leaving add the
+    config, the arm and the MLflow run id to `StageRun.metadata`. `name` is needed by multi-assets only."""
+    arm = experiments.arm(context.partition_key) if context.has_partition_key else None
+    effective, replaced = with_arm(config, arm) if config is not None else (None, [])
+    for change in replaced:
+        context.log.warning(f"arm {arm.name} overrides the run config: {change}")
+    run_config = resolved_config(effective) if effective is not None else {}
+    with tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
+        current = StageRun(context, effective, arm, tracking, run.info.run_id)
+        yield current
+    current.metadata |= {"config": dg.MetadataValue.json(run_config), "mlflow_run_id": run.info.run_id}
+    stage_name = getattr(type(config), "arm_stage", None)
+    if arm is not None and stage_name is not None:
+        current.metadata |= {
+            "arm": arm.name,
+            "arm_stage": stage_name,
+            "arm_overrides": dg.MetadataValue.json(arm.overrides(stage_name)),
+            "arm_overrides_sha": arm.overrides_sha(stage_name),
+        }
 
 
 def _dagster_log_callback(context: dg.AssetExecutionContext):
@@ -57,174 +111,187 @@ def _dagster_log_callback(context: dg.AssetExecutionContext):
 
 
 def train_checkpoint(
-    context: dg.AssetExecutionContext,
-    asset_name: str,
+    current: StageRun,
     *,
     init_dir: Path,
     labeled: pl.DataFrame,
     pseudo_labeled: pl.DataFrame | None,
-    grpo: GRPOTrainingConfig,
-    run_config: dict,
     compute: ComputeResource,
-    tracking: MlflowTracking,
     lake: DataLake,
-) -> tuple[Path, dict]:
-    """GRPO from `init_dir` on labeled (+ pseudo-labeled) problems into a staged checkpoint directory.
+) -> Path:
+    """GRPO (`current.config.grpo`) from `init_dir` on labeled (+ pseudo-labeled) problems into a staged
+    checkpoint directory, for the checkpoint IO manager to publish; metadata goes into `current.metadata`.
 
-    `run_config` is the asset's resolved config (`config.resolved_config`), logged as MLflow params and
-    metadata. Returns the staged directory (for the checkpoint IO manager or `DataLake.publish`) and
-    metadata. Steps with a non-finite loss or gradient norm are skipped and logged as warnings; too many
-    in a row, or a trained checkpoint with non-finite weights, fail the asset before anything is published.
+    The checkpoint records its compute and its lineage's (`compute.json`). A run identical to one already
+    published (same init weights, training rows and settings, by any arm) is reused by hard links instead
+    of trained again; its metadata names where it came from. Steps with a non-finite loss or gradient norm
+    are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
+    fail the asset before anything is published.
     """
-    import mlflow
+    from noisy_student_assets.training import GOLD, PSEUDO, build_training_dataset, train_grpo
 
-    from noisy_student_assets.training import build_training_dataset, train_grpo
-
-    settings = grpo.to_settings()
+    context = current.context
+    settings = current.config.grpo.to_settings()
     dataset = build_training_dataset(labeled, pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=settings.seed)
     init_sha = weights_sha256(init_dir)
-    # TRL checkpoints live in a work dir keyed by everything that shapes the run, so a retry after a
-    # crash resumes the same run and a changed input never resumes a stale one.
+    # Everything that shapes the run: TRL checkpoints of a crashed attempt live in a work dir under this
+    # key (a retry resumes the same run, a changed input never resumes a stale one), and an identical
+    # published run is found by it.
     run_fingerprint = hashlib.sha256(
-        json.dumps([init_sha, dataset.to_list(), settings.as_dict()], sort_keys=True, default=str).encode()
-    ).hexdigest()[:16]
-    work_dir = lake.work_dir(asset_name, _partition(context), run_fingerprint)
-    staged = lake.staging_dir()
-    params = {"config": run_config, "init_checkpoint": str(init_dir), "init_weights_sha256": init_sha}
-    context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
-    with tracking.start_run(context, asset_name, params) as run, compute.exclusive(context.log.info):
-        started = time.perf_counter()
-        result = train_grpo(
-            init_dir,
-            dataset,
-            settings,
-            staged,
-            work_dir=work_dir,
-            device=compute.resolved_device,
-            report_to=["mlflow"],
-            callbacks=[_dagster_log_callback(context)],
-            warn=context.log.warning,
-        )
-        training_seconds = time.perf_counter() - started
-        mlflow.log_metrics({f"final/{k}": v for k, v in result.metrics.items()} | {"training_seconds": training_seconds})
-    shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
-    metadata = {
+        json.dumps(["grpo", init_sha, dataset.to_list(), settings.as_dict()], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    reusable = lake.recall(run_fingerprint)
+    if reusable is not None:
+        context.log.info(f"Reusing {reusable}: the same GRPO run (init weights, training rows, settings) already published")
+        staged = lake.stage_copy(reusable)
+        record_compute(staged, read_compute(reusable).own, init_dir)
+        result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
+    else:
+        work_dir = lake.work_dir(context.asset_key, current.partition, run_fingerprint[:16])
+        staged = lake.staging_dir()
+        context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
+        with compute.exclusive(context.log.info), current.timed("training_seconds"):
+            result = train_grpo(
+                init_dir,
+                dataset,
+                settings,
+                staged,
+                work_dir=work_dir,
+                device=compute.resolved_device,
+                report_to=["mlflow"],
+                callbacks=[_dagster_log_callback(context)],
+                warn=context.log.warning,
+            )
+        own = grpo_compute(result.log_history, int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)
+        record_compute(staged, own, init_dir)
+        (staged / CONTENT_KEY_FILE).write_text(run_fingerprint)
+        current.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
+        shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
+        result_metadata = {k: float(v) for k, v in result.metrics.items()}
+    sources = list(dataset["label_source"])
+    spent = read_compute(staged)
+    current.log_metrics({f"compute/{k}": v for k, v in spent.own.as_dict().items()})
+    current.log_metrics({f"compute/total_{k}": v for k, v in spent.total.as_dict().items()})
+    current.metadata |= result_metadata | {
         "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
         "init_weights_sha256": init_sha,
         "weights_sha256": weights_sha256(staged),
-        "train_rows": result.n_train_rows,
-        "gold_rows": result.n_gold_rows,
-        "pseudo_rows": result.n_pseudo_rows,
-        "mlflow_run_id": run.info.run_id,
+        "training_fingerprint": run_fingerprint,
+        "train_rows": len(dataset),
+        "gold_rows": sources.count(GOLD),
+        "pseudo_rows": sources.count(PSEUDO),
         "grpo_settings": dg.MetadataValue.json(settings.as_dict()),
-        "config": dg.MetadataValue.json(run_config),
-        "training_seconds": training_seconds,
-        **{k: float(v) for k, v in result.metrics.items()},
+        **{f"compute/{k}": v for k, v in spent.own.as_dict().items()},
+        **{f"compute/total_{k}": v for k, v in spent.total.as_dict().items()},
     }
-    return staged, metadata
+    return staged
+
+
+@dataclass(frozen=True)
+class ReportExtras:
+    """What an eval asset adds to its report once its checkpoint's metrics and scores are known."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, bytes] = field(default_factory=dict)
+    """File stem -> PNG: stored in the report dir, inlined in the metadata, logged to MLflow."""
+    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
+    """Section title -> table: in report.md and as its own metadata entry."""
+    text: str = ""
+    """Markdown that leads the report (a verdict)."""
 
 
 def evaluate(
-    context: dg.AssetExecutionContext,
-    asset_name: str,
+    current: StageRun,
     *,
     checkpoint_dir: Path,
     eval_problems: pl.DataFrame,
-    config: EvalConfig,
     compute: ComputeResource,
-    tracking: MlflowTracking,
     lake: DataLake,
     deltas_against: dict[str, dict] | None = None,
-    extras: Callable[[dict[str, float]], ReportExtras] | None = None,
-) -> tuple[dict[str, float], dict, dg.AssetCheckResult]:
-    """Evaluate `checkpoint_dir` on `eval_problems`; publish the report directory (per-problem scores,
-    breakdown, metrics.json, report.md, figures) as this asset's artifact. Returns the metrics, the
-    metadata and the `eval_not_degenerate` check's result (answer, truncation and identical-completion
-    rates of the greedy outputs against the thresholds in `config`).
+    extras: Callable[[dict[str, float], pl.DataFrame], ReportExtras] | None = None,
+) -> tuple[dict[str, float], dg.AssetCheckResult]:
+    """Evaluate `checkpoint_dir` on `eval_problems` (`current.config`: an `EvalConfig`); publish the report
+    directory (per-problem scores, breakdown, metrics.json, report.md, figures) as this asset's artifact and
+    fill `current.metadata`. Returns the metrics and the `eval_not_degenerate` check's result (answer,
+    truncation and identical-completion rates of the greedy outputs against the config's thresholds).
 
     `deltas_against` maps a name ("previous_round", "labeled_rl", "base_model") to that checkpoint's
-    metrics; the report adds the differences for every shared metric. `extras`, given the metrics,
-    returns further metrics, figures and tables for the report.
+    metrics; the report adds the differences for every shared metric. `extras`, given the metrics and the
+    per-problem scores, returns further metrics, figures, tables and a leading text for the report.
     """
     import mlflow
 
     from noisy_student_assets.evaluation import evaluate_checkpoint
-
     from noisy_student_assets.guards import output_health
 
-    settings = config.to_settings()
-    run_config = resolved_config(config)
-    params = {"config": run_config, "checkpoint": str(checkpoint_dir)}
-    with tracking.start_run(context, asset_name, params) as run:
-        with compute.exclusive(context.log.info):
-            started = time.perf_counter()
-            result = evaluate_checkpoint(
-                checkpoint_dir,
-                eval_problems,
-                settings,
-                backend=config.backend,
-                device=compute.resolved_device,
-                dtype=compute.dtype,
-                batch_size=config.batch_size,
-                progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
-            )
-            eval_seconds = time.perf_counter() - started
-        health = output_health(result.greedy)
-        metrics = dict(result.metrics) | health.as_dict()
-        for name, other in (deltas_against or {}).items():
-            metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}
-        added = extras(metrics) if extras else ReportExtras()
-        metrics |= added.metrics
-        tables = {"By subject / level": result.breakdown} | added.tables
-        report = _report_markdown(asset_name, _partition(context), metrics, tables, list(added.figures))
-        staged = lake.staging_dir()
-        result.scores.write_parquet(staged / "scores.parquet")
-        result.breakdown.write_parquet(staged / "breakdown.parquet")
-        for stem, png in added.figures.items():
-            (staged / f"{stem}.png").write_bytes(png)
-        (staged / METRICS_FILE).write_text(
-            json.dumps({"metrics": metrics, "settings": params, "eval_problems": fingerprint(eval_problems)}, indent=2)
+    context, config = current.context, current.config
+    with compute.exclusive(context.log.info), current.timed("eval_seconds"):
+        result = evaluate_checkpoint(
+            checkpoint_dir,
+            eval_problems,
+            config.to_settings(),
+            backend=config.backend,
+            device=compute.resolved_device,
+            dtype=compute.dtype,
+            batch_size=config.batch_size,
+            progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
         )
-        (staged / REPORT_FILE).write_text(report)
-        mlflow.log_metrics({_mlflow_name(k): v for k, v in metrics.items()} | {"eval_seconds": eval_seconds})
-        mlflow.log_artifacts(str(staged), artifact_path="eval_report")
-    final = lake.publish(staged, context.asset_key, _partition(context))
-    metadata = {
+    health = output_health(result.greedy)
+    spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
+    metrics = dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
+    for name, other in (deltas_against or {}).items():
+        metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}
+    added = extras(metrics, result.scores) if extras else ReportExtras()
+    metrics |= added.metrics
+    tables = {"By subject / level": result.breakdown} | added.tables
+    title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
+    report = _report_markdown(title, added.text, metrics, tables, list(added.figures))
+    staged = lake.staging_dir()
+    result.scores.write_parquet(staged / SCORES_FILE)
+    result.breakdown.write_parquet(staged / "breakdown.parquet")
+    for stem, png in added.figures.items():
+        (staged / f"{stem}.png").write_bytes(png)
+    for title, table in tables.items():
+        table.write_parquet(staged / f"{_metadata_key(title)}.parquet")
+    (staged / METRICS_FILE).write_text(
+        json.dumps({"metrics": metrics, "checkpoint": str(checkpoint_dir), "eval_problems": fingerprint(eval_problems)}, indent=2)
+    )
+    (staged / REPORT_FILE).write_text(report)
+    current.log_metrics(metrics)
+    mlflow.log_artifacts(str(staged), artifact_path="eval_report")
+    final = lake.publish(staged, context.asset_key, current.partition)
+    current.metadata |= {
         **{k: float(v) for k, v in metrics.items()},
         "report": dg.MetadataValue.md(report),
         **{stem: png_markdown(stem, png) for stem, png in added.figures.items()},
         **{_metadata_key(title): markdown_table(table, max_rows=None) for title, table in added.tables.items()},
         "path": dg.MetadataValue.path(str(final)),
         "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
-        "eval_seconds": eval_seconds,
-        "config": dg.MetadataValue.json(run_config),
-        "mlflow_run_id": run.info.run_id,
     }
-    check = eval_not_degenerate(asset_name, health, config.degenerate_failure(health))
-    return result.metrics, metadata, check
+    check = eval_not_degenerate(context.asset_key, health, config.degenerate_failure(health))
+    return result.metrics, check
 
 
-def read_eval_metrics(lake: DataLake, asset_key: dg.AssetKey, partition_key: str | None = None) -> dict | None:
-    """The metrics an eval asset published, or None if it has not been materialized."""
-    path = lake.artifact_dir(asset_key, partition_key) / METRICS_FILE
-    return json.loads(path.read_text())["metrics"] if path.exists() else None
+def read_eval(lake: DataLake, asset_key: dg.AssetKey, partition_key: str | None = None) -> tuple[dict, pl.DataFrame] | None:
+    """The metrics and per-problem scores an eval asset published, or None if it has not been materialized."""
+    directory = lake.artifact_dir(asset_key, partition_key)
+    if not (directory / METRICS_FILE).exists():
+        return None
+    return json.loads((directory / METRICS_FILE).read_text())["metrics"], pl.read_parquet(directory / SCORES_FILE)
 
 
-def _mlflow_name(metric: str) -> str:
-    # MLflow metric names allow letters, digits, _ - . / and space; "maj@8" becomes "maj_at_8".
-    return metric.replace("@", "_at_")
+def read_report_table(lake: DataLake, asset_key: dg.AssetKey, partition_key: str | None, title: str) -> pl.DataFrame:
+    """A table an eval report published (`ReportExtras.tables`), by its section title."""
+    return pl.read_parquet(lake.artifact_dir(asset_key, partition_key) / f"{_metadata_key(title)}.parquet")
 
 
 def _metadata_key(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
 
 
-def _report_markdown(
-    asset_name: str, partition: str | None, metrics: dict[str, float], tables: dict[str, pl.DataFrame], figures: list[str]
-) -> str:
-    title = f"# {asset_name}" + (f" ({partition})" if partition else "")
+def _report_markdown(title: str, lead: str, metrics: dict[str, float], tables: dict[str, pl.DataFrame], figures: list[str]) -> str:
     rows = pl.DataFrame({"metric": list(metrics), "value": list(metrics.values())}, schema={"metric": pl.Utf8, "value": pl.Float64})
-    parts = [title, "", markdown_text(rows)]
+    parts = [f"# {title}", ""] + ([lead, ""] if lead else []) + [markdown_text(rows)]
     for section, table in tables.items():
         if table.height:
             parts += ["", f"## {section}", "", markdown_text(table)]

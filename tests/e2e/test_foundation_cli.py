@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+TEST_EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tests.yaml"
 
 
 def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
@@ -25,15 +29,25 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
     }
     result = dagster_cli(
         "asset", "materialize", "-m", "noisy_student_assets.definitions",
-        "--select", "labeled_problems,unlabeled_problems,eval_problems,base_model,base_model_eval",
+        "--select", "problem_pool,eval_problems,base_model,base_model_eval",
         "--config-json", json.dumps(config),
     )
     output = result.stdout + result.stderr
     assert "RUN_SUCCESS" in output
+    subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "register", str(TEST_EXPERIMENT)],
+        cwd=dagster_cli.home, env=dagster_cli.env, check=True, capture_output=True,
+    )
+    split = dagster_cli(
+        "asset", "materialize", "-m", "noisy_student_assets.definitions",
+        "--select", "labeled_problems,unlabeled_problems,validation_problems", "--partition", "a",
+    )
+    assert "RUN_SUCCESS" in split.stdout + split.stderr
 
     lake = dagster_cli.lake
-    assert pl.read_parquet(lake / "labeled_problems" / "data.parquet").height > 0
-    assert HIDDEN_GOLD_COLUMN in pl.read_parquet(lake / "unlabeled_problems" / "data.parquet").columns
+    assert pl.read_parquet(lake / "labeled_problems" / "a" / "data.parquet").height == 64  # the cpu profile's split
+    assert HIDDEN_GOLD_COLUMN in pl.read_parquet(lake / "unlabeled_problems" / "a" / "data.parquet").columns
+    assert pl.read_parquet(lake / "validation_problems" / "a" / "data.parquet").height == 200
     assert pl.read_parquet(lake / "eval_problems" / "data.parquet").height == 12
     config = json.loads((lake / "base_model" / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and "quantization_config" not in config  # SmolLM2-135M, de-quantised
@@ -44,5 +58,4 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
         assert f"Asset check '{check}' on 'base_model' passed" in output
     assert "Asset check 'eval_not_degenerate' on 'base_model_eval' passed" in output
     report = json.loads((lake / "base_model_eval" / "metrics.json").read_text())
-    assert report["settings"]["config"]["backend"] == "transformers"
     assert report["metrics"]["problems"] == 12 and report["metrics"]["answer_rate"] > 0.5

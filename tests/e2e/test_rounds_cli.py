@@ -1,49 +1,69 @@
-"""Rounds through the CLI and the daemon: a partition materialized with `dagster asset materialize`, and
-a backfill of rounds 1-2 that the daemon runs in order (tiny model, tiny settings)."""
+"""Arms and rounds through the CLI and the daemon (tiny model, tiny settings): the arms registered by the grid
+command, rounds materialized with `dagster asset materialize`, two runs at once, a re-label with a new tau,
+and a daemon backfill of 2 rounds x 2 arms."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 import pytest
 
+from noisy_student_assets import layout
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
 from tests.cli import DAGSTER_DAEMON, DagsterCli
-from tests.tiny_configs import ROUND_SELECTION, foundation_config, round_config
+from tests.tiny_configs import FOUNDATION, SHARED, round_chain, tiny_config
 
 pytestmark = pytest.mark.e2e
 
 MODULE = ["-m", "noisy_student_assets.definitions"]
-FOUNDATION = "labeled_problems,unlabeled_problems,eval_problems,base_model,labeled_rl_checkpoint,base_model_eval,labeled_rl_eval"
+TEST_EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tests.yaml"
+ARMS = ("a", "b")
+ROUNDS = {number: round_chain(number, layout.LABELED_ONLY) for number in (1, 2)}
 
 
 def _failures(instance: dg.DagsterInstance, records) -> str:
     """The error messages of the backfill's failed runs, so a failing backfill says why."""
-    messages = []
-    for record in records:
-        for event in instance.all_logs(record.dagster_run.run_id):
-            if event.dagster_event and event.dagster_event.event_type in (
-                dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE
-            ):
-                messages.append(f"{record.dagster_run.tags.get('dagster/partition')}: {event.message}")
-    return "\n".join(messages)
+    failed = (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE)
+    return "\n".join(
+        f"{record.dagster_run.tags.get('dagster/partition')}: {event.message}"
+        for record in records
+        for event in instance.all_logs(record.dagster_run.run_id)
+        if event.dagster_event and event.dagster_event.event_type in failed
+    )
 
 
-def _teacher_of(lake: Path, round_key: str) -> set[str]:
-    return {label.split(" sha256:")[0] for label in pl.read_parquet(lake / "generations" / round_key / "data.parquet")["checkpoint"]}
+def _teacher_of(lake: Path, number: int, arm: str) -> set[str]:
+    table = pl.read_parquet(layout.artifact_dir(lake, layout.round_asset(number, layout.GENERATIONS), arm) / "data.parquet")
+    return {label.split(" sha256:")[0] for label in table["checkpoint"]}
+
+
+def _materialize(cli: DagsterCli, names: list[str], config: dict, arm: str | None = None):
+    partition = ["--partition", arm] if arm else []
+    return ["asset", "materialize", *MODULE, "--select", ",".join(names), *partition, "--config-json", json.dumps(config)]
 
 
 @pytest.fixture(scope="module")
 def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> Path:
-    """A project directory (instance and lake) whose foundation the CLI materialized once for this module."""
+    """A project directory (instance and lake) whose arms the grid command registered and whose shared assets
+    and per-arm foundation the CLI materialized, once for this module."""
     cli = DagsterCli(tmp_path_factory.mktemp("foundation"))
-    cli("asset", "materialize", *MODULE, "--select", FOUNDATION, "--config-json", json.dumps(foundation_config(tiny_model_dir)))
+    registered = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "register", str(TEST_EXPERIMENT)],
+        cwd=cli.home, env=cli.env, capture_output=True, text=True, check=True,
+    )
+    assert "tests: arms a, b, c (3 new)" in registered.stdout
+    config = tiny_config(tiny_model_dir)
+    cli(*_materialize(cli, [*SHARED, layout.BASE_MODEL_EVAL], config))
+    for arm in ARMS:
+        cli(*_materialize(cli, [*FOUNDATION, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL], config, arm))
     return cli.home
 
 
@@ -53,10 +73,6 @@ def foundation(foundation_home: Path, tmp_path: Path) -> DagsterCli:
     home = tmp_path / "project"
     shutil.copytree(foundation_home, home)
     return DagsterCli(home)
-
-
-def _round_args(round_key: str, config: dict) -> list[str]:
-    return ["asset", "materialize", *MODULE, "--select", ",".join(ROUND_SELECTION), "--partition", round_key, "--config-json", json.dumps(config)]
 
 
 def _device_lock_intervals(instance: dg.DagsterInstance, run_ids: list[str]) -> list[tuple[float, float, str]]:
@@ -70,51 +86,75 @@ def _device_lock_intervals(instance: dg.DagsterInstance, run_ids: list[str]) -> 
     return sorted(intervals)
 
 
-def test_rounds_through_cli_one_then_two_at_once(foundation, tmp_path, monkeypatch) -> None:
-    result = foundation(*_round_args("round-001", round_config()))
+def test_rounds_through_cli_one_then_two_at_once(foundation, tmp_path, tiny_model_dir, monkeypatch) -> None:
+    config = tiny_config(tiny_model_dir)
+    result = foundation(*_materialize(foundation, ROUNDS[1], config, "a"))
     assert "RUN_SUCCESS" in result.stdout + result.stderr
     lake = foundation.lake
-    assert _teacher_of(lake, "round-001") == {str(lake / "labeled_rl_checkpoint")}
-    assert (lake / "student_checkpoint" / "round-001" / "model.safetensors").is_file()
-    assert (lake / "eval_report" / "round-001" / "report.md").is_file()
+    assert _teacher_of(lake, 1, "a") == {str(lake / "labeled_rl_checkpoint" / "a")}
+    assert (lake / "round_001" / "student_checkpoint" / "a" / "model.safetensors").is_file()
+    assert (lake / "round_001" / "eval_report" / "a" / "report.md").is_file()
 
-    # Round 1 again with another tau while round 2 runs, as two users would: the heavy work takes turns
-    # on the device and each round's data stays whole.
-    runs = {key: foundation.start(*_round_args(key, round_config(tau)), log=tmp_path / f"{key}.log")
-            for key, tau in (("round-001", 0.5), ("round-002", 0.0))}
-    for key, process in runs.items():
-        assert process.wait(timeout=900) == 0, (tmp_path / f"{key}.log").read_text()[-4000:]
+    # Arm a's round 2 while arm b's round 1 runs, as two users would: the heavy work takes turns on the
+    # device and each arm's data stays whole.
+    runs = {arm: foundation.start(*_materialize(foundation, ROUNDS[number], config, arm), log=tmp_path / f"{arm}.log")
+            for arm, number in (("a", 2), ("b", 1))}
+    for arm, process in runs.items():
+        assert process.wait(timeout=900) == 0, (tmp_path / f"{arm}.log").read_text()[-4000:]
     monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
     with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
         concurrent = [r.dagster_run.run_id for r in instance.get_run_records(limit=2)]
         intervals = _device_lock_intervals(instance, concurrent)
-    for (_, end, run), (start, _, next_run) in zip(intervals, intervals[1:]):
+    for (_, end, run), (start, _, next_run) in pairwise(intervals):
         assert run == next_run or start >= end, "two runs used the device at once"
-    for key in ("round-001", "round-002"):
-        assert pl.read_parquet(lake / "generations" / key / "data.parquet").height == 6 * 3
-        assert (lake / "eval_report" / key / "report.md").is_file()
+    for arm, number in (("a", 2), ("b", 1)):
+        assert pl.read_parquet(lake / f"round_00{number}" / "generations" / arm / "data.parquet").height == 6 * 3
+        assert (lake / f"round_00{number}" / "eval_report" / arm / "report.md").is_file()
+    assert _teacher_of(lake, 2, "a") == {str(lake / "round_001" / "student_checkpoint" / "a")}
     assert not [p for p in (lake / ".staging").rglob("*") if p.is_file()]
 
 
-def test_backfill_runs_rounds_in_order(foundation, monkeypatch) -> None:
+def test_relabeling_with_a_new_tau_runs_no_sampling(foundation, tiny_model_dir, monkeypatch) -> None:
+    config = tiny_config(tiny_model_dir)
+    foundation(*_materialize(foundation, ROUNDS[1], config, "a"))
+    relabel = tiny_config(tiny_model_dir, tau=0.9)
+    output = foundation(
+        "asset", "materialize", *MODULE, "--select", "round_001/pseudo_labels+", "--partition", "a", "--config-json", json.dumps(relabel)
+    )
+    assert "RUN_SUCCESS" in output.stdout + output.stderr
+    monkeypatch.chdir(foundation.home)
+    with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
+        (latest,) = instance.get_run_records(limit=1)
+        steps = {e.step_key for e in instance.all_logs(latest.dagster_run.run_id) if e.is_dagster_event and e.dagster_event.is_step_start}
+        generations = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
+        materializations = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=generations, asset_partitions=["a"]), limit=10)
+    assert {"round_001__pseudo_labels", "round_001__student_checkpoint", "round_001__eval_report"} <= steps
+    assert "round_001__generations" not in steps, "the vote re-ran without sampling"
+    assert len(materializations.records) == 1
+    audit = json.loads((foundation.lake / "round_001" / "pseudo_labels" / "a" / "audit.json").read_text())
+    assert audit["tau"] == 0.9
+
+
+def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny_model_dir, monkeypatch) -> None:
     from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 
     from noisy_student_assets.definitions import defs
 
     monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
+    selection = [dg.AssetKey(name.split("/")) for name in (*ROUNDS[1], *ROUNDS[2])]
     with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
         backfill = PartitionBackfill.from_asset_partitions(
-            backfill_id="rounds12",
+            backfill_id="arms_rounds",
             asset_graph=defs.resolve_asset_graph(),
-            partition_names=["round-001", "round-002"],
-            asset_selection=[dg.AssetKey(key) for key in ROUND_SELECTION],
+            partition_names=list(ARMS),
+            asset_selection=selection,
             backfill_timestamp=time.time(),
             tags={},
             dynamic_partitions_store=instance,
             all_partitions=False,
-            title="rounds 1-2",
+            title="2 rounds x 2 arms",
             description=None,
-            run_config=round_config(),
+            run_config=tiny_config(tiny_model_dir),
         )
         instance.add_backfill(backfill)
         daemon_log = foundation.home / "daemon.log"
@@ -124,20 +164,32 @@ def test_backfill_runs_rounds_in_order(foundation, monkeypatch) -> None:
         )
         try:
             deadline = time.time() + 900
-            while instance.get_backfill("rounds12").status == BulkActionStatus.REQUESTED and time.time() < deadline:
+            while instance.get_backfill("arms_rounds").status == BulkActionStatus.REQUESTED and time.time() < deadline:
                 time.sleep(5)
         finally:
             daemon.terminate()
             daemon.wait(timeout=60)
-        records = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": "rounds12"}))
-        assert instance.get_backfill("rounds12").status == BulkActionStatus.COMPLETED_SUCCESS, (
+        records = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": "arms_rounds"}))
+        assert instance.get_backfill("arms_rounds").status == BulkActionStatus.COMPLETED_SUCCESS, (
             _failures(instance, records) or daemon_log.read_text()[-4000:]
         )
-        round_runs = sorted(
-            (r for r in records if dg.AssetKey("student_checkpoint") in r.dagster_run.asset_selection),
-            key=lambda r: r.start_time,
-        )
-        assert [r.dagster_run.tags["dagster/partition"] for r in round_runs] == ["round-001", "round-002"]
-        assert round_runs[1].start_time >= round_runs[0].end_time, "round 2 started before round 1 finished"
+        for arm in ARMS:
+            (run,) = [r for r in records if r.dagster_run.tags["dagster/partition"] == arm]
+            started = {
+                e.step_key: e.timestamp for e in instance.all_logs(run.dagster_run.run_id)
+                if e.is_dagster_event and e.dagster_event.is_step_start
+            }
+            finished = {
+                e.step_key: e.timestamp for e in instance.all_logs(run.dagster_run.run_id)
+                if e.is_dagster_event and e.dagster_event.is_step_success
+            }
+            assert started["round_002__generations"] >= finished["round_001__student_checkpoint"], "round 2 sampled before its teacher existed"
+            assert started["round_002__labeled_only_checkpoint"] >= finished["round_001__labeled_only_checkpoint"]
     lake = foundation.lake
-    assert _teacher_of(lake, "round-002") == {str(lake / "student_checkpoint" / "round-001")}
+    for arm in ARMS:
+        assert _teacher_of(lake, 1, arm) == {str(lake / "labeled_rl_checkpoint" / arm)}
+        assert _teacher_of(lake, 2, arm) == {str(lake / "round_001" / "student_checkpoint" / arm)}, "round 2's teacher is this arm's round-1 student"
+        report = json.loads((lake / "round_002" / "eval_report" / arm / "metrics.json").read_text())
+        assert report["checkpoint"] == str(lake / "round_002" / "student_checkpoint" / arm)
+        labeled_only = json.loads((lake / "round_002" / "labeled_only_eval" / arm / "metrics.json").read_text())
+        assert labeled_only["checkpoint"] == str(lake / "round_002" / "labeled_only_checkpoint" / arm)

@@ -12,27 +12,32 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from noisy_student_assets import training
+from noisy_student_assets import layout, training
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.definitions import ASSETS_AND_CHECKS
-from resources import lake_resources
-from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
+from tests.lakes import arms_instance, isolated_resources, run_checks
 from tests.poison import PoisonGradients
-from tests.tiny_configs import TINY_EVAL, TINY_GRPO, smoke_checks
+from tests.tiny_configs import TINY_EVAL, TINY_GRPO, TINY_SMOKE
 
-LABELED_RL = dg.AssetKey("labeled_rl_checkpoint")
+ARM = "a"
+LABELED_RL = dg.AssetKey(layout.LABELED_RL)
+LABELED_RL_EVAL = dg.AssetKey(layout.LABELED_RL_EVAL)
+SMOKE = {f"{layout.LABELED_RL}_smoke_generation": {"config": TINY_SMOKE}}
 
 
-def _run(lake: DataLake, selection, config: dict) -> dg.ExecuteInJobResult:
-    return dg.materialize(
-        ASSETS_AND_CHECKS,
-        selection=selection,
-        resources=lake_resources(lake, ComputeResource(device="cpu", dtype="float32")),
-        run_config=config,
-        raise_on_error=False,
-    )
+def _run(lake: DataLake, selection, config: dict, arm: str | None = ARM) -> dg.ExecuteInJobResult:
+    with arms_instance() as instance:
+        return dg.materialize(
+            ASSETS_AND_CHECKS,
+            selection=selection,
+            resources=isolated_resources(lake),
+            run_config=config,
+            partition_key=arm,
+            instance=instance,
+            raise_on_error=False,
+        )
 
 
 def _step_failures(result: dg.ExecuteInJobResult) -> dict[str, str]:
@@ -61,25 +66,25 @@ def test_training_that_only_diverges_fails_and_publishes_nothing(lake_copy, monk
 
     monkeypatch.setattr(training, "train_grpo", poisoned_train_grpo)
     lake = lake_copy()
-    shutil.rmtree(lake.artifact_dir(LABELED_RL))
+    shutil.rmtree(lake.artifact_dir(LABELED_RL, ARM))
     config = {
         "ops": {
-            "labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO | {"max_steps": 4, "save_steps": 0}}},
-            "labeled_rl_eval": {"config": TINY_EVAL},
+            layout.LABELED_RL: {"config": {"grpo": TINY_GRPO | {"max_steps": 4, "save_steps": 0}}},
+            layout.LABELED_RL_EVAL: {"config": TINY_EVAL},
         }
-        | smoke_checks("labeled_rl_checkpoint")
+        | SMOKE
     }
-    result = _run(lake, ["labeled_rl_checkpoint", "labeled_rl_eval"], config)
+    result = _run(lake, [LABELED_RL, LABELED_RL_EVAL], config)
     assert not result.success
-    message = _step_failures(result)["labeled_rl_checkpoint"]
+    message = _step_failures(result)[layout.LABELED_RL]
     assert "training stopped at step 3: 3 consecutive optimizer steps (steps 1, 2, 3)" in message
     assert "Nothing was published" in message
-    assert not lake.artifact_dir(LABELED_RL).exists()
+    assert not lake.artifact_dir(LABELED_RL, ARM).exists()
     assert _materialized(result) == set(), "neither the checkpoint nor its eval"
 
 
 def _poison_one_tensor(lake: DataLake) -> str:
-    weights_file = lake.artifact_dir(LABELED_RL) / "model.safetensors"
+    weights_file = lake.artifact_dir(LABELED_RL, ARM) / "model.safetensors"
     tensors = load_file(weights_file)
     name = sorted(tensors)[0]
     tensors[name] = tensors[name].clone()
@@ -91,20 +96,20 @@ def _poison_one_tensor(lake: DataLake) -> str:
 def test_a_checkpoint_with_one_nan_tensor_fails_its_check_and_blocks_downstream(lake_copy) -> None:
     lake = lake_copy()
     poisoned = _poison_one_tensor(lake)
-    selection = dg.AssetSelection.checks_for_assets(LABELED_RL) | dg.AssetSelection.assets("labeled_rl_eval")
-    config = {"ops": {"labeled_rl_eval": {"config": TINY_EVAL}} | smoke_checks("labeled_rl_checkpoint")}
+    selection = dg.AssetSelection.checks_for_assets(LABELED_RL) | dg.AssetSelection.assets(LABELED_RL_EVAL)
+    config = {"ops": {layout.LABELED_RL_EVAL: {"config": TINY_EVAL}} | SMOKE}
     result = _run(lake, selection, config)
     assert not result.success
     finite = next(c for c in result.get_asset_check_evaluations() if c.check_name == "finite_weights")
     assert not finite.passed and finite.severity == dg.AssetCheckSeverity.ERROR
     assert finite.metadata["non_finite_tensors"].value == 1 and poisoned in finite.description
-    assert "labeled_rl_eval" not in _materialized(result)
-    assert not lake.artifact_dir(dg.AssetKey("labeled_rl_eval")).exists()
+    assert layout.LABELED_RL_EVAL not in _materialized(result)
+    assert not lake.artifact_dir(LABELED_RL_EVAL, ARM).exists()
 
 
 def test_a_healthy_checkpoint_passes_both_checks(lake_copy) -> None:
     lake = lake_copy()
-    result = _run(lake, dg.AssetSelection.checks_for_assets(LABELED_RL), {"ops": smoke_checks("labeled_rl_checkpoint")})
+    result = run_checks(lake, layout.LABELED_RL, {"ops": SMOKE}, ARM)
     assert result.success
     verdicts = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert verdicts == {"finite_weights": True, "smoke_generation": True}
@@ -114,8 +119,8 @@ def test_the_smoke_check_fails_when_every_completion_runs_to_the_limit(lake_copy
     """The random teacher never ends a completion by itself: with the default bound the check fails."""
     lake = lake_copy()
     smoke = {"prompts": 2, "max_new_tokens": 8, "max_empty_rate": 1.0}
-    config = {"ops": {"labeled_rl_checkpoint_smoke_generation": {"config": smoke}}}
-    result = _run(lake, dg.AssetSelection.checks_for_assets(LABELED_RL), config)
+    config = {"ops": {f"{layout.LABELED_RL}_smoke_generation": {"config": smoke}}}
+    result = run_checks(lake, layout.LABELED_RL, config, ARM)
     smoke = next(c for c in result.get_asset_check_evaluations() if c.check_name == "smoke_generation")
     assert not smoke.passed and "100% ran to the token limit" in smoke.description
     assert smoke.metadata["truncation_rate"].value == 1.0
@@ -126,7 +131,7 @@ def test_a_degenerate_eval_fails_its_check_and_records_its_config(lake_copy) -> 
     thresholds its eval is degenerate, and the report says so instead of a silent 0.0."""
     lake = lake_copy()
     eval_config = {"backend": "transformers", "max_new_tokens": 8, "samples": 0, "ks": []}
-    result = _run(lake, ["labeled_rl_eval"], {"ops": {"labeled_rl_eval": {"config": eval_config}}})
+    result = _run(lake, [LABELED_RL_EVAL], {"ops": {layout.LABELED_RL_EVAL: {"config": eval_config}}})
     assert not result.success
     (check,) = result.get_asset_check_evaluations()
     assert check.check_name == "eval_not_degenerate" and not check.passed
@@ -146,24 +151,24 @@ def test_a_partial_source_override_is_the_whole_source(lake_copy, tmp_path) -> N
     lake = lake_copy()
     problems = tmp_path / "held_out.jsonl"
     problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(120)))
-    config = {"ops": {"eval_problems": {"config": {"source": {"kind": "file", "path": str(problems)}}}}}
-    result = _run(lake, ["eval_problems"], config)
+    config = {"ops": {layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(problems)}}}}}
+    result = _run(lake, [layout.EVAL_PROBLEMS], config, arm=None)
     assert result.success
-    assert lake.read_table(dg.AssetKey("eval_problems")).height == 120, "no size inherited from the profile's source"
+    assert lake.read_table(dg.AssetKey(layout.EVAL_PROBLEMS)).height == 120, "no size inherited from the profile's source"
     (event,) = result.get_asset_materialization_events()
     resolved = event.step_materialization_data.materialization.metadata["config"].value["source"]
     assert resolved["kind"] == "file" and resolved["size"] == 0 and resolved["name"] == ""
-    stray = {"ops": {"eval_problems": {"config": {"source": {"kind": "file", "path": str(problems), "seed": 3}}}}}
-    failed = _run(lake, ["eval_problems"], stray)
+    stray = {"ops": {layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(problems), "seed": 3}}}}}
+    failed = _run(lake, [layout.EVAL_PROBLEMS], stray, arm=None)
     assert not failed.success
-    assert "source kind 'file' reads only answer_field, path, prompt_field, size; remove seed=3" in _step_failures(failed)["eval_problems"]
+    assert "source kind 'file' reads only answer_field, path, prompt_field, size; remove seed=3" in _step_failures(failed)[layout.EVAL_PROBLEMS]
 
 
 @pytest.fixture
 def unchanged(lake_copy):
     """A lake and the sha of its published labeled-RL checkpoint."""
     lake = lake_copy()
-    return lake, weights_sha256(lake.artifact_dir(LABELED_RL))
+    return lake, weights_sha256(lake.artifact_dir(LABELED_RL, ARM))
 
 
 def test_the_published_checkpoint_stays_when_a_retrain_diverges(unchanged, monkeypatch) -> None:
@@ -178,8 +183,8 @@ def test_the_published_checkpoint_stays_when_a_retrain_diverges(unchanged, monke
         save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
 
     monkeypatch.setattr(training, "save_merged", save_then_break)
-    config = {"ops": {"labeled_rl_checkpoint": {"config": {"grpo": TINY_GRPO | {"save_steps": 0}}}} | smoke_checks("labeled_rl_checkpoint")}
-    result = _run(lake, ["labeled_rl_checkpoint"], config)
+    config = {"ops": {layout.LABELED_RL: {"config": {"grpo": TINY_GRPO | {"save_steps": 0}}}} | SMOKE}
+    result = _run(lake, [LABELED_RL], config)
     assert not result.success
-    assert "tensors hold NaN or inf" in _step_failures(result)["labeled_rl_checkpoint"]
-    assert weights_sha256(lake.artifact_dir(LABELED_RL)) == sha, "the previous checkpoint is still the published one"
+    assert "tensors hold NaN or inf" in _step_failures(result)[layout.LABELED_RL]
+    assert weights_sha256(lake.artifact_dir(LABELED_RL, ARM)) == sha, "the previous checkpoint is still the published one"

@@ -16,15 +16,17 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from noisy_student_assets import layout
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.generation import GENERATION_SCHEMA
 from resources.data_lake import STAGING_DIR_NAME, WORK_DIR_NAME, DataLake
-from tests.killed_run import TRAINING_STEPS, materialization
+from tests.killed_run import ARM, TRAINING_STEPS, materialization
 from tests.lakes import materialize, metadata_of
 
 REPO = Path(__file__).resolve().parents[2]
-GENERATIONS = dg.AssetKey("generations")
-LABELED_RL = dg.AssetKey("labeled_rl_checkpoint")
+GENERATIONS = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
+GENERATIONS_NAME = "/".join(GENERATIONS.path)
+LABELED_RL = dg.AssetKey(layout.LABELED_RL)
 FAULT_TIMEOUT_S = 600
 
 
@@ -33,13 +35,27 @@ def lake(lake_copy) -> DataLake:
     return lake_copy()
 
 
-def kill_at(fault: str, lake: DataLake) -> None:
+@pytest.fixture
+def kill_at(tiny_model_dir):
+    return lambda fault, lake: _kill_at(fault, lake, tiny_model_dir)
+
+
+@pytest.fixture
+def rerun(tiny_model_dir):
+    def run(fault: str, lake: DataLake) -> dg.ExecuteInJobResult:
+        selection, config, arm = materialization(fault, str(tiny_model_dir))
+        return materialize(lake, selection, config, arm)
+
+    return run
+
+
+def _kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
     """Run tests/killed_run.py until it reaches `fault`, then SIGKILL its whole process group."""
     ready = lake.root_path.parent / f"{fault}.ready"
     log = lake.root_path.parent / f"{fault}.log"
     with log.open("wb") as out:
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.killed_run", fault, lake.root, str(ready)],
+            [sys.executable, "-m", "tests.killed_run", fault, lake.root, str(ready), str(model_dir)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
@@ -55,11 +71,6 @@ def kill_at(fault: str, lake: DataLake) -> None:
     assert child.returncode == -signal.SIGKILL
 
 
-def rerun(fault: str, lake: DataLake) -> dg.ExecuteInJobResult:
-    selection, config, partition = materialization(fault)
-    return materialize(lake, selection, config, partition)
-
-
 def staged_files(lake: DataLake) -> list[Path]:
     return [p for p in (lake.root_path / STAGING_DIR_NAME).rglob("*") if p.is_file()]
 
@@ -72,33 +83,33 @@ def assert_nothing_partial_left(lake: DataLake) -> None:
     assert not [p for p in work.rglob("*") if p.is_file()], "resumable state is deleted once the artifact is published"
 
 
-def test_killed_while_writing_generations(lake: DataLake) -> None:
+def test_killed_while_writing_generations(lake: DataLake, kill_at, rerun) -> None:
     kill_at("generations-write", lake)
     assert [p.name for p in staged_files(lake)].count("data.parquet") == 1, "the kill came mid-write"
-    assert not lake.artifact_dir(GENERATIONS, "round-001").exists(), "a partial table is never published"
+    assert not lake.artifact_dir(GENERATIONS, ARM).exists(), "a partial table is never published"
 
     result = rerun("generations-write", lake)
-    generations = lake.read_table(GENERATIONS, "round-001")
+    generations = lake.read_table(GENERATIONS, ARM)
     assert generations.schema == GENERATION_SCHEMA and generations.height == 6 * 3
-    assert metadata_of(result, "generations")["samples"].value == 6 * 3
+    assert metadata_of(result, GENERATIONS_NAME)["samples"].value == 6 * 3
     assert_nothing_partial_left(lake)
 
 
-def test_killed_while_sampling_resumes_from_the_saved_shards(lake: DataLake) -> None:
+def test_killed_while_sampling_resumes_from_the_saved_shards(lake: DataLake, kill_at, rerun) -> None:
     kill_at("sampling", lake)
-    shards = list((lake.root_path / WORK_DIR_NAME / "generations" / "round-001").glob("*/*"))
+    shards = list(lake.root_path.joinpath(WORK_DIR_NAME, *GENERATIONS.path, ARM).glob("*/*"))
     assert sorted(p.name for p in shards) == ["in-flight.parquet.tmp", "shard-00000.parquet"]
 
     result = rerun("sampling", lake)
-    assert metadata_of(result, "generations")["resumed_problems"].value == 2  # one shard of 2 problems
-    generations = lake.read_table(GENERATIONS, "round-001")
+    assert metadata_of(result, GENERATIONS_NAME)["resumed_problems"].value == 2  # one shard of 2 problems
+    generations = lake.read_table(GENERATIONS, ARM)
     assert generations.schema == GENERATION_SCHEMA
     assert generations.group_by("problem_id").len()["len"].to_list() == [3] * 6
     assert_nothing_partial_left(lake)
 
 
-def test_killed_while_saving_a_checkpoint(lake: DataLake) -> None:
-    published = lake.artifact_dir(LABELED_RL)
+def test_killed_while_saving_a_checkpoint(lake: DataLake, kill_at, rerun) -> None:
+    published = lake.artifact_dir(LABELED_RL, ARM)
     before = weights_sha256(published)
     kill_at("checkpoint-save", lake)
     assert "model.safetensors" in [p.name for p in staged_files(lake)], "the kill came mid-save"
@@ -108,16 +119,16 @@ def test_killed_while_saving_a_checkpoint(lake: DataLake) -> None:
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(published, use_safetensors=True)  # complete and loadable
-    assert metadata_of(result, "labeled_rl_checkpoint")["weights_sha256"].value == weights_sha256(published)
+    assert metadata_of(result, layout.LABELED_RL)["weights_sha256"].value == weights_sha256(published)
     assert_nothing_partial_left(lake)
 
 
-def test_killed_while_training_resumes_from_the_last_trl_checkpoint(lake: DataLake) -> None:
+def test_killed_while_training_resumes_from_the_last_trl_checkpoint(lake: DataLake, kill_at, rerun) -> None:
     kill_at("training", lake)
-    saved = [p.name for p in (lake.root_path / WORK_DIR_NAME / "labeled_rl_checkpoint").glob("*/*/checkpoint-*")]
+    saved = [p.name for p in (lake.root_path / WORK_DIR_NAME / layout.LABELED_RL).glob("*/*/checkpoint-*")]
     assert saved == ["checkpoint-1"]
 
-    metadata = metadata_of(rerun("training", lake), "labeled_rl_checkpoint")
+    metadata = metadata_of(rerun("training", lake), layout.LABELED_RL)
     assert metadata["resumed_from_step"].value == 1.0
     assert metadata["steps"].value == float(TRAINING_STEPS)
     assert_nothing_partial_left(lake)

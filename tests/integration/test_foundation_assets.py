@@ -1,4 +1,5 @@
-"""Materialize the data assets and `base_model` in-process, against a temporary data lake."""
+"""The problem tables and `base_model` materialized in-process against a temporary data lake: what every
+arm shares, and an arm's split of the pool."""
 
 from __future__ import annotations
 
@@ -10,40 +11,52 @@ import polars as pl
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from noisy_student_assets.assets.models import base_model
-from noisy_student_assets.assets.problems import eval_problems, problem_split
+from noisy_student_assets import layout
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA
-from resources import lake_resources
 from resources.data_lake import DataLake
+from tests.lakes import arms_instance, materialize
+from tests.tiny_configs import TINY_SMOKE, TWO_DIGIT
+
+SPLIT = [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS]
 
 
-def _resources(root: Path) -> dict:
-    return lake_resources(DataLake(root=str(root)))
-
-
-def test_data_assets_and_base_model_materialize(lake_root: Path, tiny_model_dir: Path) -> None:
-    run_config = {
+def _config(tiny_model_dir: Path, seed: int = 3) -> dict:
+    return {
         "ops": {
-            "problem_split": {"config": {"n_labeled": 16, "n_unlabeled": 40, "seed": 3}},
-            "eval_problems": {"config": {"source": {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 50, "seed": 7}}},
-            "base_model": {"config": {"reference": str(tiny_model_dir)}},
+            layout.PROBLEM_POOL: {"config": {"source": TWO_DIGIT | {"size": 200, "seed": 0}}},
+            layout.EVAL_PROBLEMS: {"config": {"source": TWO_DIGIT | {"size": 50, "seed": 1000}}},
+            "problem_split": {"config": {"n_labeled": 16, "n_unlabeled": 40, "n_validation": 20, "seed": seed}},
+            layout.BASE_MODEL: {"config": {"reference": str(tiny_model_dir)}},
+            f"{layout.BASE_MODEL}_smoke_generation": {"config": TINY_SMOKE},
         }
     }
-    result = dg.materialize(
-        [problem_split, eval_problems, base_model], resources=_resources(lake_root), run_config=run_config
-    )
-    assert result.success
 
-    labeled = pl.read_parquet(lake_root / "labeled_problems" / "data.parquet")
-    unlabeled = pl.read_parquet(lake_root / "unlabeled_problems" / "data.parquet")
+
+def _metadata(*results: dg.ExecuteInJobResult) -> dict[str, dict]:
+    return {
+        event.asset_key.to_user_string(): event.step_materialization_data.materialization.metadata
+        for result in results
+        for event in result.get_asset_materialization_events()
+    }
+
+
+def test_shared_assets_and_an_arms_split_materialize(lake_root: Path, tiny_model_dir: Path) -> None:
+    lake = DataLake(root=str(lake_root))
+    with arms_instance() as instance:
+        shared = materialize(lake, [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL], _config(tiny_model_dir), instance=instance)
+        split = materialize(lake, SPLIT, _config(tiny_model_dir), arm="a", instance=instance)
+
+    pool = pl.read_parquet(lake_root / "problem_pool" / "data.parquet")
+    labeled, unlabeled, validation = (pl.read_parquet(lake_root / name / "a" / "data.parquet") for name in SPLIT)
     held_out = pl.read_parquet(lake_root / "eval_problems" / "data.parquet")
-    assert (labeled.height, unlabeled.height) == (16, 40)
-    assert labeled.schema == PROBLEM_SCHEMA and held_out.schema == PROBLEM_SCHEMA
+    assert (labeled.height, unlabeled.height, validation.height) == (16, 40, 20)
+    assert labeled.schema == PROBLEM_SCHEMA and validation.schema == PROBLEM_SCHEMA and held_out.schema == PROBLEM_SCHEMA
     assert "gold_answer" not in unlabeled.columns and HIDDEN_GOLD_COLUMN in unlabeled.columns
-    assert set(labeled["problem_id"]).isdisjoint(unlabeled["problem_id"])
-    training_prompts = set(labeled["prompt"]) | set(unlabeled["prompt"])
-    assert 0 < held_out.height <= 50 and training_prompts.isdisjoint(held_out["prompt"])
+    ids = [set(frame["problem_id"]) for frame in (labeled, unlabeled, validation)]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    # The held-out set shares no prompt with the whole pool, so with no arm's split either.
+    assert 0 < held_out.height <= 50 and set(pool["prompt"]).isdisjoint(held_out["prompt"])
 
     checkpoint = lake_root / "base_model"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
@@ -52,24 +65,27 @@ def test_data_assets_and_base_model_materialize(lake_root: Path, tiny_model_dir:
     assert load_file(checkpoint / "model.safetensors")
     assert not any((lake_root / ".staging").iterdir()), "staging must be empty once artifacts are published"
 
-    by_asset = {
-        event.asset_key.to_user_string(): event.step_materialization_data.materialization.metadata
-        for event in result.get_asset_materialization_events()
-    }
-    assert by_asset["labeled_problems"]["dagster/row_count"].value == 16
-    assert "preview" in by_asset["unlabeled_problems"] and "fingerprint" in by_asset["eval_problems"]
-    assert HIDDEN_GOLD_COLUMN not in by_asset["unlabeled_problems"]["preview"].value
-    assert by_asset["base_model"]["weights_sha256"].value == weights_sha256(checkpoint)
-    assert by_asset["base_model"]["n_parameters"].value > 0
+    by_asset = _metadata(shared, split)
+    assert by_asset[layout.LABELED_PROBLEMS]["dagster/row_count"].value == 16
+    assert by_asset[layout.LABELED_PROBLEMS]["arm"].value == "a"
+    assert by_asset[layout.EVAL_PROBLEMS]["dropped_overlap_with_pool"].value == 50 - held_out.height
+    assert "preview" in by_asset[layout.UNLABELED_PROBLEMS] and "fingerprint" in by_asset[layout.EVAL_PROBLEMS]
+    assert HIDDEN_GOLD_COLUMN not in by_asset[layout.UNLABELED_PROBLEMS]["preview"].value
+    assert by_asset[layout.BASE_MODEL]["weights_sha256"].value == weights_sha256(checkpoint)
+    assert by_asset[layout.BASE_MODEL]["n_parameters"].value > 0
 
 
-def test_rematerializing_replaces_the_artifact(lake_root: Path) -> None:
-    config = {"ops": {"problem_split": {"config": {"n_labeled": 8, "n_unlabeled": 8, "seed": 0}}}}
-    resources = _resources(lake_root)
-    assert dg.materialize([problem_split], resources=resources, run_config=config).success
-    first = pl.read_parquet(lake_root / "labeled_problems" / "data.parquet")
-    config["ops"]["problem_split"]["config"]["seed"] = 1
-    assert dg.materialize([problem_split], resources=resources, run_config=config).success
-    second = pl.read_parquet(lake_root / "labeled_problems" / "data.parquet")
+def test_arms_draw_their_own_split_and_rematerializing_replaces_it(lake_root: Path, tiny_model_dir: Path) -> None:
+    lake = DataLake(root=str(lake_root))
+    with arms_instance() as instance:
+        materialize(lake, [layout.PROBLEM_POOL], _config(tiny_model_dir), instance=instance)
+        materialize(lake, SPLIT, _config(tiny_model_dir), arm="a", instance=instance)
+        materialize(lake, SPLIT, _config(tiny_model_dir), arm="b", instance=instance)
+        first = pl.read_parquet(lake_root / "labeled_problems" / "a" / "data.parquet")
+        # Arm b's file sets seed 1, which overrides the run config's seed 3.
+        other_arm = pl.read_parquet(lake_root / "labeled_problems" / "b" / "data.parquet")
+        assert first["problem_id"].to_list() != other_arm["problem_id"].to_list()
+        materialize(lake, SPLIT, _config(tiny_model_dir, seed=4), arm="a", instance=instance)
+    second = pl.read_parquet(lake_root / "labeled_problems" / "a" / "data.parquet")
     assert first["problem_id"].to_list() != second["problem_id"].to_list()
-    assert sorted(p.name for p in (lake_root / "labeled_problems").iterdir()) == ["data.parquet"]
+    assert sorted(p.name for p in (lake_root / "labeled_problems" / "a").iterdir()) == ["data.parquet"]

@@ -9,17 +9,20 @@ import shutil
 import dagster as dg
 import polars as pl
 
-from noisy_student_assets import training
+from noisy_student_assets import layout, training
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
 from tests.lakes import materialize
-from tests.tiny_configs import ROUND_SELECTION, round_config
+from tests.tiny_configs import round_names, tiny_config
 
 POISON = "987654321"
-UNLABELED = dg.AssetKey("unlabeled_problems")
+ARM = "a"
+UNLABELED = dg.AssetKey(layout.UNLABELED_PROBLEMS)
 
 
-def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(lake_copy, sevens_model_dir, monkeypatch) -> None:
+def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(
+    lake_copy, sevens_model_dir, tiny_model_dir, monkeypatch
+) -> None:
     rewarded: dict[str, list] = {"clean": [], "poisoned": []}
     current: list[str] = []
 
@@ -36,16 +39,16 @@ def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(lake_copy
     for lake in lakes.values():  # a teacher that answers, so that there are pseudo-labels to train on
         staged = lake.staging_dir()
         shutil.copytree(sevens_model_dir, staged, dirs_exist_ok=True)
-        lake.publish(staged, dg.AssetKey("labeled_rl_checkpoint"))
+        lake.publish(staged, dg.AssetKey(layout.LABELED_RL), ARM)
     poisoned = lakes["poisoned"]
-    unlabeled = poisoned.read_table(UNLABELED)
-    poisoned.write_table(unlabeled.with_columns(pl.lit(POISON).alias(HIDDEN_GOLD_COLUMN)), UNLABELED)
+    unlabeled = poisoned.read_table(UNLABELED, ARM)
+    poisoned.write_table(unlabeled.with_columns(pl.lit(POISON).alias(HIDDEN_GOLD_COLUMN)), UNLABELED, ARM)
     for name, lake in lakes.items():
         current[:] = [name]
-        materialize(lake, ROUND_SELECTION[:3], round_config(with_eval=False), "round-001")
+        materialize(lake, round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT), tiny_config(tiny_model_dir), ARM)
 
     def table(name: str, asset: str) -> pl.DataFrame:
-        return lakes[name].read_table(dg.AssetKey(asset), "round-001")
+        return lakes[name].read_table(dg.AssetKey(layout.round_asset(1, asset)), ARM)
 
     samples = ["problem_id", "sample_index", "completion", "answer"]
     assert table("clean", "generations").select(samples).equals(table("poisoned", "generations").select(samples))
@@ -53,8 +56,6 @@ def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(lake_copy
     assert table("clean", "pseudo_labels").equals(table("poisoned", "pseudo_labels"))
     assert rewarded["clean"] and rewarded["clean"] == rewarded["poisoned"]
     assert POISON not in repr(rewarded["poisoned"])
-    student = dg.AssetKey("student_checkpoint")
-    assert weights_sha256(lakes["clean"].artifact_dir(student, "round-001")) == weights_sha256(
-        lakes["poisoned"].artifact_dir(student, "round-001")
-    )
-    assert POISON in poisoned.read_table(UNLABELED)[HIDDEN_GOLD_COLUMN].to_list()  # what the round read
+    student = dg.AssetKey(layout.round_asset(1, layout.STUDENT))
+    assert weights_sha256(lakes["clean"].artifact_dir(student, ARM)) == weights_sha256(lakes["poisoned"].artifact_dir(student, ARM))
+    assert POISON in poisoned.read_table(UNLABELED, ARM)[HIDDEN_GOLD_COLUMN].to_list()  # what the round read

@@ -1,4 +1,5 @@
-"""Labeled RL and two Noisy Student rounds materialized in-process with a tiny random model."""
+"""Labeled RL, two Noisy Student rounds with their compute-matched controls, and the verdict, materialized
+in-process for arm `a` with a tiny random model."""
 
 from __future__ import annotations
 
@@ -10,14 +11,22 @@ import mlflow
 import polars as pl
 import pytest
 
+from noisy_student_assets import layout
 from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.definitions import ASSETS_AND_CHECKS
-from resources import lake_resources
-from resources.compute import ComputeResource
+from noisy_student_assets.training_compute import MATCHED_FIELDS
 from resources.data_lake import DataLake
-from resources.tracking import MlflowTracking
-from tests.lakes import metadata_of
-from tests.tiny_configs import ROUND_SELECTION, controls_config, foundation_config, round_config
+from resources.tracking import ARM_TAG, PARENT_OF_ARM_TAG, ROLE_TAG, ROUND_TAG, MlflowTracking
+from tests.lakes import arms_instance, materialize, metadata_of
+from tests.tiny_configs import FOUNDATION, SHARED, op, round_chain, round_names, tiny_config, with_op_config
+
+ARM = "a"
+ROUND_1 = round_chain(1, *layout.CONTROLS)
+ROUND_2 = round_chain(2, layout.LABELED_ONLY)
+
+
+def key(number: int, name: str) -> dg.AssetKey:
+    return dg.AssetKey(layout.round_asset(number, name))
+
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> DataLake:
@@ -25,81 +34,95 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> DataLake:
 
 
 @pytest.fixture(scope="module")
-def resources(lake: DataLake) -> dict:
-    return lake_resources(lake, ComputeResource(device="cpu", dtype="float32"))
-
-
-@pytest.fixture(scope="module")
 def instance() -> dg.DagsterInstance:
-    with dg.instance_for_test() as instance:
+    with arms_instance() as instance:
         yield instance
 
 
-ASSETS = ASSETS_AND_CHECKS
-
-
-def materialize(selection, resources, instance, config, partition=None) -> dg.ExecuteInJobResult:
-    result = dg.materialize(
-        ASSETS, selection=selection, resources=resources, instance=instance, run_config=config, partition_key=partition
-    )
-    assert result.success
-    return result
+@pytest.fixture(scope="module")
+def config(tiny_model_dir) -> dict:
+    return tiny_config(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
-def two_rounds(lake, resources, instance, tiny_model_dir) -> dict[str, dg.ExecuteInJobResult]:
-    foundation = dg.AssetSelection.groups("problems", "models", "controls")
-    config = foundation_config(tiny_model_dir)
-    config["ops"] |= controls_config()["ops"]
-    results = {"foundation": materialize(foundation, resources, instance, config)}
-    for round_key in ("round-001", "round-002"):
-        results[round_key] = materialize(ROUND_SELECTION, resources, instance, round_config(), round_key)
+def two_rounds(lake, instance, config) -> dict[str, dg.ExecuteInJobResult]:
+    results = {"shared": materialize(lake, [*SHARED, layout.BASE_MODEL_EVAL], config, instance=instance)}
+    results["arm"] = materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *ROUND_1, *ROUND_2], config, ARM, instance)
+    results["verdict"] = materialize(lake, [layout.VERDICT], config, instance=instance)
     return results
 
 
 def test_round_two_samples_from_round_one_student(two_rounds, lake: DataLake) -> None:
-    round_one_student = lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-001")
-    labeled_rl = lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint"))
-    first = lake.read_table(dg.AssetKey("generations"), "round-001")
-    second = lake.read_table(dg.AssetKey("generations"), "round-002")
+    round_one_student = lake.artifact_dir(key(1, layout.STUDENT), ARM)
+    labeled_rl = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
+    first = lake.read_table(key(1, layout.GENERATIONS), ARM)
+    second = lake.read_table(key(2, layout.GENERATIONS), ARM)
     assert set(first["checkpoint"]) == {f"{labeled_rl} sha256:{weights_sha256(labeled_rl)[:12]}"}
     assert set(second["checkpoint"]) == {f"{round_one_student} sha256:{weights_sha256(round_one_student)[:12]}"}
-    metadata = metadata_of(two_rounds["round-002"], "generations")
-    assert metadata["teacher"].value == str(round_one_student)
+    assert metadata_of(two_rounds["arm"], "round_002/generations")["teacher"].value == str(round_one_student)
+    labeled_only_two = metadata_of(two_rounds["arm"], "round_002/labeled_only_checkpoint")
+    assert labeled_only_two["init_checkpoint"].value == str(lake.artifact_dir(key(1, "labeled_only_checkpoint"), ARM))
 
 
-def test_round_artifacts_and_reports(two_rounds, lake: DataLake) -> None:
-    generations = lake.read_table(dg.AssetKey("generations"), "round-001")
+def test_round_artifacts_reports_and_checks(two_rounds, lake: DataLake) -> None:
+    generations = lake.read_table(key(1, layout.GENERATIONS), ARM)
     assert generations.height == 6 * 3 and set(generations["sample_index"]) == {0, 1, 2}
-    labels = lake.read_table(dg.AssetKey("pseudo_labels"), "round-001")
+    labels = lake.read_table(key(1, layout.PSEUDO_LABELS), ARM)
     assert labels.height == 6 and "hidden_gold_answer" not in labels.columns
-    for round_key in ("round-001", "round-002"):
-        report = lake.artifact_dir(dg.AssetKey("eval_report"), round_key)
-        metrics = json.loads((report / "metrics.json").read_text())["metrics"]
+    for number in (1, 2):
+        metrics = json.loads((lake.artifact_dir(key(number, layout.EVAL_REPORT), ARM) / "metrics.json").read_text())["metrics"]
         assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and "pass@2" in metrics and "maj@2" in metrics
-        assert "delta_vs_labeled_rl/greedy_accuracy" in metrics and "delta_vs_base_model/greedy_accuracy" in metrics
-    second = json.loads((lake.artifact_dir(dg.AssetKey("eval_report"), "round-002") / "metrics.json").read_text())
+        assert "delta_vs_labeled_rl/greedy_accuracy" in metrics and "verdict/difference" in metrics
+    second = json.loads((lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / "metrics.json").read_text())
     assert "delta_vs_previous_round/greedy_accuracy" in second["metrics"]
-    metadata = metadata_of(two_rounds["round-002"], "eval_report")
-    assert isinstance(metadata["greedy_accuracy"].value, float) and "report" in metadata
-    checks = two_rounds["round-002"].get_asset_check_evaluations()
-    assert {c.check_name for c in checks} == {
-        "pseudo_label_quality", "no_eval_regression", "eval_not_degenerate", "finite_weights", "smoke_generation"
-    }
+    report = (lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / "report.md").read_text()
+    assert "**Verdict.** round_002 (arm a)" in report and "its labeled-only control" in report and "95% CI" in report
+    checks = two_rounds["arm"].get_asset_check_evaluations()
+    names = {(c.asset_key.to_user_string(), c.check_name) for c in checks}
+    assert {("round_001/pseudo_labels", "pseudo_label_quality"), ("round_002/eval_report", "no_eval_regression")} <= names
+    for control in layout.CONTROLS:
+        assert (f"round_001/{control}_checkpoint", "compute_matched") in names
+        assert (f"round_001/{control}_checkpoint", "smoke_generation") in names
     assert all(c.passed for c in checks if c.check_name != "no_eval_regression")
 
 
-def test_mlflow_runs_are_tagged_per_asset_and_round(two_rounds, lake: DataLake) -> None:
+def test_a_round_and_its_labeled_only_control_spent_the_same_compute(two_rounds, lake: DataLake) -> None:
+    for number in (1, 2):
+        student = metadata_of(two_rounds["arm"], f"round_00{number}/student_checkpoint")
+        control = metadata_of(two_rounds["arm"], f"round_00{number}/labeled_only_checkpoint")
+        for field in MATCHED_FIELDS:
+            assert student[f"compute/total_{field}"].value == control[f"compute/total_{field}"].value
+        # Labeled RL's one step, then one step a round (TINY_GRPO: 2 prompts x 2 completions a step).
+        assert student["compute/total_optimizer_steps"].value == 1 + number
+        assert student["compute/total_completions"].value == 4 * (1 + number)
+
+
+def test_a_control_trained_longer_fails_the_compute_match(two_rounds, lake, instance, config) -> None:
+    longer = with_op_config(config, op("round_001", "labeled_only_checkpoint"), grpo={"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8})
+    result = materialize(lake, round_names(1, "labeled_only_checkpoint"), longer, ARM, instance, raise_on_error=False)
+    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "compute_matched"]
+    assert not check.passed and "optimizer_steps 3 != 2" in check.description
+    materialize(lake, round_names(1, "labeled_only_checkpoint"), config, ARM, instance)  # back to the matched control
+
+
+def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rounds, lake: DataLake) -> None:
     mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
     runs = mlflow.search_runs(experiment_names=["noisy-student"], output_format="list")
-    seen = {(r.data.tags["dagster.asset"], r.data.tags["dagster.partition"]) for r in runs}
-    for asset in ROUND_SELECTION:
-        assert {(asset, "round-001"), (asset, "round-002")} <= seen
-    assert {("labeled_rl_checkpoint", ""), ("base_model_eval", ""), ("labeled_rl_eval", "")} <= seen
-    student_run_id = metadata_of(two_rounds["round-001"], "student_checkpoint")["mlflow_run_id"].value
-    student_run = mlflow.get_run(student_run_id)
-    assert student_run.data.tags["dagster.run_id"] == two_rounds["round-001"].run_id
-    assert any(key.startswith("train") or key.startswith("reward") for key in student_run.data.metrics)
+    (parent,) = [r for r in runs if r.data.tags.get(PARENT_OF_ARM_TAG) == ARM]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    seen = {(r.data.tags["dagster.asset"], r.data.tags[ROUND_TAG], r.data.tags[ROLE_TAG]) for r in children}
+    assert ("round_001/student_checkpoint", "round_001", "student") in seen
+    assert ("round_002/labeled_only_eval", "round_002", "labeled_only") in seen
+    assert ("round_001/random_label_checkpoint", "round_001", "random_label") in seen
+    assert all(r.data.tags[ARM_TAG] == ARM for r in children)
+    names = {r.info.run_name for r in children}
+    assert "student_checkpoint round_001 a" in names and "labeled_rl_checkpoint a" in names
+    shared = {r.data.tags["dagster.asset"] for r in runs if "mlflow.parentRunId" not in r.data.tags and PARENT_OF_ARM_TAG not in r.data.tags}
+    assert {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT} <= shared
+    trained = mlflow.get_run(metadata_of(two_rounds["arm"], layout.LABELED_RL)["mlflow_run_id"].value)
+    assert trained.data.tags["dagster.run_id"] == two_rounds["arm"].run_id
+    assert any(key.startswith(("train", "reward")) for key in trained.data.metrics)
+    assert trained.data.params["config.grpo.max_steps"] == "1" and "compute/total_completions" in trained.data.metrics
 
 
 def test_no_log_or_metadata_shows_the_tracking_uri(two_rounds, lake: DataLake, instance) -> None:
@@ -110,63 +133,86 @@ def test_no_log_or_metadata_shows_the_tracking_uri(two_rounds, lake: DataLake, i
     assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"  # a remote store's URL stays off stdout
 
 
-def test_new_tau_reuses_samples(two_rounds, lake, resources, instance) -> None:
-    path = lake.artifact_dir(dg.AssetKey("generations"), "round-002") / "data.parquet"
-    before = pl.read_parquet(path)
-    result = materialize(
-        ["generations", "pseudo_labels", "student_checkpoint"], resources, instance, round_config(tau=0.9, with_eval=False), "round-002"
-    )
-    assert metadata_of(result, "generations")["reused_cached_samples"].value is True
-    assert metadata_of(result, "pseudo_labels")["tau"].value == 0.9
-    assert pl.read_parquet(path).equals(before)
+def test_controls_train_on_their_own_labels(two_rounds, lake: DataLake) -> None:
+    gold = metadata_of(two_rounds["arm"], "round_001/gold_label_checkpoint")
+    assert (gold["gold_rows"].value, gold["pseudo_rows"].value) == (4 + 6, 0)
+    assert gold["init_checkpoint"].value == str(lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM))
+    labeled_only = metadata_of(two_rounds["arm"], "round_001/labeled_only_checkpoint")
+    assert (labeled_only["gold_rows"].value, labeled_only["pseudo_rows"].value) == (4, 0)
+    for control in layout.CONTROLS:
+        assert (lake.artifact_dir(key(1, f"{control}_eval"), ARM) / "metrics.json").is_file()
 
 
-def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, resources, instance) -> None:
-    config = round_config(tau=1.0, with_eval=False)
-    config["ops"]["noisy_student_round"]["config"]["min_coverage"] = 1.0
-    result = dg.materialize(
-        ASSETS,
-        selection=["generations", "pseudo_labels", "student_checkpoint"],
-        resources=resources,
-        instance=instance,
-        run_config=config,
-        partition_key="round-003",
-        raise_on_error=False,
-    )
-    assert not result.success
-    (check,) = result.get_asset_check_evaluations()
-    assert check.check_name == "pseudo_label_quality" and not check.passed
-    assert lake.artifact_dir(dg.AssetKey("pseudo_labels"), "round-003").exists()
-    assert not lake.artifact_dir(dg.AssetKey("student_checkpoint"), "round-003").exists()
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "failed their quality floor: tau=1.0 keeps" in failure.event_specific_data.error.message
-    assert check.description.startswith("tau=1.0 keeps")
+FIGURES = ("accuracy_by_round", "agreement_histogram", "label_accuracy_vs_agreement")
 
 
-def test_gold_label_control_trains_on_the_hidden_gold(two_rounds, lake: DataLake) -> None:
-    metadata = metadata_of(two_rounds["foundation"], "gold_label_rl_checkpoint")
-    assert (metadata["gold_rows"].value, metadata["pseudo_rows"].value) == (4 + 6, 0)
-    assert metadata["init_checkpoint"].value == str(lake.artifact_dir(dg.AssetKey("labeled_rl_checkpoint")))
-    assert (lake.artifact_dir(dg.AssetKey("gold_label_rl_eval")) / "metrics.json").is_file()
-
-
-FIGURES = ("accuracy_by_checkpoint", "agreement_histogram", "label_accuracy_vs_agreement")
-
-
-def test_round_report_has_figures_calibration_and_the_gold_gain(two_rounds, lake: DataLake) -> None:
-    report = lake.artifact_dir(dg.AssetKey("eval_report"), "round-002")
-    metrics = json.loads((report / "metrics.json").read_text())["metrics"]
-    assert "share_of_gold_gain" in metrics and "delta_vs_previous_round/greedy_accuracy" in metrics
+def test_round_report_has_figures_calibration_and_the_accuracy_by_round(two_rounds, lake: DataLake) -> None:
+    report = lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM)
     text = (report / "report.md").read_text()
-    assert "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text
-    # Every checkpoint evaluated so far, in order, this round included.
-    accuracy_rows = [line.split("|")[1].strip() for line in text.split("## Accuracy per checkpoint")[1].split("##")[0].splitlines() if line.startswith("| ")]
-    assert accuracy_rows[1:] == ["base_model", "labeled_rl", "round-001", "round-002", "gold_label_rl"]
-    metadata = metadata_of(two_rounds["round-002"], "eval_report")
+    assert "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text and "## Compute since the base model" in text
+    accuracy = pl.read_parquet(report / "accuracy_per_round_and_chain.parquet")
+    assert accuracy.select("round", "checkpoint").rows() == [
+        (0, "base_model"), (0, "student"), (0, "labeled_only"), (1, "student"), (1, "labeled_only"), (2, "student"), (2, "labeled_only")
+    ]
+    metadata = metadata_of(two_rounds["arm"], "round_002/eval_report")
     for figure in FIGURES:
         assert (report / f"{figure}.png").read_bytes().startswith(b"\x89PNG")
         assert metadata[figure].value.startswith(f"![{figure}](data:image/png;base64,")
-    assert "| [0.9, 1.0] |" in metadata["pseudo_label_calibration"].value
     mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(metadata["mlflow_run_id"].value, "eval_report")}
     assert {f"eval_report/{figure}.png" for figure in FIGURES} <= artifacts
+
+
+def test_the_verdict_compares_every_round_with_its_controls(two_rounds, lake: DataLake) -> None:
+    verdict = lake.artifact_dir(dg.AssetKey(layout.VERDICT))
+    differences = pl.read_parquet(verdict / "differences.parquet")
+    assert differences.select("round", "control").rows() == [
+        (1, "labeled_only"), (1, "gold_label"), (1, "random_label"), (2, "labeled_only")
+    ]
+    assert differences["compute_matched"].all() and (differences["seeds"] == 1).all()
+    text = (verdict / "verdict.md").read_text()
+    assert "**tests, defaults**: round 2 (defaults)" in text and "its labeled-only control" in text
+    assert (verdict / "accuracy_by_round.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_new_tau_relabels_without_sampling(two_rounds, lake, instance, config) -> None:
+    path = lake.artifact_dir(key(2, layout.GENERATIONS), ARM) / "data.parquet"
+    before = path.stat().st_mtime_ns
+    relabel = with_op_config(config, op("round_002", layout.PSEUDO_LABELS), tau=0.9)
+    result = materialize(lake, round_names(2, layout.PSEUDO_LABELS, layout.STUDENT, "labeled_only_eval", layout.EVAL_REPORT), relabel, ARM, instance)
+    steps = {event.step_key for event in result.all_events if event.is_step_success}
+    assert "round_002__pseudo_labels" in steps and not any("generations" in step for step in steps)
+    assert metadata_of(result, "round_002/pseudo_labels")["tau"].value == 0.9
+    assert path.stat().st_mtime_ns == before
+
+
+def test_an_arm_with_the_same_inputs_reuses_samples_and_training(two_rounds, lake, instance, config) -> None:
+    """Arm c differs from a only by tau: its split, labeled RL and round-1 samples are a's, read back, not redone."""
+    instance.add_dynamic_partitions("arm", ["c"])
+    result = materialize(lake, [*FOUNDATION, *round_names(1, layout.GENERATIONS)], config, "c", instance)
+    labeled_rl = metadata_of(result, layout.LABELED_RL)
+    # The tiny random model's zero rewards leave weights unchanged, so arm a's later runs are the same run too.
+    assert labeled_rl["reused_from"].value.endswith(f"/{ARM}") and "training_seconds" not in labeled_rl
+    generations = metadata_of(result, "round_001/generations")
+    assert generations["reused_cached_samples"].value is True and "sampling_seconds" not in generations
+    reused, original = (lake.read_table(key(1, layout.GENERATIONS), arm) for arm in ("c", ARM))
+    assert reused.drop("checkpoint").equals(original.drop("checkpoint"))
+    assert set(reused["checkpoint"]) == {f"{lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c')} sha256:{weights_sha256(lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c'))[:12]}"}
+
+
+def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, instance, config) -> None:
+    floor = with_op_config(config, op("round_002", layout.PSEUDO_LABELS), tau=1.0, min_coverage=1.0)
+    instance.add_dynamic_partitions("arm", ["b"])
+    materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *round_chain(1, layout.LABELED_ONLY)], config, "b", instance)
+    names = round_names(2, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT)
+    result = materialize(lake, names, floor, "b", instance, raise_on_error=False)
+    assert not result.success
+    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "pseudo_label_quality"]
+    assert not check.passed and check.description.startswith("tau=1.0 keeps")
+    assert lake.artifact_dir(key(2, layout.PSEUDO_LABELS), "b").exists()
+    assert not lake.artifact_dir(key(2, layout.STUDENT), "b").exists()
+    # A run of the student alone refuses the labels too.
+    alone = materialize(lake, round_names(2, layout.STUDENT), config, "b", instance, raise_on_error=False)
+    failure = next(e for e in alone.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "failed its quality floor: tau=1.0 keeps" in failure.event_specific_data.error.message
+    assert not lake.artifact_dir(key(2, layout.STUDENT), "b").exists()

@@ -51,3 +51,28 @@ def test_publish_dir_moves_into_a_new_place(tmp_path: Path) -> None:
     (staged / "f").write_text("whole")
     publish_dir(staged, tmp_path / "a" / "b")
     assert (tmp_path / "a" / "b" / "f").read_text() == "whole" and not staged.exists()
+
+
+def test_an_artifact_is_recalled_by_its_content_key_until_it_is_replaced(tmp_path: Path) -> None:
+    from resources.data_lake import CONTENT_KEY_FILE, LakeTable
+
+    lake = DataLake(root=str(tmp_path))
+    first, second = dg.AssetKey(["round_001", "generations"]), dg.AssetKey(["round_002", "generations"])
+    assert lake.recall("k1") is None
+    lake.write_table(pl.DataFrame({"x": [1]}), first, "arm-a", {CONTENT_KEY_FILE: "k1"})
+    lake.write_table(pl.DataFrame({"x": [1]}), second, "arm-b", {CONTENT_KEY_FILE: "k1"})
+    assert lake.recall("k1") in (lake.artifact_dir(first, "arm-a"), lake.artifact_dir(second, "arm-b"))
+    lake.write_table(pl.DataFrame({"x": [2]}), first, "arm-a", {CONTENT_KEY_FILE: "k2"})  # replaced: no longer k1
+    assert lake.recall("k1") == lake.artifact_dir(second, "arm-b") and lake.recall("k2") == lake.artifact_dir(first, "arm-a")
+    assert LakeTable(pl.DataFrame()).extra_files == {}
+
+
+def test_a_staged_copy_shares_the_files_and_leaves_the_original_whole(tmp_path: Path) -> None:
+    lake = DataLake(root=str(tmp_path))
+    original = tmp_path / "checkpoint"
+    original.mkdir()
+    (original / "model.safetensors").write_bytes(b"weights")
+    staged = lake.stage_copy(original)
+    assert (staged / "model.safetensors").stat().st_ino == (original / "model.safetensors").stat().st_ino
+    lake.publish(staged, dg.AssetKey("copy"), "arm")
+    assert (original / "model.safetensors").read_bytes() == b"weights"

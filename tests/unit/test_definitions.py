@@ -1,4 +1,5 @@
-"""The code location's wiring: the gpu pool, round partitions, and which assets are heavy."""
+"""The code location's wiring: arms as partitions, rounds as key prefixes with every input drawn as an edge,
+the gpu pool, blocking checks, and the experiment files the repository ships."""
 
 import shutil
 from pathlib import Path
@@ -6,16 +7,23 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from noisy_student_assets import layout
 from noisy_student_assets.definitions import defs
-from noisy_student_assets.partitions import ROUNDS, previous_round_key, round_key, round_number
+from noisy_student_assets.experiments import load_experiments
+from noisy_student_assets.partitions import ARMS, ROUNDS
 from resources.compute import GPU_POOL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HEAVY_ASSETS = {
-    "labeled_rl_checkpoint", "base_model_eval", "labeled_rl_eval",
-    "generations", "pseudo_labels", "student_checkpoint", "eval_report",
-    "gold_label_rl_checkpoint", "gold_label_rl_eval",
-}
+SHARED = {layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT}
+
+
+def _round(number: int, name: str) -> str:
+    return "/".join(layout.round_asset(number, name))
+
+
+def _parents(name: str) -> set[str]:
+    graph = defs.resolve_asset_graph()
+    return {key.to_user_string() for key in graph.get(dg.AssetKey(name.split("/"))).parent_keys}
 
 
 def test_dagster_yaml_limits_the_gpu_pool_to_one_op(tmp_path: Path, monkeypatch) -> None:
@@ -29,38 +37,62 @@ def test_dagster_yaml_limits_the_gpu_pool_to_one_op(tmp_path: Path, monkeypatch)
 def test_every_heavy_asset_runs_in_the_gpu_pool() -> None:
     graph = defs.resolve_asset_graph()
     pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
-    assert {name for name, asset_pools in pools.items() if asset_pools and GPU_POOL in asset_pools} == HEAVY_ASSETS
+    heavy = {name for name, asset_pools in pools.items() if asset_pools and GPU_POOL in asset_pools}
+    expected = {layout.BASE_MODEL_EVAL, layout.LABELED_RL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION}
+    for number in range(1, ROUNDS + 1):
+        expected |= {_round(number, name) for name in (layout.GENERATIONS, layout.STUDENT, layout.EVAL_REPORT)}
+        expected |= {_round(number, name) for c in layout.CONTROLS for name in (layout.control_checkpoint(c), layout.control_eval(c))}
+    assert heavy == expected
 
 
-def test_round_assets_are_partitioned_by_round_and_self_dependent() -> None:
+def test_arms_partition_every_asset_but_the_shared_ones() -> None:
     graph = defs.resolve_asset_graph()
-    for name in ("generations", "pseudo_labels", "student_checkpoint", "eval_report"):
-        assert graph.get(dg.AssetKey(name)).partitions_def == ROUNDS
-    student = graph.get(dg.AssetKey("student_checkpoint"))
-    assert dg.AssetKey("student_checkpoint") in student.parent_keys
+    for key in graph.get_all_asset_keys():
+        expected = None if key.to_user_string() in SHARED else ARMS
+        assert graph.get(key).partitions_def == expected, key.to_user_string()
 
 
-def test_round_keys() -> None:
-    assert ROUNDS.get_partition_keys()[:2] == ["round-001", "round-002"]
-    assert round_number("round-012") == 12 and round_key(12) == "round-012"
-    assert previous_round_key("round-001") is None and previous_round_key("round-010") == "round-009"
-    with pytest.raises(ValueError, match="not a round partition key"):
-        round_number("2024-01-01")
-
-
-CHECKPOINTS = ("base_model", "labeled_rl_checkpoint", "student_checkpoint", "gold_label_rl_checkpoint")
-EVALS = ("base_model_eval", "labeled_rl_eval", "gold_label_rl_eval", "eval_report")
+def test_every_real_input_is_a_drawn_edge() -> None:
+    assert ROUNDS == 2  # tests/experiments/tests.yaml
+    assert _parents(_round(1, layout.GENERATIONS)) == {layout.LABELED_RL, layout.UNLABELED_PROBLEMS}
+    assert _parents(_round(2, layout.GENERATIONS)) == {_round(1, layout.STUDENT), layout.UNLABELED_PROBLEMS}
+    assert _parents(_round(2, layout.PSEUDO_LABELS)) == {_round(2, layout.GENERATIONS), layout.UNLABELED_PROBLEMS}
+    assert {_round(2, layout.PSEUDO_LABELS), _round(1, layout.STUDENT), layout.LABELED_PROBLEMS} <= _parents(_round(2, layout.STUDENT))
+    assert _parents(_round(2, layout.EVAL_REPORT)) >= {
+        _round(2, layout.STUDENT), _round(2, layout.PSEUDO_LABELS), _round(2, "labeled_only_eval"), _round(1, layout.EVAL_REPORT),
+        layout.LABELED_RL_EVAL, layout.BASE_MODEL_EVAL, layout.EVAL_PROBLEMS,
+    }
+    assert _parents(_round(1, "labeled_only_checkpoint")) == {layout.LABELED_RL, layout.LABELED_PROBLEMS}
+    assert _parents(_round(2, "labeled_only_checkpoint")) == {_round(1, "labeled_only_checkpoint"), layout.LABELED_PROBLEMS}
+    assert _round(2, layout.PSEUDO_LABELS) in _parents(_round(2, "random_label_checkpoint"))
+    assert _round(2, "random_label_eval") in _parents(layout.VERDICT)
 
 
 def test_every_checkpoint_and_eval_has_blocking_checks() -> None:
     graph = defs.resolve_asset_graph()
-    blocking = {
-        key.to_user_string() for key in graph.asset_check_keys if graph.get_check_spec(key).blocking
-    }
-    expected = {f"{c}:{name}" for c in CHECKPOINTS for name in ("finite_weights", "smoke_generation")}
-    expected |= {f"{e}:eval_not_degenerate" for e in EVALS} | {"pseudo_labels:pseudo_label_quality"}
+    blocking = {key.to_user_string() for key in graph.asset_check_keys if graph.get_check_spec(key).blocking}
+    checkpoints = [layout.BASE_MODEL, layout.LABELED_RL, _round(1, layout.STUDENT), *(_round(2, f"{c}_checkpoint") for c in layout.CONTROLS)]
+    evals = [layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, _round(1, layout.EVAL_REPORT), _round(2, "gold_label_eval")]
+    expected = {f"{c}:{name}" for c in checkpoints for name in ("finite_weights", "smoke_generation")}
+    expected |= {f"{e}:eval_not_degenerate" for e in evals} | {f"{_round(2, layout.PSEUDO_LABELS)}:pseudo_label_quality"}
     assert expected <= blocking
-    assert graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("student_checkpoint"), "finite_weights")).partitions_def == ROUNDS
+    compute_matched = dg.AssetCheckKey(dg.AssetKey(layout.round_asset(2, "labeled_only_checkpoint")), "compute_matched")
+    assert compute_matched in graph.asset_check_keys and graph.get_check_spec(compute_matched).partitions_def == ARMS
+
+
+def test_round_keys_come_from_one_place() -> None:
+    assert layout.round_prefix(7) == "round_007" and layout.round_number("round_012") == 12
+    with pytest.raises(ValueError, match="not a round prefix"):
+        layout.round_number("round-012")
+    sources = [p for p in (REPO_ROOT / "noisy_student_assets").rglob("*.py") if p.name != "layout.py"]
+    assert not [p for p in sources if '"round_' in p.read_text() or '"round-' in p.read_text()]
+
+
+def test_the_shipped_experiment_files_are_valid() -> None:
+    experiments = load_experiments(REPO_ROOT / "experiments")
+    assert experiments["default"].arms.keys() == {layout.DEFAULT_ARM} and experiments["default"].rounds == 2
+    for experiment in experiments.values():
+        assert layout.LABELED_ONLY in experiment.controls
 
 
 def test_the_gpu_profile_stabilises_bf16_training() -> None:
@@ -71,8 +103,8 @@ def test_the_gpu_profile_stabilises_bf16_training() -> None:
     import sys
 
     code = (
-        "import json; from noisy_student_assets.config import RoundConfig, LabeledRLConfig, EvalConfig;"
-        "print(json.dumps([LabeledRLConfig().grpo.model_dump(), RoundConfig().sampling.batch_size, EvalConfig().batch_size]))"
+        "import json; from noisy_student_assets.config import StudentConfig, LabeledRLConfig, EvalConfig, SamplingConfig;"
+        "print(json.dumps([LabeledRLConfig().grpo.model_dump(), SamplingConfig().batch_size, EvalConfig().batch_size]))"
     )
     env = os.environ | {"NOISY_STUDENT_PROFILE": "gpu"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True)

@@ -66,13 +66,13 @@ def test_breakdown_by_subject_and_level() -> None:
 
 
 def test_settings_reject_k_above_samples() -> None:
-    with pytest.raises(ValueError, match="within 1..samples=4"):
+    with pytest.raises(ValueError, match=r"within 1\.\.samples=4"):
         EvalSettings(samples=4, ks=(1, 8))
 
 
 def test_greedy_only_scores_without_samples() -> None:
     EvalSettings(samples=0, ks=())
-    with pytest.raises(ValueError, match="within 1..samples=0"):
+    with pytest.raises(ValueError, match=r"within 1\.\.samples=0"):
         EvalSettings(samples=0, ks=(1,))
     scores = score_problems(EVAL, GREEDY, SAMPLED.clear(), ks=())
     assert scores["samples"].to_list() == [0, 0]

@@ -247,7 +247,7 @@ def test_math500_solutions_grade_wrong_against_the_next_answer():
     rows = read_jsonl(DATA / "math500" / "test.jsonl")
     accepted = {
         (row["answer"], following["answer"])
-        for row, following in zip(rows, rows[1:] + rows[:1])
+        for row, following in zip(rows, rows[1:] + rows[:1], strict=True)
         if row["answer"] != following["answer"] and grade(row["solution"], following["answer"])
     }
     assert accepted <= EQUIVALENT_NEIGHBOURS
@@ -257,10 +257,10 @@ def test_every_gsm8k_solution_grades_as_its_answer_and_not_the_next():
     rows = read_jsonl(DATA / "gsm8k" / "test.jsonl")
     assert len(rows) == 1319
     golds = [row["answer"].rsplit("####", 1)[1].strip() for row in rows]
-    assert [row["question"] for row, gold in zip(rows, golds) if not grade(row["answer"], gold)] == []
+    assert [row["question"] for row, gold in zip(rows, golds, strict=True) if not grade(row["answer"], gold)] == []
     wrongly_accepted = [
         (gold, following)
-        for row, gold, following in zip(rows, golds, golds[1:] + golds[:1])
+        for row, gold, following in zip(rows, golds, golds[1:] + golds[:1], strict=True)
         if gold != following and grade(row["answer"], following)
     ]
     assert wrongly_accepted == []

@@ -127,7 +127,7 @@ def test_non_finite_tensors_names_each_broken_tensor(tmp_path: Path):
 
 
 def test_a_directory_without_weights_is_an_error(tmp_path: Path):
-    with pytest.raises(FileNotFoundError, match="no .safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"no \.safetensors"):
         non_finite_tensors(tmp_path)
 
 

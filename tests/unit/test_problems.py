@@ -17,7 +17,7 @@ from noisy_student_assets.problems import (
     fingerprint,
     load_problems,
     problems_from_records,
-    split_labeled_unlabeled,
+    split_problems,
 )
 
 # The default CPU task: "What is 47 + 38?"-style sums of two numbers. allow_parentheses=False selects
@@ -254,7 +254,7 @@ def test_hf_rows_map_like_files():
 
 def test_split_is_seeded_disjoint_and_hides_gold():
     problems = small_table(30)
-    labeled, unlabeled = split_labeled_unlabeled(problems, 5, 10, seed=7)
+    labeled, unlabeled, _ = split_problems(problems, 5, 10, seed=7)
     assert labeled.schema == PROBLEM_SCHEMA
     assert unlabeled.schema == UNLABELED_SCHEMA
     assert unlabeled.columns[-1] == HIDDEN_GOLD_COLUMN
@@ -265,18 +265,27 @@ def test_split_is_seeded_disjoint_and_hides_gold():
     hidden = unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows()
     assert all(gold_by_id[problem_id] == gold for problem_id, gold in hidden)
 
-    again_labeled, again_unlabeled = split_labeled_unlabeled(problems.reverse(), 5, 10, seed=7)
+    again_labeled, again_unlabeled, _ = split_problems(problems.reverse(), 5, 10, seed=7)
     assert again_labeled.equals(labeled) and again_unlabeled.equals(unlabeled)
-    other_labeled, _ = split_labeled_unlabeled(problems, 5, 10, seed=8)
+    other_labeled, _, _ = split_problems(problems, 5, 10, seed=8)
     assert other_labeled["problem_id"].to_list() != labeled["problem_id"].to_list()
+
+
+def test_validation_problems_keep_their_gold_and_leave_the_other_sets_as_they_were():
+    problems = small_table(30)
+    labeled, unlabeled, validation = split_problems(problems, 5, 10, seed=7, n_validation=8)
+    assert validation.schema == PROBLEM_SCHEMA and validation.height == 8
+    assert not set(validation["problem_id"]) & (set(labeled["problem_id"]) | set(unlabeled["problem_id"]))
+    without, unlabeled_without, empty = split_problems(problems, 5, 10, seed=7)
+    assert without.equals(labeled) and unlabeled_without.equals(unlabeled) and empty.height == 0
 
 
 def test_split_rejects_impossible_sizes():
     problems = small_table(10)
-    with pytest.raises(ValueError, match=r"6 labeled \+ 5 unlabeled = 11 problems, but the table has only 10"):
-        split_labeled_unlabeled(problems, 6, 5, seed=0)
-    with pytest.raises(ValueError, match="must both be >= 1, got 3 and 0"):
-        split_labeled_unlabeled(problems, 3, 0, seed=0)
+    with pytest.raises(ValueError, match=r"6 labeled \+ 5 unlabeled \+ 0 validation = 11 problems, but the table has only 10"):
+        split_problems(problems, 6, 5, seed=0)
+    with pytest.raises(ValueError, match="must both be >= 1 and n_validation >= 0, got 3, 0, 0"):
+        split_problems(problems, 3, 0, seed=0)
 
 
 def test_drop_overlap_ignores_case_and_whitespace():

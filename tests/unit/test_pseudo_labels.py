@@ -36,7 +36,7 @@ def test_hidden_gold_does_not_change_the_labels() -> None:
 
 def test_problems_without_samples_are_an_error() -> None:
     extra = pl.concat([PROBLEMS, pl.DataFrame({"problem_id": ["d"], "prompt": ["pd"], "hidden_gold_answer": ["1"]})])
-    with pytest.raises(ValueError, match="1 problems have no generations.*'d'"):
+    with pytest.raises(ValueError, match=r"1 problems have no generations.*'d'"):
         vote_pseudo_labels(GENERATIONS, extra, 0.5)
 
 

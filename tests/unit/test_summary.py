@@ -1,90 +1,111 @@
-"""The run summary, the report tables and the figures (no model: the lake is written by hand)."""
+"""The run summary and the verdict across arms, the report tables and the figures (no model: the lake is
+written by hand in the layout the assets publish)."""
 
 from __future__ import annotations
 
 import io
 import json
-import math
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from noisy_student_assets import plots
+from noisy_student_assets import layout, plots
+from noisy_student_assets.experiments import Arm, ArmSpec
 from noisy_student_assets.markdown import markdown_table
-from noisy_student_assets.summary import (
-    accuracy_table,
-    checkpoint_order,
-    eval_reports,
-    gold_gain_recovered,
-    label_audits,
-    load_metrics,
-    summary_markdown,
-)
+from noisy_student_assets.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PROBLEMS = 40
+COMPUTE = {"compute/total_optimizer_steps": 9.0, "compute/total_prompts": 18.0, "compute/total_completions": 144.0}
 
 
-def _report(lake: Path, relative: str, accuracy: float) -> None:
-    directory = lake / relative
+def _eval(lake: Path, key_path: tuple[str, ...] | str, arm: str | None, correct: list[bool], compute: dict = COMPUTE) -> None:
+    directory = layout.artifact_dir(lake, key_path, arm)
     directory.mkdir(parents=True)
-    (directory / "metrics.json").write_text(json.dumps({"metrics": {"greedy_accuracy": accuracy, "maj@4": accuracy + 0.1}}))
+    metrics = {"greedy_accuracy": sum(correct) / len(correct), "problems": float(len(correct))} | compute
+    (directory / layout.METRICS_FILE).write_text(json.dumps({"metrics": metrics}))
+    pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(len(correct))], "greedy_correct": correct}).write_parquet(
+        directory / layout.SCORES_FILE
+    )
+
+
+def _correct(share: float, shift: int = 0) -> list[bool]:
+    return [((i + shift) % PROBLEMS) < share * PROBLEMS for i in range(PROBLEMS)]
+
+
+ARMS = [
+    Arm(name="tau50-s0", experiment="grid", spec=ArmSpec(tau=0.5, seed=0)),
+    Arm(name="tau50-s1", experiment="grid", spec=ArmSpec(tau=0.5, seed=1)),
+    Arm(name="tau80-s0", experiment="grid", spec=ArmSpec(tau=0.8, seed=0)),
+]
 
 
 @pytest.fixture
 def lake(tmp_path: Path) -> Path:
-    _report(tmp_path, "eval_report/round-002", 0.40)
-    _report(tmp_path, "gold_label_rl_eval", 0.50)
-    _report(tmp_path, "eval_report/round-001", 0.35)
-    _report(tmp_path, "base_model_eval", 0.10)
-    _report(tmp_path, "labeled_rl_eval", 0.30)
-    (tmp_path / "base_model").mkdir()  # a checkpoint, not a report: ignored
-    audit = {"tau": 0.5, "coverage": 0.25, "kept": 16.0, "mean_agreement": 0.4, "kept_label_accuracy": 0.8,
-             "all_label_accuracy": 0.6, "teacher_pass_at_1": 0.3}
-    (tmp_path / "pseudo_labels" / "round-001").mkdir(parents=True)
-    (tmp_path / "pseudo_labels" / "round-001" / "audit.json").write_text(json.dumps(audit))
+    """Two rounds per arm: the student gains 10 points a round over labeled RL (0.3); the labeled-only
+    control stays at 0.3 in the tau-0.5 arms and matches the student in the tau-0.8 arm."""
+    _eval(tmp_path, layout.BASE_MODEL_EVAL, None, _correct(0.1), compute={})
+    for index, arm in enumerate(ARMS):
+        _eval(tmp_path, layout.LABELED_RL_EVAL, arm.name, _correct(0.3, index))
+        for number in (1, 2):
+            student = _correct(0.3 + 0.1 * number, index)
+            _eval(tmp_path, layout.round_asset(number, layout.EVAL_REPORT), arm.name, student)
+            control = student if arm.spec.tau == 0.8 else _correct(0.3, index)
+            _eval(tmp_path, layout.round_asset(number, "labeled_only_eval"), arm.name, control)
+        audit = {"tau": arm.spec.tau, "coverage": 0.25, "kept": 12.0, "kept_label_accuracy": 0.8, "all_label_accuracy": 0.6,
+                 "teacher_pass_at_1": 0.3}
+        labels = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name)
+        labels.mkdir(parents=True)
+        (labels / "audit.json").write_text(json.dumps(audit))
+    _eval(tmp_path, layout.round_asset(1, "gold_label_eval"), ARMS[0].name, _correct(0.6), compute={})  # not compute-matched
     return tmp_path
 
 
-def test_reports_come_base_labeled_rounds_then_the_gold_control(lake: Path) -> None:
-    assert [name for name, _ in eval_reports(lake)] == ["base_model", "labeled_rl", "round-001", "round-002", "gold_label_rl"]
-    assert sorted(["gold_label_rl", "round-010", "base_model", "round-002", "labeled_rl"], key=checkpoint_order) == [
-        "base_model", "labeled_rl", "round-002", "round-010", "gold_label_rl"
-    ]
+def test_arms_differing_only_by_seed_are_pooled() -> None:
+    assert group_label(ARMS[0]) == group_label(ARMS[1]) == "tau=0.5"
+    assert ARMS[0].seed_group == ARMS[1].seed_group != ARMS[2].seed_group
+    assert group_label(Arm(name="x", experiment="e", spec=ArmSpec(seed=3))) == "defaults"
 
 
-def test_gold_gain_recovered_is_the_share_of_the_controls_gain() -> None:
-    assert gold_gain_recovered(0.35, labeled_rl=0.30, gold_label_rl=0.50) == pytest.approx(0.25)
-    assert gold_gain_recovered(0.25, labeled_rl=0.30, gold_label_rl=0.50) == pytest.approx(-0.25)
-    assert math.isnan(gold_gain_recovered(0.35, labeled_rl=0.30, gold_label_rl=0.30))  # no gain to recover
+def test_collect_compares_every_round_with_its_controls(lake: Path) -> None:
+    results = collect(lake, ARMS, rounds=2)
+    rows = {(r["group"], r["round"], r["control"]): r for r in results.differences.iter_rows(named=True)}
+    pooled = rows[("tau=0.5", 2, "labeled_only")]
+    assert (pooled["seeds"], pooled["problems"]) == (2, PROBLEMS)
+    assert pooled["estimate"] == pytest.approx(0.2) and pooled["low"] > 0 and pooled["outcome"] == "better"
+    assert pooled["compute_matched"]
+    same = rows[("tau=0.8", 1, "labeled_only")]
+    assert same["estimate"] == 0 and same["outcome"] == "no difference" and same["seeds"] == 1
+    gold = rows[("tau=0.5", 1, "gold_label")]
+    assert gold["seeds"] == 1 and not gold["compute_matched"]  # only seed 0 has one, and it recorded no compute
+    assert results.sentences[0].startswith("**grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control: +0.200")
+    assert "2 seeds x 40 eval problems" in results.sentences[0]
+    assert results.sentences[1].startswith("**grid, tau=0.8**: round 2 (tau=0.8) is not distinguishable")
+    assert results.audits.select("arm", "round", "tau").rows() == [("tau50-s0", 1, 0.5), ("tau50-s1", 1, 0.5), ("tau80-s0", 1, 0.8)]
 
 
-def test_summary_tables(lake: Path) -> None:
-    metrics = load_metrics(lake)
-    table = accuracy_table(metrics, seed=3)
-    assert table["checkpoint"].to_list() == list(metrics) and set(table["seed"]) == {"3"}
-    assert table.columns == ["checkpoint", "seed", "greedy_accuracy", "maj@4"]  # only what the reports hold
-    assert table["maj@4"].to_list() == pytest.approx([0.2, 0.4, 0.45, 0.5, 0.6])
-    audits = label_audits(lake)
-    assert audits.to_dicts() == [{"round": "round-001", "tau": 0.5, "coverage": 0.25, "kept": 16.0, "mean_agreement": 0.4,
-                                  "kept_label_accuracy": 0.8, "all_label_accuracy": 0.6, "teacher_pass_at_1": 0.3}]
-    text = summary_markdown(metrics, audits)
-    assert "labeled RL 0.300, gold-label control 0.500" in text
-    assert "| round-001 | 0.35 | 0.25 |" in text and "| round-002 | 0.4 | 0.5 |" in text
-    assert "## Pseudo-labels" in text
+def test_the_summary_leads_with_the_verdict(lake: Path) -> None:
+    results = collect(lake, ARMS, rounds=2)
+    text = summary_markdown(results)
+    assert text.splitlines()[2].startswith("- **grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control")
+    pivot = accuracy_pivot(results.accuracy)
+    first = pivot.filter((pl.col("group") == "tau=0.5") & (pl.col("round") == 0)).row(0, named=True)
+    assert first["base_model"] == "0.1 ± 0.0 (n=2)" and first["student"] == "0.3 ± 0.0 (n=2)"
+    assert "## Pseudo-labels" in text and "## Student minus control" in text
 
 
-def test_headline_metrics_take_every_k_in_order_and_leave_gaps_blank() -> None:
-    metrics = {"a": {"maj@16": 0.5, "greedy_accuracy": 0.1, "pass@2": 0.3, "maj@2": 0.2, "delta_vs_x/maj@2": 0.0},
-               "b": {"greedy_accuracy": 0.2, "format_rate": 1.0}}
-    table = accuracy_table(metrics)
-    assert table.columns == ["checkpoint", "seed", "greedy_accuracy", "maj@2", "maj@16", "pass@2", "format_rate"]
-    assert table.row(1, named=True)["maj@2"] is None
+def test_an_empty_lake_says_so(tmp_path: Path) -> None:
+    results = collect(tmp_path, ARMS, rounds=2)
+    assert results.sentences == [] and "No round has been evaluated" in summary_markdown(results)
 
 
-def test_summary_without_the_control_says_nothing_of_it(lake: Path) -> None:
-    metrics = {k: v for k, v in load_metrics(lake).items() if k != "gold_label_rl"}
-    assert "Gold-label" not in summary_markdown(metrics, label_audits(lake))
+def test_lake_arms_are_the_declared_arms_with_an_evaluation(lake: Path, tmp_path: Path) -> None:
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "grid.yaml").write_text("rounds: 2\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  never-run: {seed: 5}\n")
+    arms, rounds = lake_arms(lake, experiments)
+    assert [arm.name for arm in arms] == ["tau50-s0"] and rounds == 2
 
 
 def test_markdown_table_formats_and_escapes() -> None:
@@ -104,16 +125,10 @@ def _image_size(png: bytes) -> tuple[int, int]:
     return width, height
 
 
-def test_figures_are_pngs() -> None:
-    accuracy = pl.DataFrame(
-        {"checkpoint": ["base_model", "round-001"] * 3, "seed": ["0", "0", "1", "1", "2", "2"],
-         "greedy_accuracy": [0.1, 0.3, 0.12, 0.28, 0.08, 0.35]}
-    )
+def test_figures_are_pngs(lake: Path) -> None:
+    accuracy = collect(lake, ARMS, rounds=2).accuracy
     buckets = pl.DataFrame({"bucket": ["[0.0, 0.3)", "[0.3, 0.5)"], "problems": [3, 0], "label_accuracy": [0.5, None]})
-    for png in (
-        plots.accuracy_by_checkpoint(accuracy),
-        plots.accuracy_by_checkpoint(accuracy.filter(pl.col("seed") == "0")),
-        plots.agreement_histogram([0.25, 0.5, 1.0], tau=0.5, k=8),
-        plots.label_accuracy_vs_agreement(buckets),
-    ):
-        assert _image_size(png) == (640, 360)
+    assert _image_size(plots.accuracy_by_round(accuracy)) == (720, 400)
+    assert _image_size(plots.accuracy_by_round(accuracy.drop("group"))) == (720, 400)
+    assert _image_size(plots.agreement_histogram([0.25, 0.5, 1.0], tau=0.5, k=8)) == (640, 360)
+    assert _image_size(plots.label_accuracy_vs_agreement(buckets)) == (640, 360)

@@ -1,0 +1,102 @@
+"""Names and places of the artifacts (no Dagster here): asset names, round prefixes, roles, and where
+each artifact lives in the data lake. Every module that names an asset, a round or a lake path takes
+it from here, so the Dagster graph, the run summary and the scripts cannot drift apart.
+
+An asset's key is its name, or `(round prefix, name)` for the assets of a round (`round_002/pseudo_labels`);
+its artifact lives at `<lake>/<key path>/<arm>/`, or `<lake>/<key path>/` when it is shared by every arm.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Shared by every arm (not partitioned).
+PROBLEM_POOL = "problem_pool"
+EVAL_PROBLEMS = "eval_problems"
+BASE_MODEL = "base_model"
+BASE_MODEL_EVAL = "base_model_eval"
+VERDICT = "verdict"
+
+# One per arm.
+LABELED_PROBLEMS = "labeled_problems"
+UNLABELED_PROBLEMS = "unlabeled_problems"
+VALIDATION_PROBLEMS = "validation_problems"
+LABELED_RL = "labeled_rl_checkpoint"
+LABELED_RL_EVAL = "labeled_rl_eval"
+LABELED_RL_VALIDATION = "labeled_rl_validation"
+
+# One per arm and round, under the round's prefix.
+GENERATIONS = "generations"
+PSEUDO_LABELS = "pseudo_labels"
+STUDENT = "student_checkpoint"
+EVAL_REPORT = "eval_report"
+
+STUDENT_ROLE = "student"
+LABELED_ONLY = "labeled_only"
+GOLD_LABEL = "gold_label"
+RANDOM_LABEL = "random_label"
+CONTROLS = (LABELED_ONLY, GOLD_LABEL, RANDOM_LABEL)
+"""The compute-matched controls of a round: labeled problems only (its own chain), the unlabeled problems
+with their true answers, and with the kept pseudo-labels shuffled among them."""
+
+ROUND_PREFIX = "round_"
+DEFAULT_ARM = "default"
+"""The arm of `make run` (experiments/default.yaml)."""
+
+TRACKING_DB_NAME = "mlflow.db"
+METRICS_FILE = "metrics.json"
+"""In an eval's artifact: {"metrics": ..., "settings": ..., "eval_problems": fingerprint}."""
+SCORES_FILE = "scores.parquet"
+"""In an eval's artifact: one row per eval problem (`problem_id`, `greedy_correct`, ...)."""
+COMPUTE_FILE = "compute.json"
+"""In a trained checkpoint: the compute it spent and the compute of its whole lineage (`compute.TrainingCompute`)."""
+
+
+def round_prefix(number: int) -> str:
+    """3 -> `round_003`."""
+    if number < 1:
+        raise ValueError(f"rounds are numbered from 1, got {number}")
+    return f"{ROUND_PREFIX}{number:03d}"
+
+
+def round_number(prefix: str) -> int:
+    """`round_003` -> 3."""
+    number = prefix.removeprefix(ROUND_PREFIX)
+    if not prefix.startswith(ROUND_PREFIX) or not number.isdigit():
+        raise ValueError(f"{prefix!r} is not a round prefix like {round_prefix(1)!r}")
+    return int(number)
+
+
+def round_asset(number: int, name: str) -> tuple[str, str]:
+    """The key path of a round's asset: (3, "pseudo_labels") -> ("round_003", "pseudo_labels")."""
+    return (round_prefix(number), name)
+
+
+def control_checkpoint(control: str) -> str:
+    return f"{control}_checkpoint"
+
+
+def control_eval(control: str) -> str:
+    return f"{control}_eval"
+
+
+def checkpoint_of(role: str) -> str:
+    """The round asset holding a role's checkpoint: the student's or a control's."""
+    return STUDENT if role == STUDENT_ROLE else control_checkpoint(role)
+
+
+def eval_of(role: str) -> str:
+    """The round asset holding a role's evaluation: the student's eval report or a control's eval."""
+    return EVAL_REPORT if role == STUDENT_ROLE else control_eval(role)
+
+
+def artifact_dir(root: Path, key_path: tuple[str, ...] | str, partition: str | None = None) -> Path:
+    """Where an asset's artifact lives: `<root>/<key path>/[<arm>/]`."""
+    path = root.joinpath(*([key_path] if isinstance(key_path, str) else key_path))
+    return path / partition if partition else path
+
+
+def default_lake_root() -> Path:
+    """`NOISY_STUDENT_DATA_LAKE` (written to `.env` by `make setup`), else `./data_lake`."""
+    return Path(os.environ.get("NOISY_STUDENT_DATA_LAKE") or "data_lake").expanduser().resolve()

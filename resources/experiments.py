@@ -1,0 +1,22 @@
+"""The experiment files, as the assets see them: which arm a partition key names, with what overrides."""
+
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from noisy_student_assets.experiments import Arm, default_experiments_dir, find_arm
+
+
+class ExperimentFiles(dg.ConfigurableResource):
+    """Where the experiment files live (`experiments/*.yaml`; the code location reads the same directory)."""
+
+    directory: str = Field(
+        default=str(default_experiments_dir()), description="directory of the experiment files (NOISY_STUDENT_EXPERIMENTS)"
+    )
+
+    def arm(self, name: str) -> Arm:
+        try:
+            return find_arm(Path(self.directory), name)
+        except KeyError as error:
+            raise dg.Failure(str(error.args[0]), allow_retries=False) from error

@@ -1,0 +1,67 @@
+"""The grid command (`make grid`): killed mid-way, then run again, it resumes where it stopped (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from noisy_student_assets import layout
+from tests.cli import DagsterCli
+from tests.tiny_configs import tiny_config
+
+pytestmark = pytest.mark.e2e
+
+EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "grid.yaml"
+ARM = "g"
+
+
+def _grid(cli: DagsterCli, config: dict, log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config)],
+            cwd=cli.home, env=cli.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
+def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
+    config = tiny_config(tiny_model_dir, rounds=1)
+    first = _grid(dagster_cli, config, tmp_path / "first.log")
+    monkeypatch.chdir(dagster_cli.home)  # dagster.yaml's storage paths are relative to the working directory
+    labeled_rl = dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM])
+    deadline = time.monotonic() + 600
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        while not instance.fetch_materializations(labeled_rl, limit=1).records:  # kill once labeled RL is recorded
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "labeled RL was not materialized in 10 minutes"
+            time.sleep(0.5)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+
+    second = _grid(dagster_cli, config, tmp_path / "second.log")
+    assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    output = (tmp_path / "second.log").read_text()
+    (resumed,) = [line for line in output.splitlines() if line.startswith(f"[grid] arm {ARM}: materializing")]
+    assert "round_001/eval_report" in resumed and f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
+    assert "[grid] shared: up to date" in output
+    assert (layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.EVAL_REPORT), ARM) / "report.md").is_file()
+
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        runs = instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))
+        statuses = sorted(r.dagster_run.status.value for r in runs)
+        labeled_rl_events = instance.fetch_materializations(labeled_rl, limit=5).records
+    assert "FAILURE" in statuses, "the killed grid's run is marked failed, not left started"
+    assert "STARTED" not in statuses and len(labeled_rl_events) == 1
+
+    third = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config)],
+        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600,
+    )
+    assert third.returncode == 0 and f"[grid] arm {ARM}: up to date" in third.stdout

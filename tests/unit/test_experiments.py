@@ -1,0 +1,97 @@
+"""Experiment files and arms: parsing, validation, and how an arm's fields map onto the stage settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from noisy_student_assets import experiments
+from noisy_student_assets.config import EvalConfig, LabeledRLConfig, PseudoLabelConfig, SamplingConfig, StudentConfig, with_arm
+from noisy_student_assets.experiments import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
+
+
+def _write(directory: Path, name: str, text: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_an_experiment_file_with_defaults_that_arms_override(tmp_path: Path) -> None:
+    path = _write(tmp_path, "tau", "rounds: 3\ncontrols: [random_label, labeled_only]\ndefaults: {round_steps: 8, tau: 0.5}\n"
+                              "arms:\n  low: {seed: 1}\n  high: {seed: 1, tau: 0.8}\n")
+    experiment = load_experiment(path)
+    assert experiment.name == "tau" and experiment.rounds == 3
+    assert experiment.controls == ("labeled_only", "random_label")  # in their canonical order
+    low, high = experiment.all_arms()
+    assert (low.spec.tau, high.spec.tau, high.spec.round_steps, high.experiment) == (0.5, 0.8, 8, "tau")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("arms: {}\n", "at least one arm"),
+        ("arms:\n  a: {tua: 0.5}\n", "tua"),
+        ("arms:\n  a: {tau: 1.5}\n", "less than or equal to 1"),
+        ("arms:\n  'a b': {}\n", "arm names must be"),
+        ("controls: [gold_label]\narms:\n  a: {}\n", "must include 'labeled_only'"),
+        ("controls: [oracle]\narms:\n  a: {}\n", "unknown controls"),
+        ("- a\n- b\n", "holds a mapping"),
+        ("arms: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_experiment_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        load_experiment(_write(tmp_path, "bad", text))
+    assert "bad.yaml" in str(error.value)
+
+
+def test_arm_names_are_unique_across_files_and_found_by_name(tmp_path: Path) -> None:
+    _write(tmp_path, "one", "rounds: 1\narms:\n  a: {}\n")
+    _write(tmp_path, "two", "rounds: 4\narms:\n  b: {seed: 2}\n")
+    assert max_rounds(tmp_path) == 4 and find_arm(tmp_path, "b").spec.seed == 2
+    with pytest.raises(KeyError, match="arm 'c' is declared in no experiment file"):
+        find_arm(tmp_path, "c")
+    _write(tmp_path, "three", "arms:\n  a: {}\n")
+    with pytest.raises(ValueError, match="arm 'a' is declared in both one and three"):
+        load_experiments(tmp_path)
+
+
+def test_each_arm_field_reaches_the_settings_it_names() -> None:
+    arm = Arm(name="x", experiment="e", spec=ArmSpec(
+        seed=3, tau=0.8, k=16, temperature=0.9, student_init="base_model", labeled_rl_steps=40, round_steps=12, eval_samples=0
+    ))
+    assert with_arm(PseudoLabelConfig(), arm)[0].tau == 0.8
+    sampling = with_arm(SamplingConfig(), arm)[0]
+    assert (sampling.k, sampling.temperature, sampling.seed) == (16, 0.9, 3)
+    labeled_rl = with_arm(LabeledRLConfig(), arm)[0].grpo
+    assert (labeled_rl.max_steps, labeled_rl.seed) == (40, 3)
+    student = with_arm(StudentConfig(), arm)[0]
+    assert (student.student_init, student.grpo.max_steps, student.grpo.seed) == ("base_model", 12, 3)
+    assert student.grpo.learning_rate == StudentConfig().grpo.learning_rate  # untouched settings stay
+    evaluation = with_arm(EvalConfig(), arm)[0]
+    assert (evaluation.samples, evaluation.ks, evaluation.seed) == (0, [], 3)
+    assert with_arm(EvalConfig(), Arm(name="y", experiment="e", spec=ArmSpec(eval_samples=4)))[0].ks == [1, 4]
+
+
+def test_an_arm_overrules_the_run_config_and_says_so() -> None:
+    arm = Arm(name="x", experiment="e", spec=ArmSpec(tau=0.8))
+    config, replaced = with_arm(PseudoLabelConfig(tau=0.6, min_coverage=0.2), arm)
+    assert (config.tau, config.min_coverage) == (0.8, 0.2) and replaced == ["tau=0.6 -> 0.8"]
+    assert with_arm(PseudoLabelConfig(), arm)[1] == []  # a default the arm replaces is not news
+    assert with_arm(PseudoLabelConfig(tau=0.6), None) == (PseudoLabelConfig(tau=0.6), [])
+
+
+def test_an_arms_stage_fingerprint_changes_only_with_what_it_changes_in_that_stage() -> None:
+    low = Arm(name="x", experiment="e", spec=ArmSpec(tau=0.5, seed=1))
+    high = Arm(name="x", experiment="e", spec=ArmSpec(tau=0.8, seed=1))
+    assert low.overrides_sha(experiments.PSEUDO_LABELS) != high.overrides_sha(experiments.PSEUDO_LABELS)
+    for stage in (experiments.SAMPLING, experiments.STUDENT, experiments.LABELED_RL, experiments.PROBLEM_SPLIT):
+        assert low.overrides_sha(stage) == high.overrides_sha(stage)
+    with pytest.raises(ValueError, match="unknown stage"):
+        low.overrides("vote")
+
+
+def test_apply_merges_nested_settings() -> None:
+    assert apply({"a": 1, "grpo": {"seed": 0, "beta": 0.1}}, {"grpo": {"seed": 5}}) == {"a": 1, "grpo": {"seed": 5, "beta": 0.1}}

@@ -1,0 +1,39 @@
+"""What the grid materializes: an experiment's assets, and which of them are stale."""
+
+from __future__ import annotations
+
+from noisy_student_assets.experiments import ArmSpec, Experiment
+from noisy_student_assets.grid import experiment_assets, stale_assets
+
+TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
+PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}
+DONE = {"split": 1.0, "base_model": 0.5, "labeled_rl": 2.0, "generations": 3.0, "pseudo_labels": 4.0, "student": 5.0}
+SHAS = {name: "s" for name in TARGETS}
+
+
+def test_nothing_is_redone_when_everything_is_current() -> None:
+    assert stale_assets(TARGETS, PARENTS, DONE, SHAS, SHAS) == []
+
+
+def test_missing_assets_and_everything_downstream_are_redone() -> None:
+    assert stale_assets(TARGETS, PARENTS, DONE | {"generations": None}, SHAS, SHAS) == ["generations", "pseudo_labels", "student"]
+    assert stale_assets(TARGETS, PARENTS, {}, {}, {}) == TARGETS
+
+
+def test_a_changed_arm_override_redoes_its_stage_and_what_follows_not_what_precedes() -> None:
+    changed = SHAS | {"pseudo_labels": "tau 0.8"}
+    assert stale_assets(TARGETS, PARENTS, DONE, SHAS, changed) == ["pseudo_labels", "student"]
+
+
+def test_an_input_materialized_later_redoes_its_children() -> None:
+    assert stale_assets(TARGETS, PARENTS, DONE | {"base_model": 9.0}, SHAS, SHAS) == ["labeled_rl", "generations", "pseudo_labels", "student"]
+
+
+def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> None:
+    experiment = Experiment(name="e", rounds=2, controls=("labeled_only",), arms={"a": ArmSpec()})
+    names = experiment_assets(experiment, rounds=3)
+    assert names[:5] == ["labeled_problems", "unlabeled_problems", "validation_problems", "labeled_rl_checkpoint", "labeled_rl_eval"]
+    assert names.index("round_001/labeled_only_eval") < names.index("round_001/eval_report") < names.index("round_002/generations")
+    assert "round_001/gold_label_checkpoint" not in names and names[-1] == "round_002/eval_report"
+    tuning = Experiment(name="t", rounds=0, validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()})
+    assert experiment_assets(tuning, rounds=3)[-2:] == ["labeled_rl_checkpoint", "labeled_rl_validation"]

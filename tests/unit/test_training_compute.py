@@ -1,0 +1,36 @@
+"""The compute a checkpoint and its lineage spent, and the comparison a round's controls are checked by."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from noisy_student_assets.training_compute import TrainingCompute, compute_comparison, grpo_compute, read_compute, record_compute
+
+
+def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:
+    history = [{"completions/mean_length": 10.0, "step": 1}, {"completions/mean_length": 20.5, "step": 2}, {"train_loss": 0.1}]
+    assert grpo_compute(history, steps=2, prompts_per_step=2, num_generations=8) == TrainingCompute(
+        optimizer_steps=2, prompts=4, completions=32, generated_tokens=round((10.0 + 20.5) * 16)
+    )
+
+
+def test_a_checkpoint_records_its_lineage_and_a_reused_record_is_rewritten(tmp_path: Path) -> None:
+    base, first, second = (tmp_path / name for name in ("base", "first", "second"))
+    for directory in (base, first, second):
+        directory.mkdir()
+    step = TrainingCompute(optimizer_steps=3, prompts=6, completions=48, generated_tokens=500)
+    assert read_compute(base).total == TrainingCompute()  # the base model spent nothing
+    record_compute(first, step, base)
+    (second / "compute.json").hardlink_to(first / "compute.json")  # a reused checkpoint shares the file
+    record_compute(second, step, first)
+    assert read_compute(first).total == step, "rewriting the reused record left the original alone"
+    assert read_compute(second).total == step + step and read_compute(second).own == step
+
+
+def test_matched_compute_compares_steps_prompts_and_completions_only() -> None:
+    spent = {"compute/total_optimizer_steps": 9.0, "compute/total_prompts": 18.0, "compute/total_completions": 144.0}
+    matched, table = compute_comparison(spent | {"compute/total_generated_tokens": 900.0}, spent | {"compute/total_generated_tokens": 100.0})
+    assert matched and table["compute"].to_list() == ["optimizer_steps", "prompts", "completions", "generated_tokens"]
+    assert not compute_comparison(spent, spent | {"compute/total_optimizer_steps": 10.0})[0]
+    assert not compute_comparison(spent, {})[0]
+    assert TrainingCompute(optimizer_steps=3).mismatches(TrainingCompute(optimizer_steps=2)) == ["optimizer_steps 3 != 2"]
