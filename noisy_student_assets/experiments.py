@@ -125,7 +125,7 @@ class Experiment(BaseModel):
         return arms
 
     def arm(self, name: str) -> Arm:
-        return Arm(name=name, experiment=self.name, spec=self.arms[name].over(self.defaults))
+        return Arm(name=name, experiment=self.name, spec=self.arms[name].over(self.defaults), own=self.arms[name])
 
     def all_arms(self) -> list[Arm]:
         return [self.arm(name) for name in self.arms]
@@ -139,6 +139,8 @@ class Arm(BaseModel):
     name: str
     experiment: str
     spec: ArmSpec
+    own: ArmSpec = ArmSpec()
+    """What the arm itself sets, without its experiment's defaults: what tells it from its siblings."""
 
     def overrides(self, stage: str) -> dict:
         return self.spec.overrides(stage)

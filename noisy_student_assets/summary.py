@@ -59,8 +59,8 @@ def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], 
 
 
 def group_label(arm: Arm) -> str:
-    """What an arm group sets besides the seed: 'tau=0.8 k=16', or 'defaults'."""
-    spec = arm.spec.without_seed().model_dump(exclude_none=True)
+    """What an arm group sets itself besides the seed (its experiment's defaults aside): 'tau=0.8', or 'defaults'."""
+    spec = arm.own.without_seed().model_dump(exclude_none=True)
     return " ".join(f"{name}={value}" for name, value in spec.items()) or "defaults"
 
 
@@ -72,6 +72,8 @@ class ExperimentResults:
     """Per experiment, group, round and control: the student minus the control over the group's seeds."""
     audits: pl.DataFrame
     """Per arm and round: the pseudo-label audit against the hidden gold."""
+    validation: pl.DataFrame
+    """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
     sentences: list[str]
     """Per group: the last round against its labeled-only control, in words."""
 
@@ -79,8 +81,14 @@ class ExperimentResults:
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
-    accuracy, audits, by_group = [], [], {}
+    accuracy, audits, validation, by_group = [], [], [], {}
     for arm in arms:
+        validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
+        if validated:
+            validation.append({
+                "experiment": arm.experiment, "arm": arm.name, "labeled_rl_steps": arm.spec.labeled_rl_steps,
+                "validation_problems": validated.metrics["problems"], "greedy_accuracy": validated.metrics["greedy_accuracy"],
+            })
         evaluations = arm_evaluations(lake, arm.name, rounds)
         by_group.setdefault((arm.experiment, group_label(arm)), []).append(evaluations)
         row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
@@ -123,6 +131,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
         differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
         audits=pl.DataFrame(audits) if audits else pl.DataFrame(),
+        validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
     )
 
@@ -162,14 +171,20 @@ def summary_markdown(results: ExperimentResults) -> str:
         lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
     if results.audits.height:
         lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(results.audits.drop("experiment", "group"))]
+    if results.validation.height:
+        lines += ["", "## Labeled RL on the validation split", "", markdown_table(results.validation)]
     return "\n".join(lines) + "\n"
 
 
 def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
-    """The arms of the experiment files that have a labeled-RL evaluation in the lake, and the most rounds."""
+    """The arms of the experiment files that have a labeled-RL evaluation (held-out or validation) in the lake,
+    and the most rounds."""
     experiments = load_experiments(experiments_dir)
-    evaluated = layout.artifact_dir(lake, layout.LABELED_RL_EVAL)
-    arms = [arm for experiment in experiments.values() for arm in experiment.all_arms() if (evaluated / arm.name).is_dir()]
+    evaluated = [layout.artifact_dir(lake, name) for name in (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)]
+    arms = [
+        arm for experiment in experiments.values() for arm in experiment.all_arms()
+        if any((directory / arm.name).is_dir() for directory in evaluated)
+    ]
     return arms, max((experiments[arm.experiment].rounds for arm in arms), default=0)
 
 

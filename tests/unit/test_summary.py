@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets import layout, plots
-from noisy_student_assets.experiments import Arm, ArmSpec
+from noisy_student_assets.experiments import Arm, ArmSpec, Experiment
 from noisy_student_assets.markdown import markdown_table
 from noisy_student_assets.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
 
@@ -35,9 +35,10 @@ def _correct(share: float, shift: int = 0) -> list[bool]:
 
 
 ARMS = [
-    Arm(name="tau50-s0", experiment="grid", spec=ArmSpec(tau=0.5, seed=0)),
-    Arm(name="tau50-s1", experiment="grid", spec=ArmSpec(tau=0.5, seed=1)),
-    Arm(name="tau80-s0", experiment="grid", spec=ArmSpec(tau=0.8, seed=0)),
+    Experiment(name="grid", defaults=ArmSpec(round_steps=16), arms={
+        "tau50-s0": ArmSpec(tau=0.5, seed=0), "tau50-s1": ArmSpec(tau=0.5, seed=1), "tau80-s0": ArmSpec(tau=0.8, seed=0),
+    }).arm(name)
+    for name in ("tau50-s0", "tau50-s1", "tau80-s0")
 ]
 
 
@@ -63,9 +64,9 @@ def lake(tmp_path: Path) -> Path:
 
 
 def test_arms_differing_only_by_seed_are_pooled() -> None:
-    assert group_label(ARMS[0]) == group_label(ARMS[1]) == "tau=0.5"
+    assert group_label(ARMS[0]) == group_label(ARMS[1]) == "tau=0.5"  # the experiment's defaults are not repeated
     assert ARMS[0].seed_group == ARMS[1].seed_group != ARMS[2].seed_group
-    assert group_label(Arm(name="x", experiment="e", spec=ArmSpec(seed=3))) == "defaults"
+    assert group_label(Arm(name="x", experiment="e", spec=ArmSpec(seed=3), own=ArmSpec(seed=3))) == "defaults"
 
 
 def test_collect_compares_every_round_with_its_controls(lake: Path) -> None:
@@ -93,6 +94,15 @@ def test_the_summary_leads_with_the_verdict(lake: Path) -> None:
     first = pivot.filter((pl.col("group") == "tau=0.5") & (pl.col("round") == 0)).row(0, named=True)
     assert first["base_model"] == "0.1 ± 0.0 (n=2)" and first["student"] == "0.3 ± 0.0 (n=2)"
     assert "## Pseudo-labels" in text and "## Student minus control" in text
+
+
+def test_validation_results_are_listed_by_labeled_rl_steps(tmp_path: Path) -> None:
+    sweep = [Arm(name=f"steps-{n}", experiment="tune", spec=ArmSpec(labeled_rl_steps=n)) for n in (8, 16)]
+    for arm, share in zip(sweep, (0.2, 0.5), strict=True):
+        _eval(tmp_path, layout.LABELED_RL_VALIDATION, arm.name, _correct(share))
+    results = collect(tmp_path, sweep, rounds=0)
+    assert results.validation.select("labeled_rl_steps", "greedy_accuracy").rows() == [(8, 0.2), (16, 0.5)]
+    assert "## Labeled RL on the validation split" in summary_markdown(results)
 
 
 def test_an_empty_lake_says_so(tmp_path: Path) -> None:
