@@ -143,7 +143,7 @@ def run(teacher_steps: int) -> dict:
     lake = DataLake(root=tempfile.mkdtemp(prefix="noisy-student-benchmark-"))
     resources = lake_resources(lake)
     compute = resources["compute"]
-    tracking_uri = resources["tracking"].resolved_tracking_uri
+    tracking_uri = resources["stage_resources"].tracking.resolved_tracking_uri
     results: dict = {"profile": active_profile(), "machine": machine(), "lake": lake.root}
     stages: dict[str, dict] = {}
     round_assets = [

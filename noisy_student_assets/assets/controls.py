@@ -17,16 +17,14 @@ import polars as pl
 
 from noisy_student_assets import layout
 from noisy_student_assets.assets.models import BASE_MODEL, HEAVY_RETRY, checkpoint_eval
-from noisy_student_assets.assets.rounds import kept_pseudo_labels, student_init_dir
-from noisy_student_assets.assets.stages import StageRun, stage, train_checkpoint
+from noisy_student_assets.assets.rounds import kept_pseudo_labels, train_from_student_init
+from noisy_student_assets.assets.stages import stage, train_checkpoint
 from noisy_student_assets.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.control_data import gold_revealed, shuffled_pseudo_labels
 from noisy_student_assets.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
-from resources.compute import GPU_POOL, ComputeResource
-from resources.data_lake import DataLake
-from resources.experiments import ExperimentFiles
-from resources.tracking import MlflowTracking
+from resources.compute import GPU_POOL
+from resources.stage_resources import StageResources
 
 
 def round_controls(number: int) -> list:
@@ -56,13 +54,10 @@ def round_controls(number: int) -> list:
         config: LabeledOnlyConfig,
         init: Path,
         labeled_problems: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ) -> dg.Output[Path]:
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
-            staged = train_checkpoint(current, init_dir=init, labeled=labeled_problems, pseudo_labeled=None, compute=compute, lake=data_lake)
+        with stage(context, config, stage_resources) as current:
+            staged = train_checkpoint(current, init_dir=init, labeled=labeled_problems, pseudo_labeled=None)
         return dg.Output(staged, metadata=current.metadata)
 
     @dg.asset(
@@ -79,14 +74,11 @@ def round_controls(number: int) -> list:
         teacher: Path,
         labeled_problems: pl.DataFrame,
         unlabeled_problems: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ) -> dg.Output[Path]:
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
+        with stage(context, config, stage_resources) as current:
             revealed = pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
-            staged = _train_from_student_init(current, teacher, revealed, None, compute, data_lake)
+            staged = train_from_student_init(current, teacher, revealed, None)
         return dg.Output(staged, metadata=current.metadata)
 
     @dg.asset(
@@ -103,17 +95,14 @@ def round_controls(number: int) -> list:
         teacher: Path,
         labeled_problems: pl.DataFrame,
         pseudo_labels: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ) -> dg.Output[Path]:
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
-            kept = kept_pseudo_labels(current, pseudo_labels, labels_key, data_lake)
+        with stage(context, config, stage_resources) as current:
+            kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
             shuffled = shuffled_pseudo_labels(kept, seed=current.config.grpo.seed)
             moved = int((shuffled["pseudo_label"] != kept["pseudo_label"]).sum())
             current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
-            staged = _train_from_student_init(current, teacher, labeled_problems, shuffled, compute, data_lake)
+            staged = train_from_student_init(current, teacher, labeled_problems, shuffled)
         return dg.Output(staged, metadata=current.metadata)
 
     checks = []
@@ -122,9 +111,3 @@ def round_controls(number: int) -> list:
     evals = [checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number)) for c in layout.CONTROLS]
     return [labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals, *checks]
 
-
-def _train_from_student_init(
-    current: StageRun, teacher: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None, compute: ComputeResource, lake: DataLake
-) -> Path:
-    init = student_init_dir(current, teacher, lake)
-    return train_checkpoint(current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled, compute=compute, lake=lake)

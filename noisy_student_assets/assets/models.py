@@ -13,10 +13,8 @@ from noisy_student_assets.checkpoints import materialize_checkpoint
 from noisy_student_assets.checks import checkpoint_checks, eval_not_degenerate_spec
 from noisy_student_assets.config import BaseModelConfig, EvalConfig, LabeledRLConfig
 from noisy_student_assets.partitions import ARMS
-from resources.compute import GPU_POOL, ComputeResource
-from resources.data_lake import DataLake
-from resources.experiments import ExperimentFiles
-from resources.tracking import MlflowTracking
+from resources.compute import GPU_POOL
+from resources.stage_resources import StageResources
 
 GROUP = "models"
 HEAVY_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
@@ -28,14 +26,12 @@ LABELED_RL = dg.AssetKey(layout.LABELED_RL)
 def base_model(
     context: dg.AssetExecutionContext,
     config: BaseModelConfig,
-    data_lake: DataLake,
-    experiments: ExperimentFiles,
-    tracking: MlflowTracking,
+    stage_resources: StageResources,
 ) -> dg.Output[Path]:
     """The starting checkpoint of every arm, as a self-contained safetensors directory with tokenizer and chat template."""
-    staged = data_lake.staging_dir()
+    staged = stage_resources.lake.staging_dir()
     context.log.info(f"Resolving model reference {config.reference!r}")
-    with stage(context, config, experiments=experiments, tracking=tracking) as current:
+    with stage(context, config, stage_resources) as current:
         info = materialize_checkpoint(config.reference, staged, dtype=config.dtype, trust_remote_code=config.trust_remote_code)
     return dg.Output(
         staged,
@@ -67,14 +63,11 @@ def labeled_rl_checkpoint(
     config: LabeledRLConfig,
     base_model: Path,
     labeled_problems: pl.DataFrame,
-    compute: ComputeResource,
-    data_lake: DataLake,
-    experiments: ExperimentFiles,
-    tracking: MlflowTracking,
+    stage_resources: StageResources,
 ) -> dg.Output[Path]:
     """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
-    with stage(context, config, experiments=experiments, tracking=tracking) as current:
-        staged = train_checkpoint(current, init_dir=base_model, labeled=labeled_problems, pseudo_labeled=None, compute=compute, lake=data_lake)
+    with stage(context, config, stage_resources) as current:
+        staged = train_checkpoint(current, init_dir=base_model, labeled=labeled_problems, pseudo_labeled=None)
     return dg.Output(staged, metadata=current.metadata)
 
 
@@ -107,13 +100,10 @@ def checkpoint_eval(
         config: EvalConfig,
         checkpoint_dir: Path,
         problems: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
-            _, health_check = evaluate(current, checkpoint_dir=checkpoint_dir, eval_problems=problems, compute=compute, lake=data_lake)
+        with stage(context, config, stage_resources) as current:
+            _, health_check = evaluate(current, checkpoint_dir=checkpoint_dir, eval_problems=problems)
         yield dg.MaterializeResult(metadata=current.metadata)
         yield health_check
 

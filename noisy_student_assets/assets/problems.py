@@ -12,8 +12,7 @@ from noisy_student_assets.assets.stages import stage
 from noisy_student_assets.config import EvalProblemsConfig, ProblemPoolConfig, ProblemSourceConfig, ProblemSplitConfig
 from noisy_student_assets.partitions import ARMS
 from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN, drop_overlap, fingerprint, load_problems, split_problems
-from resources.experiments import ExperimentFiles
-from resources.tracking import MlflowTracking
+from resources.stage_resources import StageResources
 
 GROUP = "problems"
 
@@ -29,10 +28,10 @@ def _table_metadata(frame: pl.DataFrame, source: ProblemSourceConfig | None = No
 
 @dg.asset(name=layout.PROBLEM_POOL, group_name=GROUP)
 def problem_pool(
-    context: dg.AssetExecutionContext, config: ProblemPoolConfig, experiments: ExperimentFiles, tracking: MlflowTracking
+    context: dg.AssetExecutionContext, config: ProblemPoolConfig, stage_resources: StageResources
 ) -> dg.Output[pl.DataFrame]:
     """The training pool every arm draws its labeled, unlabeled and validation problems from."""
-    with stage(context, config, experiments=experiments, tracking=tracking) as current:
+    with stage(context, config, stage_resources) as current:
         source = current.config.resolved_source
         pool = load_problems(**source.load_kwargs())
         current.log_metrics({"rows": pool.height})
@@ -44,12 +43,11 @@ def eval_problems(
     context: dg.AssetExecutionContext,
     config: EvalProblemsConfig,
     problem_pool: pl.DataFrame,
-    experiments: ExperimentFiles,
-    tracking: MlflowTracking,
+    stage_resources: StageResources,
 ) -> dg.Output[pl.DataFrame]:
     """Held-out problems every checkpoint of every arm is evaluated on, minus any prompt of the training
     pool (so no arm's split can contain one, and arms are compared on the same problems)."""
-    with stage(context, config, experiments=experiments, tracking=tracking) as current:
+    with stage(context, config, stage_resources) as current:
         source = current.config.resolved_source
         candidates = load_problems(**source.load_kwargs())
         held_out = drop_overlap(candidates, problem_pool.select("prompt"))
@@ -80,10 +78,9 @@ def problem_split(
     context: dg.AssetExecutionContext,
     config: ProblemSplitConfig,
     problem_pool: pl.DataFrame,
-    experiments: ExperimentFiles,
-    tracking: MlflowTracking,
+    stage_resources: StageResources,
 ) -> Iterator[dg.Output]:
-    with stage(context, config, experiments=experiments, tracking=tracking, name="problem_split") as current:
+    with stage(context, config, stage_resources, name="problem_split") as current:
         settings = current.config
         tables = dict(
             zip(

@@ -43,10 +43,9 @@ from noisy_student_assets.partitions import ARMS, round_group, round_key, teache
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.prompts import prompt_template
 from noisy_student_assets.pseudo_labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, label_floor_failure
-from resources.compute import GPU_POOL, ComputeResource
+from resources.compute import GPU_POOL
 from resources.data_lake import CONTENT_KEY_FILE, TABLE_FILE_NAME, DataLake, LakeTable
-from resources.experiments import ExperimentFiles
-from resources.tracking import MlflowTracking
+from resources.stage_resources import StageResources
 
 ACCURACY_TABLE = "Accuracy per round and chain"
 """A table of each round's eval report: greedy accuracy of the arm's checkpoints up to that round (the next
@@ -73,13 +72,10 @@ def round_assets(number: int) -> list:
         config: SamplingConfig,
         teacher: Path,
         unlabeled_problems: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ) -> dg.Output[LakeTable]:
-        with stage(context, config, experiments=experiments, tracking=tracking, params={"teacher": str(teacher)}) as current:
-            table = _sample(current, teacher, unlabeled_problems, compute, data_lake)
+        with stage(context, config, stage_resources, params={"teacher": str(teacher)}) as current:
+            table = _sample(current, teacher, unlabeled_problems)
         return dg.Output(table, metadata=current.metadata)
 
     @dg.asset(
@@ -96,10 +92,9 @@ def round_assets(number: int) -> list:
         config: PseudoLabelConfig,
         generations: pl.DataFrame,
         unlabeled_problems: pl.DataFrame,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ):
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
+        with stage(context, config, stage_resources) as current:
             table, check = _pseudo_label(current, generations, unlabeled_problems)
         yield dg.Output(table, metadata=current.metadata)
         yield check
@@ -123,15 +118,11 @@ def round_assets(number: int) -> list:
         teacher: Path,
         pseudo_labels: pl.DataFrame,
         labeled_problems: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ) -> dg.Output[Path]:
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
-            kept = kept_pseudo_labels(current, pseudo_labels, labels_key, data_lake)
-            init = student_init_dir(current, teacher, data_lake)
-            staged = train_checkpoint(current, init_dir=init, labeled=labeled_problems, pseudo_labeled=kept, compute=compute, lake=data_lake)
+        with stage(context, config, stage_resources) as current:
+            kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
+            staged = train_from_student_init(current, teacher, labeled_problems, kept)
         return dg.Output(staged, metadata=current.metadata | {"teacher": dg.MetadataValue.path(str(teacher))})
 
     earlier = round_key(number - 1, layout.EVAL_REPORT) if number > 1 else dg.AssetKey(layout.LABELED_RL_EVAL)
@@ -155,30 +146,25 @@ def round_assets(number: int) -> list:
         config: EvalConfig,
         student: Path,
         eval_problems: pl.DataFrame,
-        compute: ComputeResource,
-        data_lake: DataLake,
-        experiments: ExperimentFiles,
-        tracking: MlflowTracking,
+        stage_resources: StageResources,
     ):
-        arm = context.partition_key
+        arm, lake = context.partition_key, stage_resources.lake
         baselines = {
-            "previous_round": read_eval(data_lake, earlier, arm) if number > 1 else None,
-            "labeled_rl": read_eval(data_lake, dg.AssetKey(layout.LABELED_RL_EVAL), arm),
-            "base_model": read_eval(data_lake, dg.AssetKey(layout.BASE_MODEL_EVAL)),
+            "previous_round": read_eval(lake, earlier, arm) if number > 1 else None,
+            "labeled_rl": read_eval(lake, dg.AssetKey(layout.LABELED_RL_EVAL), arm),
+            "base_model": read_eval(lake, dg.AssetKey(layout.BASE_MODEL_EVAL)),
         }
-        control = read_eval(data_lake, labeled_only_eval, arm)
+        control = read_eval(lake, labeled_only_eval, arm)
         for needed, found in ((labeled_only_eval, control), (earlier, baselines["previous_round"] or baselines["labeled_rl"])):
             if found is None:
                 raise dg.Failure(f"{needed.to_user_string()} (arm {arm}) is not materialized: the report compares with it")
-        with stage(context, config, experiments=experiments, tracking=tracking) as current:
+        with stage(context, config, stage_resources) as current:
             metrics, health_check = evaluate(
                 current,
                 checkpoint_dir=student,
                 eval_problems=eval_problems,
-                compute=compute,
-                lake=data_lake,
                 deltas_against={name: found[0] for name, found in baselines.items() if found},
-                extras=lambda metrics, scores: _report_extras(number, data_lake, arm, labels_key, earlier, metrics, scores, control),
+                extras=lambda metrics, scores: _report_extras(number, lake, arm, labels_key, earlier, metrics, scores, control),
             )
         yield dg.MaterializeResult(metadata=current.metadata)
         yield health_check
@@ -195,19 +181,18 @@ def round_assets(number: int) -> list:
     return [generations, pseudo_labels, student_checkpoint, eval_report, *checkpoint_checks(student_key, partitions_def=ARMS)]
 
 
-def student_init_dir(current: StageRun, teacher: Path, lake: DataLake) -> Path:
-    """Where the round's student (and the gold- and random-label controls) start: the teacher or the base model."""
-    if current.config.student_init == "teacher":
-        return teacher
-    if current.config.student_init == "base_model":
-        return lake.artifact_dir(BASE_MODEL)
-    raise dg.Failure(f"student_init must be 'teacher' or 'base_model', got {current.config.student_init!r}", allow_retries=False)
+def train_from_student_init(current: StageRun, teacher: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None) -> Path:
+    """GRPO from where the round's student (and the gold- and random-label controls) start: the teacher or the base model."""
+    if current.config.student_init not in ("teacher", "base_model"):
+        raise dg.Failure(f"student_init must be 'teacher' or 'base_model', got {current.config.student_init!r}", allow_retries=False)
+    init = teacher if current.config.student_init == "teacher" else current.lake.artifact_dir(BASE_MODEL)
+    return train_checkpoint(current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled)
 
 
-def kept_pseudo_labels(current: StageRun, labels: pl.DataFrame, labels_key: dg.AssetKey, lake: DataLake) -> pl.DataFrame:
+def kept_pseudo_labels(current: StageRun, labels: pl.DataFrame, labels_key: dg.AssetKey) -> pl.DataFrame:
     """The kept pseudo-labels, refused when their audit recorded a failed quality floor (the blocking check
     stops a run that made them; this stops one that materializes the student alone)."""
-    audit = json.loads(lake.read_sidecar(labels_key, current.partition, AUDIT_FILE) or "{}")
+    audit = json.loads(current.lake.read_sidecar(labels_key, current.partition, AUDIT_FILE) or "{}")
     if audit.get("floor_failure"):
         raise dg.Failure(
             f"{labels_key.to_user_string()} (arm {current.partition}) failed its quality floor: {audit['floor_failure']}; "
@@ -222,11 +207,11 @@ def kept_pseudo_labels(current: StageRun, labels: pl.DataFrame, labels_key: dg.A
     return kept
 
 
-def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame, compute: ComputeResource, lake: DataLake) -> LakeTable:
+def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTable:
     """The teacher's K samples per problem, read back from any published sampling run with the same content key."""
     from noisy_student_assets.generation import SampleShards, generate_samples_resumable, sampling_cache_key
 
-    context, config = current.context, current.config
+    context, config, lake, compute = current.context, current.config, current.lake, current.resources.compute
     settings = config.to_settings()
     teacher_sha = weights_sha256(teacher)
     # Only the columns sampling reads: the hidden gold must not shape (or even key) the samples.

@@ -29,10 +29,8 @@ from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
 from noisy_student_assets.training_compute import grpo_compute, read_compute, record_compute
-from resources.compute import ComputeResource
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
-from resources.experiments import ExperimentFiles
-from resources.tracking import MlflowTracking
+from resources.stage_resources import StageResources
 
 REPORT_FILE = "report.md"
 
@@ -45,13 +43,17 @@ class StageRun:
     config: Any
     """The run config with the arm's overrides applied: what this materialization runs with."""
     arm: Arm | None
-    tracking: MlflowTracking
+    resources: StageResources
     mlflow_run_id: str
     metadata: dict = field(default_factory=dict)
 
     @property
     def partition(self) -> str | None:
         return self.arm.name if self.arm else None
+
+    @property
+    def lake(self) -> DataLake:
+        return self.resources.lake
 
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -60,32 +62,31 @@ class StageRun:
         yield
         seconds = time.perf_counter() - started
         self.metadata[name] = seconds
-        self.tracking.log_metrics({name: seconds})
+        self.log_metrics({name: seconds})
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
-        self.tracking.log_metrics(metrics)
+        self.resources.tracking.log_metrics(metrics)
 
 
 @contextmanager
 def stage(
     context: dg.AssetExecutionContext,
     config: Any,
+    resources: StageResources,
     *,
-    experiments: ExperimentFiles,
-    tracking: MlflowTracking,
     params: dict | None = None,
     name: str | None = None,
 ) -> Iterator[StageRun]:
     """Run an asset body as one stage: resolve the arm the partition names and apply its overrides to
     `config`, open the MLflow run (params: the effective config and `params`), and on leaving add the
     config, the arm and the MLflow run id to `StageRun.metadata`. `name` is needed by multi-assets only."""
-    arm = experiments.arm(context.partition_key) if context.has_partition_key else None
+    arm = resources.experiments.arm(context.partition_key) if context.has_partition_key else None
     effective, replaced = with_arm(config, arm) if config is not None else (None, [])
     for change in replaced:
         context.log.warning(f"arm {arm.name} overrides the run config: {change}")
     run_config = resolved_config(effective) if effective is not None else {}
-    with tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
-        current = StageRun(context, effective, arm, tracking, run.info.run_id)
+    with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
+        current = StageRun(context, effective, arm, resources, run.info.run_id)
         yield current
     current.metadata |= {"config": dg.MetadataValue.json(run_config), "mlflow_run_id": run.info.run_id}
     stage_name = getattr(type(config), "arm_stage", None)
@@ -116,8 +117,6 @@ def train_checkpoint(
     init_dir: Path,
     labeled: pl.DataFrame,
     pseudo_labeled: pl.DataFrame | None,
-    compute: ComputeResource,
-    lake: DataLake,
 ) -> Path:
     """GRPO (`current.config.grpo`) from `init_dir` on labeled (+ pseudo-labeled) problems into a staged
     checkpoint directory, for the checkpoint IO manager to publish; metadata goes into `current.metadata`.
@@ -130,7 +129,7 @@ def train_checkpoint(
     """
     from noisy_student_assets.training import GOLD, PSEUDO, build_training_dataset, train_grpo
 
-    context = current.context
+    context, lake, compute = current.context, current.lake, current.resources.compute
     settings = current.config.grpo.to_settings()
     dataset = build_training_dataset(labeled, pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=settings.seed)
     init_sha = weights_sha256(init_dir)
@@ -205,8 +204,6 @@ def evaluate(
     *,
     checkpoint_dir: Path,
     eval_problems: pl.DataFrame,
-    compute: ComputeResource,
-    lake: DataLake,
     deltas_against: dict[str, dict] | None = None,
     extras: Callable[[dict[str, float], pl.DataFrame], ReportExtras] | None = None,
 ) -> tuple[dict[str, float], dg.AssetCheckResult]:
@@ -224,7 +221,7 @@ def evaluate(
     from noisy_student_assets.evaluation import evaluate_checkpoint
     from noisy_student_assets.guards import output_health
 
-    context, config = current.context, current.config
+    context, config, lake, compute = current.context, current.config, current.lake, current.resources.compute
     with compute.exclusive(context.log.info), current.timed("eval_seconds"):
         result = evaluate_checkpoint(
             checkpoint_dir,

@@ -8,9 +8,7 @@ from noisy_student_assets import layout
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.assets.stages import stage
 from noisy_student_assets.partitions import ARMS, ROUNDS, round_key
-from resources.data_lake import DataLake
-from resources.experiments import ExperimentFiles
-from resources.tracking import MlflowTracking
+from resources.stage_resources import StageResources
 
 GROUP = "experiments"
 VERDICT_FILE = "verdict.md"
@@ -29,9 +27,7 @@ VERDICT_FILE = "verdict.md"
 )
 def verdict(
     context: dg.AssetExecutionContext,
-    data_lake: DataLake,
-    experiments: ExperimentFiles,
-    tracking: MlflowTracking,
+    stage_resources: StageResources,
 ) -> dg.MaterializeResult:
     import mlflow
 
@@ -41,15 +37,15 @@ def verdict(
     arms = []
     for name in context.instance.get_dynamic_partitions(ARMS.name):
         try:
-            arms.append(experiments.arm(name))
+            arms.append(stage_resources.experiments.arm(name))
         except dg.Failure as missing:
             context.log.warning(f"left out: {missing.description}")
-    with stage(context, None, experiments=experiments, tracking=tracking) as current:
-        results = collect(data_lake.root_path, arms, ROUNDS)
+    with stage(context, None, stage_resources) as current:
+        results = collect(stage_resources.lake.root_path, arms, ROUNDS)
         report = summary_markdown(results)
         grouped = results.accuracy.with_columns(pl.concat_str("experiment", "group", separator=": ").alias("group"))
         figure = plots.accuracy_by_round(grouped) if grouped.height else None
-        staged = data_lake.staging_dir()
+        staged = stage_resources.lake.staging_dir()
         (staged / VERDICT_FILE).write_text(f"# Verdict\n\n{report}")
         results.accuracy.write_parquet(staged / "accuracy.parquet")
         results.differences.write_parquet(staged / "differences.parquet")
@@ -58,7 +54,7 @@ def verdict(
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
             current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}": row["estimate"]})
-        final = data_lake.publish(staged, context.asset_key)
+        final = stage_resources.lake.publish(staged, context.asset_key)
     return dg.MaterializeResult(
         metadata={
             "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in results.sentences) or "no round evaluated yet"),
