@@ -185,7 +185,9 @@ class Grid:
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
-        the lock held for the whole `run` proves none is alive. They are marked failed, so the UI says so."""
+        the lock held for the whole `run` proves none is alive. They are marked failed, so the UI says so, and
+        the `gpu` pool slots their steps held are freed: nothing else frees them, and the resumed run would
+        wait for them forever."""
         lock_path = layout.default_lake_root() / f".grid-{self.experiment.name}.lock"
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock_path.open("a")
@@ -198,6 +200,7 @@ class Grid:
         )
         for record in started:
             self.instance.report_run_failed(record.dagster_run, "the grid process running it was killed; the grid resumes it")
+            self.instance.event_log_storage.free_concurrency_slots_for_run(record.dagster_run.run_id)
 
 
 def _metadata_text(record, key: str) -> str | None:

@@ -33,8 +33,10 @@ def _grid(cli: DagsterCli, config: dict, log: Path) -> subprocess.Popen:
 
 def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
     config = tiny_config(tiny_model_dir, rounds=1)
-    first = _grid(dagster_cli, config, tmp_path / "first.log")
     monkeypatch.chdir(dagster_cli.home)  # dagster.yaml's storage paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)):
+        pass  # its SQLite storage is created here, not by this test and the grid at once (a race of two schema migrations)
+    first = _grid(dagster_cli, config, tmp_path / "first.log")
     labeled_rl = dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM])
     deadline = time.monotonic() + 600
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
@@ -57,8 +59,10 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
         runs = instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))
         statuses = sorted(r.dagster_run.status.value for r in runs)
         labeled_rl_events = instance.fetch_materializations(labeled_rl, limit=5).records
+        gpu_pool = instance.event_log_storage.get_concurrency_info("gpu")
     assert "FAILURE" in statuses, "the killed grid's run is marked failed, not left started"
     assert "STARTED" not in statuses and len(labeled_rl_events) == 1
+    assert not gpu_pool.claimed_slots and not gpu_pool.pending_steps, "the killed run's gpu pool slot was freed"
 
     third = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config)],

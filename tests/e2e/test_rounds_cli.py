@@ -1,5 +1,5 @@
 """Arms and rounds through the CLI and the daemon (tiny model, tiny settings): the arms registered by the grid
-command, rounds materialized with `dagster asset materialize`, two runs at once, a re-label with a new tau,
+command, rounds materialized with `dagster asset materialize`, a re-label with a new tau, two runs at once,
 and a daemon backfill of 2 rounds x 2 arms."""
 
 from __future__ import annotations
@@ -45,9 +45,15 @@ def _teacher_of(lake: Path, number: int, arm: str) -> set[str]:
     return {label.split(" sha256:")[0] for label in table["checkpoint"]}
 
 
-def _materialize(cli: DagsterCli, names: list[str], config: dict, arm: str | None = None):
+# Every step in the run's own process: the same ops, without a Python start and torch import per step (CI time).
+# tests/e2e/test_foundation_cli.py runs the default, a process per step.
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+
+
+def _materialize(cli: DagsterCli, names: list[str], config: dict, arm: str | None = None, select: str | None = None):
     partition = ["--partition", arm] if arm else []
-    return ["asset", "materialize", *MODULE, "--select", ",".join(names), *partition, "--config-json", json.dumps(config)]
+    selection = select or ",".join(names)
+    return ["asset", "materialize", *MODULE, "--select", selection, *partition, "--config-json", json.dumps(config | IN_PROCESS)]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +92,7 @@ def _device_lock_intervals(instance: dg.DagsterInstance, run_ids: list[str]) -> 
     return sorted(intervals)
 
 
-def test_rounds_through_cli_one_then_two_at_once(foundation, tmp_path, tiny_model_dir, monkeypatch) -> None:
+def test_rounds_through_cli_relabel_then_two_at_once(foundation, tmp_path, tiny_model_dir, monkeypatch) -> None:
     config = tiny_config(tiny_model_dir)
     result = foundation(*_materialize(foundation, ROUNDS[1], config, "a"))
     assert "RUN_SUCCESS" in result.stdout + result.stderr
@@ -95,13 +101,26 @@ def test_rounds_through_cli_one_then_two_at_once(foundation, tmp_path, tiny_mode
     assert (lake / "round_001" / "student_checkpoint" / "a" / "model.safetensors").is_file()
     assert (lake / "round_001" / "eval_report" / "a" / "report.md").is_file()
 
+    # A new tau re-runs the vote and what reads it, never the sampling.
+    relabel = foundation(*_materialize(foundation, [], tiny_config(tiny_model_dir, tau=0.9), "a", select="round_001/pseudo_labels+"))
+    assert "RUN_SUCCESS" in relabel.stdout + relabel.stderr
+    monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
+        (latest,) = instance.get_run_records(limit=1)
+        steps = {e.step_key for e in instance.all_logs(latest.dagster_run.run_id) if e.is_dagster_event and e.dagster_event.is_step_start}
+        generations = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
+        sampled = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=generations, asset_partitions=["a"]), limit=10)
+    assert {"round_001__pseudo_labels", "round_001__student_checkpoint", "round_001__eval_report"} <= steps
+    assert "round_001__generations" not in steps, "the vote re-ran without sampling"
+    assert len(sampled.records) == 1
+    assert json.loads((lake / "round_001" / "pseudo_labels" / "a" / "audit.json").read_text())["tau"] == 0.9
+
     # Arm a's round 2 while arm b's round 1 runs, as two users would: the heavy work takes turns on the
     # device and each arm's data stays whole.
     runs = {arm: foundation.start(*_materialize(foundation, ROUNDS[number], config, arm), log=tmp_path / f"{arm}.log")
             for arm, number in (("a", 2), ("b", 1))}
     for arm, process in runs.items():
         assert process.wait(timeout=900) == 0, (tmp_path / f"{arm}.log").read_text()[-4000:]
-    monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
     with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
         concurrent = [r.dagster_run.run_id for r in instance.get_run_records(limit=2)]
         intervals = _device_lock_intervals(instance, concurrent)
@@ -112,27 +131,6 @@ def test_rounds_through_cli_one_then_two_at_once(foundation, tmp_path, tiny_mode
         assert (lake / f"round_00{number}" / "eval_report" / arm / "report.md").is_file()
     assert _teacher_of(lake, 2, "a") == {str(lake / "round_001" / "student_checkpoint" / "a")}
     assert not [p for p in (lake / ".staging").rglob("*") if p.is_file()]
-
-
-def test_relabeling_with_a_new_tau_runs_no_sampling(foundation, tiny_model_dir, monkeypatch) -> None:
-    config = tiny_config(tiny_model_dir)
-    foundation(*_materialize(foundation, ROUNDS[1], config, "a"))
-    relabel = tiny_config(tiny_model_dir, tau=0.9)
-    output = foundation(
-        "asset", "materialize", *MODULE, "--select", "round_001/pseudo_labels+", "--partition", "a", "--config-json", json.dumps(relabel)
-    )
-    assert "RUN_SUCCESS" in output.stdout + output.stderr
-    monkeypatch.chdir(foundation.home)
-    with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
-        (latest,) = instance.get_run_records(limit=1)
-        steps = {e.step_key for e in instance.all_logs(latest.dagster_run.run_id) if e.is_dagster_event and e.dagster_event.is_step_start}
-        generations = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
-        materializations = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=generations, asset_partitions=["a"]), limit=10)
-    assert {"round_001__pseudo_labels", "round_001__student_checkpoint", "round_001__eval_report"} <= steps
-    assert "round_001__generations" not in steps, "the vote re-ran without sampling"
-    assert len(materializations.records) == 1
-    audit = json.loads((foundation.lake / "round_001" / "pseudo_labels" / "a" / "audit.json").read_text())
-    assert audit["tau"] == 0.9
 
 
 def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny_model_dir, monkeypatch) -> None:
@@ -154,7 +152,7 @@ def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny
             all_partitions=False,
             title="2 rounds x 2 arms",
             description=None,
-            run_config=tiny_config(tiny_model_dir),
+            run_config=tiny_config(tiny_model_dir) | IN_PROCESS,
         )
         instance.add_backfill(backfill)
         daemon_log = foundation.home / "daemon.log"
