@@ -4,6 +4,7 @@ import dagster as dg
 
 from noisy_student_assets.assets import controls, models, problems, rounds, verdict
 from noisy_student_assets.partitions import ARMS, ROUNDS, round_group
+from noisy_student_assets.sensors import build_next_round_sensor
 from resources import lake_resources
 from resources.data_lake import DataLake
 
@@ -46,5 +47,6 @@ defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=ASSET_CHECKS,
     jobs=[shared_inputs_job, arm_job, *round_jobs, verdict_job],
+    sensors=[build_next_round_sensor(round_jobs)] if round_jobs else [],
     resources=lake_resources(DataLake()),
 )

@@ -33,10 +33,7 @@ def experiment_assets(experiment, rounds: int) -> list[str]:
     names += [layout.LABELED_RL_EVAL] if experiment.held_out_eval or experiment.rounds else []
     names += [layout.LABELED_RL_VALIDATION] if experiment.validate_labeled_rl else []
     for number in range(1, min(experiment.rounds, rounds) + 1):
-        chain = [layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT]
-        for control in experiment.controls:
-            chain += [layout.control_checkpoint(control), layout.control_eval(control)]
-        names += ["/".join(layout.round_asset(number, name)) for name in [*chain, layout.EVAL_REPORT]]
+        names += layout.round_asset_names(number, experiment.controls)
     return names
 
 

@@ -81,6 +81,15 @@ def control_eval(control: str) -> str:
     return f"{control}_eval"
 
 
+def round_asset_names(number: int, controls: tuple[str, ...]) -> list[str]:
+    """Round `number`'s assets of an arm whose experiment runs `controls`, in dependency order, as key
+    paths joined by '/' (`round_001/generations`, ..., `round_001/eval_report`)."""
+    chain = [GENERATIONS, PSEUDO_LABELS, STUDENT]
+    for control in controls:
+        chain += [control_checkpoint(control), control_eval(control)]
+    return ["/".join(round_asset(number, name)) for name in [*chain, EVAL_REPORT]]
+
+
 def checkpoint_of(role: str) -> str:
     """The round asset holding a role's checkpoint: the student's or a control's."""
     return STUDENT if role == STUDENT_ROLE else control_checkpoint(role)

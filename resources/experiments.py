@@ -15,8 +15,12 @@ class ExperimentFiles(dg.ConfigurableResource):
         default=str(default_experiments_dir()), description="directory of the experiment files (NOISY_STUDENT_EXPERIMENTS)"
     )
 
+    @property
+    def path(self) -> Path:
+        return Path(self.directory)
+
     def arm(self, name: str) -> Arm:
         try:
-            return find_arm(Path(self.directory), name)
+            return find_arm(self.path, name)
         except KeyError as error:
             raise dg.Failure(str(error.args[0]), allow_retries=False) from error
