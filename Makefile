@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test benchmark ui clean-lake
+.PHONY: setup run grid arms test ui-test benchmark ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -51,6 +51,11 @@ test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+
+# The web UI in a real browser: `dagster dev` on 127.0.0.1 driven by Debian's chromium through Playwright
+# (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`.
+ui-test: setup
+	$(BIN)/pytest -m ui tests/ui
 
 # Where a round's time and memory go, and a GRPO step's (benchmarks/results/<profile>.json and .md).
 benchmark: setup

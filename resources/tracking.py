@@ -24,6 +24,11 @@ ARTIFACTS_DIR_NAME = "mlflow-artifacts"
 ARM_TAG, EXPERIMENT_TAG, ROUND_TAG, ROLE_TAG = "arm", "experiment", "round", "role"
 PARENT_OF_ARM_TAG = "parent_of_arm"
 """Set on the one parent run of an arm, whose value is the arm."""
+DAGSTER_RUN_URL_TAG = "dagster.run_url"
+# MLflow 3 opens an experiment of unknown kind on its GenAI traces view, where training runs do not show.
+EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+NOTE_TAG = "mlflow.note.content"
+"""A run's description, which the MLflow UI renders as markdown (links included)."""
 
 
 def flatten_params(params: Mapping[str, object], prefix: str = "") -> dict[str, str]:
@@ -59,6 +64,16 @@ class MlflowTracking(dg.ConfigurableResource):
         "in MLflow's own variables (MLFLOW_TRACKING_TOKEN, _USERNAME, _PASSWORD), never in the URI",
     )
     experiment_name: str = Field(default="noisy-student")
+    ui_url: str = Field(
+        default="http://127.0.0.1:5000", description="where `mlflow ui` serves this store: Dagster metadata links runs there"
+    )
+    dagster_ui_url: str = Field(
+        default="http://127.0.0.1:3000", description="where `dagster dev` serves the UI: each MLflow run links its Dagster run there"
+    )
+
+    def run_url(self, experiment_id: str, run_id: str) -> str:
+        """The MLflow UI's page of a run."""
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -79,8 +94,14 @@ class MlflowTracking(dg.ConfigurableResource):
         mlflow.set_tracking_uri(self.resolved_tracking_uri)
         key_path = name.split("/") if name else list(context.asset_key.path)
         round_name = key_path[0] if len(key_path) > 1 else ""
+        dagster_ui = self.dagster_ui_url.rstrip("/")
+        run_url = f"{dagster_ui}/runs/{context.run_id}"
+        asset_url = f"{dagster_ui}/assets/{'/'.join(key_path)}"
         tags = {
             "dagster.run_id": context.run_id,
+            DAGSTER_RUN_URL_TAG: run_url,
+            NOTE_TAG: f"Made by Dagster run [{context.run_id[:8]}]({run_url}) materializing [{'/'.join(key_path)}]({asset_url})"
+            + (f", arm `{arm.name}`." if arm else "."),
             "dagster.asset": "/".join(key_path),
             "dagster.partition": arm.name if arm else "",
             ROUND_TAG: round_name,
@@ -95,6 +116,8 @@ class MlflowTracking(dg.ConfigurableResource):
                 # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
                 self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri()
             )
+            if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
+                self._client().set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND)
             mlflow.set_experiment(experiment_id=experiment_id)
             if arm is not None:
                 tags |= {ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment, "mlflow.parentRunId": self._arm_parent(experiment_id, arm)}

@@ -88,7 +88,11 @@ def stage(
     with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
         current = StageRun(context, effective, arm, resources, run.info.run_id)
         yield current
-    current.metadata |= {"config": dg.MetadataValue.json(run_config), "mlflow_run_id": run.info.run_id}
+    current.metadata |= {
+        "config": dg.MetadataValue.json(run_config),
+        "mlflow_run_id": run.info.run_id,
+        "mlflow_run": dg.MetadataValue.url(resources.tracking.run_url(run.info.experiment_id, run.info.run_id)),
+    }
     stage_name = getattr(type(config), "arm_stage", None)
     if arm is not None and stage_name is not None:
         current.metadata |= {

@@ -15,7 +15,17 @@ from noisy_student_assets import layout
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.training_compute import MATCHED_FIELDS
 from resources.data_lake import DataLake
-from resources.tracking import ARM_TAG, PARENT_OF_ARM_TAG, ROLE_TAG, ROUND_TAG, MlflowTracking
+from resources.tracking import (
+    ARM_TAG,
+    DAGSTER_RUN_URL_TAG,
+    EXPERIMENT_KIND_TAG,
+    NOTE_TAG,
+    PARENT_OF_ARM_TAG,
+    ROLE_TAG,
+    ROUND_TAG,
+    TRAINING_EXPERIMENT_KIND,
+    MlflowTracking,
+)
 from tests.lakes import arms_instance, materialize, metadata_of
 from tests.tiny_configs import FOUNDATION, SHARED, op, round_chain, round_names, tiny_config, with_op_config
 
@@ -119,10 +129,23 @@ def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rou
     assert "student_checkpoint round_001 a" in names and "labeled_rl_checkpoint a" in names
     shared = {r.data.tags["dagster.asset"] for r in runs if "mlflow.parentRunId" not in r.data.tags and PARENT_OF_ARM_TAG not in r.data.tags}
     assert {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT} <= shared
-    trained = mlflow.get_run(metadata_of(two_rounds["arm"], layout.LABELED_RL)["mlflow_run_id"].value)
+    metadata = metadata_of(two_rounds["arm"], layout.LABELED_RL)
+    trained = mlflow.get_run(metadata["mlflow_run_id"].value)
     assert trained.data.tags["dagster.run_id"] == two_rounds["arm"].run_id
     assert any(key.startswith(("train", "reward")) for key in trained.data.metrics)
     assert trained.data.params["config.grpo.max_steps"] == "1" and "compute/total_completions" in trained.data.metrics
+
+
+def test_dagster_and_mlflow_link_each_other(two_rounds, lake: DataLake) -> None:
+    mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
+    experiment = mlflow.get_experiment_by_name("noisy-student")
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT_KIND  # opens on its runs, not on GenAI traces
+    metadata = metadata_of(two_rounds["arm"], "round_001/student_checkpoint")
+    run = mlflow.get_run(metadata["mlflow_run_id"].value)
+    assert metadata["mlflow_run"].value == f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    dagster_run_url = f"http://127.0.0.1:3000/runs/{two_rounds['arm'].run_id}"
+    assert run.data.tags[DAGSTER_RUN_URL_TAG] == dagster_run_url
+    assert f"]({dagster_run_url})" in run.data.tags[NOTE_TAG] and "](http://127.0.0.1:3000/assets/round_001/student_checkpoint)" in run.data.tags[NOTE_TAG]
 
 
 def test_no_log_or_metadata_shows_the_tracking_uri(two_rounds, lake: DataLake, instance) -> None:
