@@ -1,6 +1,10 @@
-"""Tables as markdown text, for reports and Dagster metadata (no Dagster here)."""
+"""Tables and figures as markdown text, and reports as HTML, for the lake, Dagster metadata and MLflow
+(no Dagster here)."""
 
+import base64
+import html
 import math
+from collections.abc import Mapping
 
 import polars as pl
 
@@ -19,3 +23,23 @@ def markdown_table(frame: pl.DataFrame, max_rows: int | None = None, max_chars: 
     rows = frame if max_rows is None else frame.head(max_rows)
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows.iter_rows()])
+
+
+def png_data_uri(png: bytes) -> str:
+    """A PNG as a data URI: an image that travels inside the text (Dagster metadata, an HTML artifact)."""
+    return f"data:image/png;base64,{base64.b64encode(png).decode()}"
+
+
+def figures_markdown(sources: Mapping[str, str]) -> str:
+    """One image line per figure, `{name: src}`: a file beside the report, or a data URI to inline it."""
+    return "".join(f"\n![{name}]({src})\n" for name, src in sources.items())
+
+
+def report_html(title: str, markdown_text: str) -> str:
+    """A markdown report as a standalone HTML page (tables rendered), which MLflow's artifact viewer shows
+    as a page, where it shows a `.md` file as raw text."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+    style = "body{font-family:sans-serif;max-width:60em;margin:1em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{body}</body></html>\n"

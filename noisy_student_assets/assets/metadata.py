@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-
 import dagster as dg
 import polars as pl
 
@@ -17,4 +15,4 @@ def markdown_table(frame: pl.DataFrame, max_rows: int | None = 5, max_chars: int
 
 def png_markdown(title: str, png: bytes) -> dg.MetadataValue:
     """A PNG inlined as a data URI, which the Dagster UI renders in the metadata panel."""
-    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})")
+    return dg.MetadataValue.md(f"![{title}]({markdown.png_data_uri(png)})")

@@ -19,6 +19,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from noisy_student_assets import markdown
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.checks import eval_not_degenerate
@@ -33,6 +34,8 @@ from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
 
 REPORT_FILE = "report.md"
+REPORT_HTML_FILE = "report.html"
+"""The report with its figures inlined, for MLflow's artifact viewer (which shows markdown as raw text)."""
 
 
 @dataclass
@@ -246,7 +249,8 @@ def evaluate(
     metrics |= added.metrics
     tables = {"By subject / level": result.breakdown} | added.tables
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
-    report = _report_markdown(title, added.text, metrics, tables, list(added.figures))
+    report = _report_markdown(title, added.text, metrics, tables)
+    inline_report = report + markdown.figures_markdown({stem: markdown.png_data_uri(png) for stem, png in added.figures.items()})
     staged = lake.staging_dir()
     result.scores.write_parquet(staged / SCORES_FILE)
     result.breakdown.write_parquet(staged / "breakdown.parquet")
@@ -257,13 +261,14 @@ def evaluate(
     (staged / METRICS_FILE).write_text(
         json.dumps({"metrics": metrics, "checkpoint": str(checkpoint_dir), "eval_problems": fingerprint(eval_problems)}, indent=2)
     )
-    (staged / REPORT_FILE).write_text(report)
+    (staged / REPORT_FILE).write_text(report + markdown.figures_markdown({stem: f"{stem}.png" for stem in added.figures}))
+    (staged / REPORT_HTML_FILE).write_text(markdown.report_html(title, inline_report))
     current.log_metrics(metrics)
     mlflow.log_artifacts(str(staged), artifact_path="eval_report")
     final = lake.publish(staged, context.asset_key, current.partition)
     current.metadata |= {
         **{k: float(v) for k, v in metrics.items()},
-        "report": dg.MetadataValue.md(report),
+        "report": dg.MetadataValue.md(inline_report),
         **{stem: png_markdown(stem, png) for stem, png in added.figures.items()},
         **{_metadata_key(title): markdown_table(table, max_rows=None) for title, table in added.tables.items()},
         "path": dg.MetadataValue.path(str(final)),
@@ -290,11 +295,10 @@ def _metadata_key(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
 
 
-def _report_markdown(title: str, lead: str, metrics: dict[str, float], tables: dict[str, pl.DataFrame], figures: list[str]) -> str:
+def _report_markdown(title: str, lead: str, metrics: dict[str, float], tables: dict[str, pl.DataFrame]) -> str:
     rows = pl.DataFrame({"metric": list(metrics), "value": list(metrics.values())}, schema={"metric": pl.Utf8, "value": pl.Float64})
     parts = [f"# {title}", ""] + ([lead, ""] if lead else []) + [markdown_text(rows)]
     for section, table in tables.items():
         if table.height:
             parts += ["", f"## {section}", "", markdown_text(table)]
-    parts += [f"\n![{stem}]({stem}.png)" for stem in figures]
     return "\n".join(parts) + "\n"

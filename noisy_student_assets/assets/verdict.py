@@ -4,7 +4,7 @@ only by seed pooled (see `noisy_student_assets.summary`), with the comparison pl
 import dagster as dg
 import polars as pl
 
-from noisy_student_assets import layout
+from noisy_student_assets import layout, markdown
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.assets.stages import stage
 from noisy_student_assets.partitions import ARMS, ROUNDS, round_key
@@ -12,6 +12,7 @@ from resources.stage_resources import StageResources
 
 GROUP = "experiments"
 VERDICT_FILE = "verdict.md"
+VERDICT_HTML_FILE = "verdict.html"
 
 
 @dg.asset(
@@ -51,6 +52,8 @@ def verdict(
         results.differences.write_parquet(staged / "differences.parquet")
         if figure:
             (staged / "accuracy_by_round.png").write_bytes(figure)
+        inline_report = report + (markdown.figures_markdown({"accuracy_by_round": markdown.png_data_uri(figure)}) if figure else "")
+        (staged / VERDICT_HTML_FILE).write_text(markdown.report_html("Verdict", f"# Verdict\n\n{inline_report}"))
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
             current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}": row["estimate"]})
@@ -58,7 +61,7 @@ def verdict(
     return dg.MaterializeResult(
         metadata={
             "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in results.sentences) or "no round evaluated yet"),
-            "report": dg.MetadataValue.md(report),
+            "report": dg.MetadataValue.md(inline_report),
             "arms": len(arms),
             "path": dg.MetadataValue.path(str(final)),
             **({"accuracy_by_round": png_markdown("accuracy_by_round", figure)} if figure else {}),

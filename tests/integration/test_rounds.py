@@ -183,7 +183,13 @@ def test_round_report_has_figures_calibration_and_the_accuracy_by_round(two_roun
         assert metadata[figure].value.startswith(f"![{figure}](data:image/png;base64,")
     mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(metadata["mlflow_run_id"].value, "eval_report")}
-    assert {f"eval_report/{figure}.png" for figure in FIGURES} <= artifacts
+    assert {f"eval_report/{figure}.png" for figure in FIGURES} | {"eval_report/report.html"} <= artifacts
+    # The figures show where a person reads the report: inlined in Dagster's metadata and in the HTML page
+    # MLflow renders; only the lake's report.md links the PNG files beside it.
+    assert "![accuracy_by_round](accuracy_by_round.png)" in text
+    for inline in (metadata["report"].value, (report / "report.html").read_text()):
+        assert "accuracy_by_round.png)" not in inline and inline.count("data:image/png;base64,") == len(FIGURES)
+    assert "<table>" in (report / "report.html").read_text()
 
 
 def test_the_verdict_compares_every_round_with_its_controls(two_rounds, lake: DataLake) -> None:
