@@ -34,6 +34,8 @@ from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
 
 REPORT_FILE = "report.md"
+DELTA_PREFIX = "delta_vs_"
+"""Metrics of an eval against another checkpoint's: `delta_vs_labeled_rl/greedy_accuracy`."""
 REPORT_HTML_FILE = "report.html"
 """The report with its figures inlined, for MLflow's artifact viewer (which shows markdown as raw text)."""
 
@@ -243,8 +245,13 @@ def evaluate(
     health = output_health(result.greedy)
     spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
     metrics = dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
-    for name, other in (deltas_against or {}).items():
-        metrics |= {f"delta_vs_{name}/{k}": v - other[k] for k, v in result.metrics.items() if k in other and k != "problems"}
+    deltas = {
+        f"{DELTA_PREFIX}{name}/{k}": v - other[k]
+        for name, other in (deltas_against or {}).items()
+        for k, v in result.metrics.items()
+        if k in other and k != "problems"
+    }
+    metrics |= deltas
     added = extras(metrics, result.scores) if extras else ReportExtras()
     metrics |= added.metrics
     tables = {"By subject / level": result.breakdown} | added.tables
@@ -267,7 +274,9 @@ def evaluate(
     mlflow.log_artifacts(str(staged), artifact_path="eval_report")
     final = lake.publish(staged, context.asset_key, current.partition)
     current.metadata |= {
-        **{k: float(v) for k, v in metrics.items()},
+        # Floats are what the UI plots; the deltas (a dozen more charts) go in one table instead.
+        **{k: float(v) for k, v in metrics.items() if k not in deltas},
+        **({"deltas": dg.MetadataValue.json(deltas)} if deltas else {}),
         "report": dg.MetadataValue.md(inline_report),
         **{stem: png_markdown(stem, png) for stem, png in added.figures.items()},
         **{_metadata_key(title): markdown_table(table, max_rows=None) for title, table in added.tables.items()},

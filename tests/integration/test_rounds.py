@@ -190,6 +190,9 @@ def test_round_report_has_figures_calibration_and_the_accuracy_by_round(two_roun
     for inline in (metadata["report"].value, (report / "report.html").read_text()):
         assert "accuracy_by_round.png)" not in inline and inline.count("data:image/png;base64,") == len(FIGURES)
     assert "<table>" in (report / "report.html").read_text()
+    # The UI plots every float: the deltas against other checkpoints are one JSON entry, not a dozen charts.
+    assert not [name for name in metadata if name.startswith("delta_vs_")]
+    assert "delta_vs_previous_round/greedy_accuracy" in metadata["deltas"].value and "greedy_accuracy" in metadata
 
 
 def test_the_verdict_compares_every_round_with_its_controls(two_rounds, lake: DataLake) -> None:
