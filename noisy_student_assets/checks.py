@@ -197,7 +197,8 @@ def compute_matched_check(
         name=COMPUTE_MATCHED,
         partitions_def=partitions_def,
         additional_deps=[student_key],
-        description="Since the base model, this control spent the same optimizer steps, prompts and completions as "
+        blocking=True,  # a control eval at other compute would answer a different question than the verdict asks
+        description="Blocking: since the base model, this control spent the same optimizer steps, prompts and completions as "
         "the round's student (compute.json of both checkpoints).",
     )
     def compute_matched(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:

@@ -78,6 +78,10 @@ def test_every_checkpoint_and_eval_has_blocking_checks() -> None:
     assert expected <= blocking
     compute_matched = dg.AssetCheckKey(dg.AssetKey(layout.round_asset(2, "labeled_only_checkpoint")), "compute_matched")
     assert compute_matched in graph.asset_check_keys and graph.get_check_spec(compute_matched).partitions_def == ARMS
+    assert graph.get_check_spec(compute_matched).blocking
+    for key in graph.asset_check_keys:  # what stops work says so where the UI shows it
+        spec = graph.get_check_spec(key)
+        assert spec.blocking == spec.description.startswith("Blocking:"), key.to_user_string()
 
 
 def test_round_keys_come_from_one_place() -> None:
