@@ -101,13 +101,27 @@ def machine() -> dict:
 
 
 ARM = "default"
+PROFILING_PREFIX = "profiling/Time taken: "
 STEP_PHASES = {
-    "generation": "profiling/Time taken: GRPOTrainer.transformers.generate",
-    "generation + rewards": "profiling/Time taken: GRPOTrainer._prepare_inputs",
-    "loss forward": "profiling/Time taken: GRPOTrainer.compute_loss",
-    "rewards": "profiling/Time taken: GRPOTrainer.answer_reward",
+    "generation": ".transformers.generate",
+    "generation + rewards": "._prepare_inputs",
+    "loss forward": ".compute_loss",
+    "rewards": ".answer_reward",
 }
-"""TRL's own timers, which it logs into the active MLflow run (the training asset's) at every step."""
+"""TRL's own timers, which it logs into the active MLflow run (the training asset's) at every step, named
+after the trainer class (`profiling/Time taken: <trainer class>.compute_loss`): matched by their ends, since
+the project's trainer classes (the step guard, merged-LoRA generation) are subclasses with names of their own."""
+
+
+def phase_metrics(metric_names: list[str]) -> dict[str, str]:
+    """Each step phase's MLflow metric among a training run's `metric_names`."""
+    found = {}
+    for phase, suffix in STEP_PHASES.items():
+        matches = [name for name in metric_names if name.startswith(PROFILING_PREFIX) and name.endswith(suffix)]
+        if len(matches) != 1:
+            raise ValueError(f"expected one TRL timer ending in {suffix!r}, found {matches}")
+        found[phase] = matches[0]
+    return found
 
 
 def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
@@ -121,7 +135,8 @@ def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
         values = [m.value for m in client.get_metric_history(run_id, name)]
         return sum(values) / len(values) if values else float("nan")
 
-    phases = {phase: mean(metric) for phase, metric in STEP_PHASES.items()}
+    metrics = phase_metrics(list(client.get_run(run_id).data.metrics))
+    phases = {phase: mean(metric) for phase, metric in metrics.items()}
     phases["step"] = mean("step_time")
     phases["backward + optimizer"] = phases["step"] - phases["generation + rewards"] - phases["loss forward"]
     return phases

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.run import MemorySampler
+import pytest
+
+from benchmarks.run import MemorySampler, phase_metrics
 
 
 def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
@@ -28,3 +30,12 @@ def test_stage_peaks_take_each_stage_from_the_previous_end_to_its_own() -> None:
     memory.samples = [(0.5, 1 * 2**30), (1.5, 3 * 2**30), (2.5, 2 * 2**30), (3.5, 5 * 2**30)]
     peaks = memory.stage_peaks_gib(["sampling", "consensus", "training"], start=0.0, ends=[1.0, 3.0, 4.0])
     assert peaks == {"sampling": 1.0, "consensus": 3.0, "training": 5.0}
+
+
+def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
+    names = [f"profiling/Time taken: GuardedMergedLoraGenerationGRPOTrainer.{m}" for m in ("transformers.generate", "_prepare_inputs", "compute_loss", "answer_reward", "_calculate_rewards")]
+    found = phase_metrics([*names, "loss", "step_time"])
+    assert found["generation"].endswith("GuardedMergedLoraGenerationGRPOTrainer.transformers.generate")
+    assert found["loss forward"].endswith(".compute_loss") and found["rewards"].endswith(".answer_reward")
+    with pytest.raises(ValueError, match="compute_loss"):
+        phase_metrics([n for n in names if not n.endswith("compute_loss")])
