@@ -25,8 +25,9 @@ ARM_TAG, EXPERIMENT_TAG, ROUND_TAG, ROLE_TAG = "arm", "experiment", "round", "ro
 PARENT_OF_ARM_TAG = "parent_of_arm"
 """Set on the one parent run of an arm, whose value is the arm."""
 DAGSTER_RUN_URL_TAG = "dagster.run_url"
-# MLflow 3 opens an experiment of unknown kind on its GenAI traces view, where training runs do not show.
-EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow 3.17's UI opens every experiment on its GenAI view (traces), where training runs do not show, unless
+# the URL (or the browser, once "Model training" was clicked) asks for the model-training view.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 NOTE_TAG = "mlflow.note.content"
 """A run's description, which the MLflow UI renders as markdown (links included)."""
 
@@ -73,7 +74,7 @@ class MlflowTracking(dg.ConfigurableResource):
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
         """The MLflow UI's page of a run."""
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -116,8 +117,6 @@ class MlflowTracking(dg.ConfigurableResource):
                 # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
                 self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri()
             )
-            if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
-                self._client().set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND)
             mlflow.set_experiment(experiment_id=experiment_id)
             if arm is not None:
                 tags |= {ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment, "mlflow.parentRunId": self._arm_parent(experiment_id, arm)}

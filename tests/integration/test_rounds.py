@@ -18,12 +18,10 @@ from resources.data_lake import DataLake
 from resources.tracking import (
     ARM_TAG,
     DAGSTER_RUN_URL_TAG,
-    EXPERIMENT_KIND_TAG,
     NOTE_TAG,
     PARENT_OF_ARM_TAG,
     ROLE_TAG,
     ROUND_TAG,
-    TRAINING_EXPERIMENT_KIND,
     MlflowTracking,
 )
 from tests.lakes import arms_instance, materialize, metadata_of
@@ -139,10 +137,11 @@ def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rou
 def test_dagster_and_mlflow_link_each_other(two_rounds, lake: DataLake) -> None:
     mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
     experiment = mlflow.get_experiment_by_name("noisy-student")
-    assert experiment.tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT_KIND  # opens on its runs, not on GenAI traces
     metadata = metadata_of(two_rounds["arm"], "round_001/student_checkpoint")
     run = mlflow.get_run(metadata["mlflow_run_id"].value)
-    assert metadata["mlflow_run"].value == f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    # The model-training view: MLflow's UI otherwise opens on GenAI traces, where training runs do not show.
+    run_page = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
+    assert metadata["mlflow_run"].value == run_page
     dagster_run_url = f"http://127.0.0.1:3000/runs/{two_rounds['arm'].run_id}"
     assert run.data.tags[DAGSTER_RUN_URL_TAG] == dagster_run_url
     assert f"]({dagster_run_url})" in run.data.tags[NOTE_TAG] and "](http://127.0.0.1:3000/assets/round_001/student_checkpoint)" in run.data.tags[NOTE_TAG]
