@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,19 @@ class DagsterCli:
         return result
 
     def start(self, *args: str, log: Path) -> subprocess.Popen:
-        """`dagster ...` in the background, its output in `log`."""
+        """`dagster ...` in the background, its output in `log`, in a process group of its own (see `stop`)."""
         with log.open("w") as out:
-            return subprocess.Popen([DAGSTER, *args], cwd=self.home, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                [DAGSTER, *args], cwd=self.home, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @staticmethod
+    def stop(process: subprocess.Popen, timeout: float = 60) -> None:
+        """Stop a `start`ed command and every process it started: `dagster dev` leaves its webserver, daemon
+        and code server running when only it is stopped."""
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -68,11 +67,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory):
         time.sleep(2)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     yield cli, url
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    cli.stop(process)
 
 
 def _code_location_loaded(url: str) -> bool:
