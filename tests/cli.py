@@ -41,11 +41,11 @@ class DagsterCli:
 
     @staticmethod
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:
-        """Stop a `start`ed command and every process it started: `dagster dev` leaves its webserver, daemon
-        and code server running when only it is stopped."""
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
+        """Stop a `start`ed command, then every process it started: `dagster dev` leaves its webserver, daemon
+        and code server running when only it is stopped, and a whole group sent SIGTERM at once may hang."""
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # what it left behind, or all of it if it hung on the way out
+        process.wait(timeout=timeout)
