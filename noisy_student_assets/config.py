@@ -17,7 +17,7 @@ from noisy_student_assets.evaluation import EvalSettings
 from noisy_student_assets.generation import SamplingSettings
 from noisy_student_assets.guards import OutputHealth, degenerate_output_failure
 from noisy_student_assets.profiles import by_profile
-from noisy_student_assets.training import LOSS_TYPES, SCALE_REWARDS, GRPOSettings
+from noisy_student_assets.training import GRPO_MODE, HARD_REWARD, LOSS_TYPES, REWARDS, SCALE_REWARDS, STUDENT_MODES, GRPOSettings
 
 ConfigT = TypeVar("ConfigT", bound=dg.Config)
 
@@ -268,12 +268,39 @@ class PseudoLabelConfig(dg.Config):
 
 
 class StudentConfig(dg.Config):
-    """GRPO of a round's student on labeled + kept pseudo-labeled problems; the gold- and random-label
-    controls train the same way on their own labels."""
+    """How a round's student trains on labeled + kept pseudo-labeled problems; the gold- and random-label
+    controls train the same way on their own labels (GRPO with the hard reward only). `grpo` is every
+    mode's budget: steps, prompts x completions a step, learning rate, LoRA (sft/dpo ignore the sampling fields)."""
 
     arm_stage: ClassVar[str] = experiments.STUDENT
     student_init: str = Field(default="teacher", description="teacher | base_model: where the student starts")
+    mode: str = Field(
+        default=GRPO_MODE,
+        description="grpo: RL against the pseudo-labels | sft: fine-tune on the samples agreeing with them (RFT) | "
+        "dpo: agreeing sample preferred over a dissenting one (ScPO); sft and dpo train on pseudo-labeled problems only",
+    )
+    reward: str = Field(default=HARD_REWARD, description="grpo: hard (0/1 vs the pseudo-label) | vote_share (the answer's share of the votes)")
+    agreement_low: float = Field(default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this")
+    agreement_high: float = Field(default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)")
+    prompt_noise: bool = Field(default=False, description="render each student prompt through one of several templates (input noise)")
+    model_dropout: float = Field(default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)")
+    sft_samples_per_problem: int = Field(
+        default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group"
+    )
+    dpo_beta: float = Field(default=0.1, gt=0, description="dpo: strength of the pull towards the init policy")
     grpo: GRPOTrainingConfig = ROUND_GRPO
+
+    @model_validator(mode="after")
+    def _known_mode_and_reward(self) -> StudentConfig:
+        if self.mode not in STUDENT_MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {STUDENT_MODES}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward {self.reward!r} is not one of {REWARDS}")
+        if self.reward != HARD_REWARD and self.mode != GRPO_MODE:
+            raise ValueError(f"reward {self.reward!r} is a GRPO reward; mode {self.mode!r} has none")
+        if self.agreement_low > self.agreement_high:
+            raise ValueError(f"agreement_low {self.agreement_low} > agreement_high {self.agreement_high}")
+        return self
 
 
 class LabeledOnlyConfig(dg.Config):

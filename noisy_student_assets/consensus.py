@@ -37,33 +37,52 @@ class Vote:
 
 def majority_vote(answers: list[str | None]) -> Vote:
     """The majority answer of ``answers`` up to mathematical equivalence (see module docstring)."""
-    stripped = [a.strip() for a in answers if isinstance(a, str)]
-    counts = Counter(a for a in stripped if a)  # keys in first-occurrence order
-    first_seen = {answer: rank for rank, answer in enumerate(counts)}
-    clusters: list[list[str]] = []
-    for answer in sorted(counts, key=lambda a: -counts[a]):  # stable: ties keep first occurrence
-        if not is_gradable(answer):
-            continue
-        cluster = next((c for c in clusters if answers_equivalent(c[0], answer)), None)
-        if cluster is None:
-            clusters.append([answer])
-        else:
-            cluster.append(answer)
+    clusters = _clusters(answers)
     k = len(answers)
     if not clusters:
         return Vote(answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=k)
-    sizes = [sum(counts[a] for a in c) for c in clusters]
-    earliest = [min(first_seen[a] for a in c) for c in clusters]
-    winner = min(range(len(clusters)), key=lambda i: (-sizes[i], earliest[i]))
-    shares = [size / sum(sizes) for size in sizes]
+    winner = clusters[0]
+    total = sum(cluster.size for cluster in clusters)
+    shares = [cluster.size / total for cluster in clusters]
     return Vote(
-        answer=clusters[winner][0],
-        count=sizes[winner],
-        agreement=sizes[winner] / k,
+        answer=winner.representative,
+        count=winner.size,
+        agreement=winner.size / k,
         n_clusters=len(clusters),
         entropy=sum(-p * math.log(p) for p in shares),
         k=k,
     )
+
+
+def vote_shares(answers: list[str | None]) -> list[tuple[str, float]]:
+    """Every equivalence cluster of ``answers`` as (representative, size / k), the majority first: the
+    soft pseudo-reward of an answer is the share of the cluster it falls in (0 outside every cluster)."""
+    return [(cluster.representative, cluster.size / len(answers)) for cluster in _clusters(answers)]
+
+
+@dataclass(frozen=True)
+class _Cluster:
+    representative: str
+    size: int
+    first_seen: int
+
+
+def _clusters(answers: list[str | None]) -> list[_Cluster]:
+    """The equivalence clusters of the gradable answers, largest first (ties: earliest first occurrence)."""
+    stripped = [a.strip() for a in answers if isinstance(a, str)]
+    counts = Counter(a for a in stripped if a)  # keys in first-occurrence order
+    first_seen = {answer: rank for rank, answer in enumerate(counts)}
+    members: list[list[str]] = []
+    for answer in sorted(counts, key=lambda a: -counts[a]):  # stable: ties keep first occurrence
+        if not is_gradable(answer):
+            continue
+        cluster = next((c for c in members if answers_equivalent(c[0], answer)), None)
+        if cluster is None:
+            members.append([answer])
+        else:
+            cluster.append(answer)
+    clusters = [_Cluster(c[0], sum(counts[a] for a in c), min(first_seen[a] for a in c)) for c in members]
+    return sorted(clusters, key=lambda c: (-c.size, c.first_seen))
 
 
 def vote_many(answer_lists: list[list[str | None]]) -> list[Vote]:

@@ -2,7 +2,7 @@
 
 An experiment is a versioned YAML file, `experiments/<name>.yaml`: how many rounds, which compute-matched
 controls, and its arms. An arm is a name plus overrides of the stage settings (seed, tau, K, sampling
-temperature, student init, GRPO steps, eval samples); it is a partition of every per-arm asset, so each arm
+temperature, student init, GRPO steps, eval samples, the student's mode, reward, agreement band and noise); it is a partition of every per-arm asset, so each arm
 has its own split, labeled-RL checkpoint, rounds and controls, and the UI and backfills address it by name.
 
     description: tau 0.5 against 0.8, three seeds each
@@ -59,6 +59,12 @@ class ArmSpec(BaseModel):
     labeled_rl_steps: int | None = Field(default=None, ge=1, description="GRPO steps of labeled RL")
     round_steps: int | None = Field(default=None, ge=1, description="GRPO steps of each round's student and of each control")
     eval_samples: int | None = Field(default=None, ge=0, description="sampled eval completions per problem (0: greedy only)")
+    mode: Literal["grpo", "sft", "dpo"] | None = Field(default=None, description="how the student trains (student.mode)")
+    reward: Literal["hard", "vote_share"] | None = Field(default=None, description="GRPO's reward on pseudo-labels")
+    agreement_low: float | None = Field(default=None, ge=0, le=1, description="train on kept labels with agreement >= this")
+    agreement_high: float | None = Field(default=None, ge=0, le=1, description="... and <= this")
+    prompt_noise: bool | None = Field(default=None, description="the student's prompts through several templates")
+    dropout: float | None = Field(default=None, ge=0, lt=1, description="the student's model and LoRA dropout")
 
     def over(self, defaults: ArmSpec) -> ArmSpec:
         """This spec with `defaults` filling the fields it leaves unset."""
@@ -69,12 +75,22 @@ class ArmSpec(BaseModel):
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
         grpo = {"seed": self.seed, "max_steps": self.round_steps}
+        student_grpo = grpo | {"lora_dropout": self.dropout}
         by_stage: dict[str, dict] = {
             PROBLEM_SPLIT: {"seed": self.seed},
             LABELED_RL: {"grpo": {"seed": self.seed, "max_steps": self.labeled_rl_steps}},
             SAMPLING: {"seed": self.seed, "k": self.k, "temperature": self.temperature},
             PSEUDO_LABELS: {"tau": self.tau},
-            STUDENT: {"student_init": self.student_init, "grpo": grpo},
+            STUDENT: {
+                "student_init": self.student_init,
+                "mode": self.mode,
+                "reward": self.reward,
+                "agreement_low": self.agreement_low,
+                "agreement_high": self.agreement_high,
+                "prompt_noise": self.prompt_noise,
+                "model_dropout": self.dropout,
+                "grpo": student_grpo,
+            },
             LABELED_ONLY: {"grpo": grpo},
             EVAL: {
                 "seed": self.seed,

@@ -8,17 +8,35 @@ a custom "careful math assistant" system prompt (100 problems, 64 new tokens, vL
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 ANSWER_INSTRUCTION = "Put the final answer in \\boxed{}."
+NOISY_TEMPLATES = (
+    "{problem}\n" + ANSWER_INSTRUCTION,
+    "Solve the following problem. " + ANSWER_INSTRUCTION + "\n\n{problem}",
+    "Question: {problem}\nGive the final result inside \\boxed{}.",
+    "{problem}\nWork it out step by step, and end with the final answer in \\boxed{}.",
+)
+"""The student's input noise (Xie et al. 2020 noise the student's input, never the teacher's): the user turn
+rendered through one of these, chosen per problem and seed. The first is the one format every other stage
+uses; each asks for a \\boxed{} answer, so the reward and the grader read the same thing."""
 DEFAULT_SYSTEM_PROMPT = ""
 """Empty: the chat template's own default system turn (if it has one) is used."""
 
 
-def build_messages(problem: str, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> list[dict[str, str]]:
-    """Chat messages for one problem (the system turn is omitted when `system_prompt` is empty)."""
+def build_messages(problem: str, system_prompt: str = DEFAULT_SYSTEM_PROMPT, template: int = 0) -> list[dict[str, str]]:
+    """Chat messages for one problem (the system turn is omitted when `system_prompt` is empty); `template`
+    indexes `NOISY_TEMPLATES` (0: the format of every stage)."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*messages, {"role": "user", "content": f"{problem}\n{ANSWER_INSTRUCTION}"}]
+    return [*messages, {"role": "user", "content": NOISY_TEMPLATES[template].replace("{problem}", problem, 1)}]
+
+
+def noisy_template(problem_id: str, seed: int) -> int:
+    """The `NOISY_TEMPLATES` index of a problem under prompt noise: a stable hash of the problem and the seed,
+    so a resumed or repeated run sees the same prompts, and another seed other ones."""
+    digest = hashlib.sha256(f"{seed}:{problem_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % len(NOISY_TEMPLATES)
 
 
 def prompt_template(system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> str:

@@ -15,6 +15,7 @@ settings here, and loading the code location should not wait for torch, peft and
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from noisy_student_assets import grading
-from noisy_student_assets.prompts import build_messages
+from noisy_student_assets.prompts import build_messages, noisy_template
+from noisy_student_assets.student_data import vote_share_of
 
 if TYPE_CHECKING:
     import datasets
@@ -40,6 +42,18 @@ SCALE_REWARDS = ("group", "batch", "none")
 """TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
 
 GOLD, PSEUDO = "gold", "pseudo"
+
+GRPO_MODE, SFT_MODE, DPO_MODE = "grpo", "sft", "dpo"
+STUDENT_MODES = (GRPO_MODE, SFT_MODE, DPO_MODE)
+"""How a round's student trains: `train_grpo`, or `distillation.train_sft` / `distillation.train_dpo`."""
+
+HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
+REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD)
+"""GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), or the vote share
+of the completion's answer (`vote_share_reward`)."""
+
+GRPO_LOGGED = (("reward", "reward"), ("rewards/answer_reward/mean", "answer_reward"), ("rewards/vote_share_reward/mean", "vote_share_reward"))
+"""TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
 
 @dataclass(frozen=True)
@@ -142,13 +156,22 @@ class TrainingResult:
 
 
 def build_training_dataset(
-    labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None, system_prompt: str, *, seed: int = 0
+    labeled: pl.DataFrame,
+    pseudo_labeled: pl.DataFrame | None,
+    system_prompt: str,
+    *,
+    seed: int = 0,
+    prompt_noise: bool = False,
+    vote_shares: pl.DataFrame | None = None,
 ) -> datasets.Dataset:
     """All labeled problems (target: gold answer) and all pseudo-labeled ones (target: pseudo-label),
     shuffled by `seed`, as TRL rows: "prompt" (chat messages), "target", "label_source", "problem_id".
 
     Only problem_id, prompt and pseudo_label are read from `pseudo_labeled`, so no other column of it
-    (a gold answer carried along for analysis, say) can leak into training.
+    (a gold answer carried along for analysis, say) can leak into training. `prompt_noise` renders each
+    prompt through the template `prompts.noisy_template` picks for it and `seed`. `vote_shares`
+    (`student_data.vote_share_table`) adds a "vote_shares" column, the soft targets of `vote_share_reward`
+    ("[]" on labeled rows, which keep their 0/1 reward).
     """
     import datasets
 
@@ -156,19 +179,30 @@ def build_training_dataset(
     if pseudo_labeled is not None:
         parts.append(_training_rows(pseudo_labeled, "pseudo_label", PSEUDO))
     rows = pl.concat(parts).sample(fraction=1.0, shuffle=True, seed=seed)
+    if vote_shares is not None:
+        rows = rows.join(vote_shares.select("problem_id", "vote_shares"), on="problem_id", how="left", maintain_order="left")
+        rows = rows.with_columns(pl.col("vote_shares").fill_null("[]"))
     dataset = datasets.Dataset.from_list(
         [
             {
-                "prompt": build_messages(row["prompt"], system_prompt),
+                "prompt": student_messages(row["problem_id"], row["prompt"], system_prompt, seed if prompt_noise else None),
                 "target": row["target"],
                 "label_source": row["label_source"],
                 "problem_id": row["problem_id"],
+                **({"vote_shares": row["vote_shares"]} if vote_shares is not None else {}),
             }
             for row in rows.iter_rows(named=True)
         ]
     )
     validate_training_dataset(dataset)
     return dataset
+
+
+def student_messages(problem_id: str, prompt: str, system_prompt: str, noise_seed: int | None) -> list[dict[str, str]]:
+    """A training prompt's chat messages: the one format of every stage, or with `noise_seed` the noisy
+    template `prompts.noisy_template` picks for the problem and seed."""
+    template = noisy_template(problem_id, noise_seed) if noise_seed is not None else 0
+    return build_messages(prompt, system_prompt, template)
 
 
 def _training_rows(frame: pl.DataFrame, target_column: str, label_source: str) -> pl.DataFrame:
@@ -182,8 +216,7 @@ def _training_rows(frame: pl.DataFrame, target_column: str, label_source: str) -
 
 def validate_training_dataset(dataset: datasets.Dataset) -> None:
     """Raise ValueError unless `dataset` has rows and every row has a non-empty target."""
-    if len(dataset) == 0:
-        raise ValueError("no training rows")
+    check_step_fits(dataset, 1, "rows")
     for row in dataset.select_columns(["problem_id", "label_source", "target"]):
         if not (isinstance(row["target"], str) and row["target"].strip()):
             raise ValueError(
@@ -209,6 +242,18 @@ def answer_reward(completions, target, label_source=None, log_metric=None, **kwa
         for source in sorted(set(label_source)):
             source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source]
             log_metric(f"answer_reward/{source}", sum(source_rewards) / len(source_rewards))
+    return rewards
+
+
+def vote_share_reward(completions, target, vote_shares, label_source=None, log_metric=None, **kwargs) -> list[float]:
+    """TRL reward function, the soft pseudo-reward: on a pseudo-labeled row, the share of the teacher's K votes
+    that the completion's answer cluster won (the majority's agreement for the pseudo-label, less for a
+    minority answer, 0 outside every cluster); on a labeled row ("[]"), 1.0 for the gold answer."""
+    hard = answer_reward(completions, target, label_source, log_metric)
+    rewards = []
+    for completion, shares, hard_reward in zip(completions, vote_shares, hard, strict=True):
+        clusters = json.loads(shares)
+        rewards.append(vote_share_of(grading.extract_answer(completion_text(completion)), clusters) if clusters else hard_reward)
     return rewards
 
 
@@ -255,7 +300,7 @@ def grpo_config(settings: GRPOSettings, work_dir: Path, *, device: str, report_t
     )
 
 
-def _lora_config(settings: GRPOSettings) -> LoraConfig:
+def lora_config(settings: GRPOSettings) -> LoraConfig:
     from peft import LoraConfig
 
     return LoraConfig(
@@ -278,6 +323,8 @@ def train_grpo(
     report_to: list[str] | None = None,
     callbacks: list | None = None,
     warn: Callable[[str], None] | None = None,
+    model_dropout: float = 0.0,
+    reward: str = HARD_REWARD,
 ) -> TrainingResult:
     """GRPO-train the checkpoint at `init_checkpoint` on `dataset` (see `build_training_dataset`) and save
     the trained, merged model with its tokenizer to `out_dir`.
@@ -286,52 +333,124 @@ def train_grpo(
     this training alone.  `report_to` names transformers' logging integrations (default none): "mlflow"
     logs the trainer's arguments as params and the step logs as metrics into the active MLflow run,
     leaving it open (or into a run of its own, ended after training, when none is active).
+    `model_dropout` is the student's dropout noise (see `load_policy`); `reward` is one of `REWARDS`.
 
     Every optimizer step is guarded (`guards.NonFiniteStepGuard`): a step with a non-finite loss or
     gradient norm is skipped and reported through `warn`; `settings.max_consecutive_skipped_steps` in a
     row raise `NonFiniteTrainingError`. The merged checkpoint is checked for non-finite weights before
     this returns (`NonFiniteWeightsError`), so a broken model never leaves `out_dir` for the lake.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer
 
-    from noisy_student_assets.guards import assert_finite_checkpoint, guarded_trainer_class, step_guard_callback
-
+    if reward not in REWARDS:
+        raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
-    if len(dataset) < settings.prompts_per_step:
-        # TRL's sampler drops incomplete batches, so a smaller set would yield no step at all.
-        raise ValueError(f"{len(dataset)} training rows cannot fill a step of {settings.prompts_per_step} prompts")
+    check_step_fits(dataset, settings.prompts_per_step, "prompts")
+    model, tokenizer = load_policy(init_checkpoint, model_dropout)
+    answer = vote_share_reward if reward == VOTE_SHARE_REWARD else answer_reward
+    reward_funcs = [answer] + ([format_reward_fn] if settings.format_reward_weight > 0 else [])
+    trainer_class = _merged_lora_generation(GRPOTrainer) if settings.merge_lora_for_generation else GRPOTrainer
+    return fit(
+        trainer_class,
+        dict(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=grpo_config(settings, work_dir, device=device, report_to=report_to or ["none"]),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora_config(settings) if settings.use_lora else None,
+        ),
+        tokenizer,
+        settings,
+        init_checkpoint,
+        out_dir,
+        work_dir=work_dir,
+        callbacks=callbacks,
+        warn=warn,
+        what="GRPO",
+        label_sources=list(dataset["label_source"]),
+    )
+
+
+def check_step_fits(dataset: datasets.Dataset, per_step: int, what: str) -> None:
+    """Raise ValueError when `dataset` is empty or smaller than one optimizer step's `per_step` rows."""
+    if len(dataset) == 0:
+        raise ValueError("no training rows")
+    if len(dataset) < per_step:
+        # The Trainer's sampler drops incomplete batches, so a smaller set would yield no step at all.
+        raise ValueError(f"{len(dataset)} training rows cannot fill a step of {per_step} {what}")
+
+
+DROPOUT_ATTRIBUTES = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
+"""Model-config dropout probabilities across transformers architectures (Llama and Qwen2 have attention_dropout)."""
+
+
+def load_policy(init_checkpoint: Path, model_dropout: float = 0.0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The float32 model and tokenizer to train. `model_dropout` > 0 sets every dropout probability the
+    model's config has (the student's model noise, Xie et al. 2020); `fit` saves the checkpoint with the
+    init's dropout again, so a student never passes its noise on as a teacher."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(init_checkpoint)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(init_checkpoint, dtype=torch.float32, use_safetensors=True)
-    reward_funcs = [answer_reward] + ([format_reward_fn] if settings.format_reward_weight > 0 else [])
+    config = AutoConfig.from_pretrained(init_checkpoint)
+    if model_dropout:
+        if not 0.0 < model_dropout < 1.0:
+            raise ValueError(f"model_dropout must be within [0, 1), got {model_dropout}")
+        names = [name for name in DROPOUT_ATTRIBUTES if hasattr(config, name)]
+        if not names:
+            raise ValueError(f"{type(config).__name__} has none of {DROPOUT_ATTRIBUTES}: model_dropout cannot apply")
+        for name in names:
+            setattr(config, name, model_dropout)
+    model = AutoModelForCausalLM.from_pretrained(init_checkpoint, config=config, dtype=torch.float32, use_safetensors=True)
+    return model, tokenizer
+
+
+def fit(
+    trainer_class: type,
+    trainer_kwargs: dict,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: GRPOSettings,
+    init_checkpoint: Path,
+    out_dir: Path,
+    *,
+    work_dir: Path,
+    callbacks: list | None,
+    warn: Callable[[str], None] | None,
+    what: str,
+    label_sources: list[str],
+    logged: tuple[tuple[str, str], ...] = GRPO_LOGGED,
+) -> TrainingResult:
+    """Train a TRL trainer (`trainer_class(**trainer_kwargs)`, its args checkpointing into `work_dir`) from
+    `init_checkpoint` with the non-finite step guard, resuming from the latest checkpoint in `work_dir`;
+    save the merged model into `out_dir` and check its weights are finite. `logged` maps log keys to the names whose first- and
+    last-quarter means the metrics report."""
+    from transformers import AutoConfig
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from noisy_student_assets.guards import assert_finite_checkpoint, guarded_trainer_class, step_guard_callback
+
     guard = step_guard_callback(settings.max_consecutive_skipped_steps, warn)
-    trainer_class = _merged_lora_generation(GRPOTrainer) if settings.merge_lora_for_generation else GRPOTrainer
-    trainer = guarded_trainer_class(trainer_class)(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=grpo_config(settings, work_dir, device=device, report_to=report_to or ["none"]),
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[guard, *(callbacks or [])],
-        peft_config=_lora_config(settings) if settings.use_lora else None,
-    )
+    trainer = guarded_trainer_class(trainer_class)(**trainer_kwargs, callbacks=[guard, *(callbacks or [])])
     resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
     resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0
     train_output = trainer.train(resume_from_checkpoint=resume_from)
-    save_merged(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out_dir)
-    assert_finite_checkpoint(out_dir, f"GRPO from {init_checkpoint}")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    init_config = AutoConfig.from_pretrained(init_checkpoint)
+    for name in DROPOUT_ATTRIBUTES:  # the noise was the student's: the checkpoint (a teacher next) has the init's
+        if hasattr(init_config, name):
+            setattr(model.config, name, getattr(init_config, name))
+    save_merged(model, tokenizer, out_dir)
+    assert_finite_checkpoint(out_dir, f"{what} from {init_checkpoint}")
     log_history = list(trainer.state.log_history)
-    label_sources = list(dataset["label_source"])
-    metrics = _final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step)
+    metrics = _final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step, logged)
     return TrainingResult(
         checkpoint_dir=out_dir,
         metrics=metrics | {"skipped_steps": float(len(guard.state.skipped_steps))},
         log_history=log_history,
-        n_train_rows=len(dataset),
+        n_train_rows=len(label_sources),
         n_gold_rows=label_sources.count(GOLD),
         n_pseudo_rows=label_sources.count(PSEUDO),
     )
@@ -369,7 +488,11 @@ def save_merged(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokeniz
 
 
 def _final_metrics(
-    train_metrics: dict[str, float], log_history: list[dict], global_step: int, resumed_from_step: int
+    train_metrics: dict[str, float],
+    log_history: list[dict],
+    global_step: int,
+    resumed_from_step: int,
+    logged: tuple[tuple[str, str], ...],
 ) -> dict[str, float]:
     trained_steps = global_step - resumed_from_step
     metrics = {
@@ -379,7 +502,7 @@ def _final_metrics(
         "resumed_from_step": float(resumed_from_step),
         "seconds_per_step": train_metrics["train_runtime"] / trained_steps if trained_steps else math.nan,
     }
-    for key, name in (("reward", "reward"), ("rewards/answer_reward/mean", "answer_reward")):
+    for key, name in logged:
         values = [entry[key] for entry in log_history if key in entry]
         if values:
             quarter = max(1, len(values) // 4)

@@ -26,9 +26,9 @@ class TrainingCompute:
     prompts: int = 0
     """Prompts trained on (a prompt drawn twice counts twice)."""
     completions: int = 0
-    """Completions sampled for the GRPO groups."""
+    """Completions trained on: sampled for the GRPO groups, or the teacher's in SFT rows and DPO pairs."""
     generated_tokens: int = 0
-    """Completion tokens those completions held."""
+    """Completion tokens sampled while training (GRPO's groups; SFT and DPO sample none)."""
 
     def __add__(self, other: TrainingCompute) -> TrainingCompute:
         return TrainingCompute(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -66,6 +66,14 @@ def grpo_compute(log_history: list[dict], steps: int, prompts_per_step: int, num
         prompts=steps * prompts_per_step,
         completions=steps * completions_per_step,
         generated_tokens=round(sum(lengths) * completions_per_step),
+    )
+
+
+def supervised_compute(steps: int, prompts_per_step: int, num_generations: int) -> TrainingCompute:
+    """The compute of an SFT or DPO run laid out like GRPO's steps (`distillation`): each step trains on
+    `prompts_per_step` problems x `num_generations` completions of the teacher's, and samples none."""
+    return TrainingCompute(
+        optimizer_steps=steps, prompts=steps * prompts_per_step, completions=steps * prompts_per_step * num_generations
     )
 
 

@@ -18,11 +18,12 @@ import polars as pl
 from noisy_student_assets import layout
 from noisy_student_assets.assets.models import BASE_MODEL, HEAVY_RETRY, checkpoint_eval
 from noisy_student_assets.assets.rounds import kept_pseudo_labels, train_from_student_init
-from noisy_student_assets.assets.stages import stage, train_checkpoint
+from noisy_student_assets.assets.stages import StageRun, stage, train_checkpoint
 from noisy_student_assets.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.control_data import gold_revealed, shuffled_pseudo_labels
 from noisy_student_assets.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
+from noisy_student_assets.training import GRPO_MODE, HARD_REWARD
 from resources.compute import GPU_POOL
 from resources.stage_resources import StageResources
 
@@ -77,6 +78,7 @@ def round_controls(number: int) -> list:
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
+            _refuse_other_training(current)
             revealed = pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
             staged = train_from_student_init(current, teacher, revealed, None)
         return dg.Output(staged, metadata=current.metadata)
@@ -98,6 +100,7 @@ def round_controls(number: int) -> list:
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
+            _refuse_other_training(current)
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
             shuffled = shuffled_pseudo_labels(kept, seed=current.config.grpo.seed)
             moved = int((shuffled["pseudo_label"] != kept["pseudo_label"]).sum())
@@ -111,3 +114,15 @@ def round_controls(number: int) -> list:
     evals = [checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number)) for c in layout.CONTROLS]
     return [labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals, *checks]
 
+
+
+def _refuse_other_training(current: StageRun) -> None:
+    """The gold- and random-label controls train GRPO on 0/1 rewards against their labels: there is no gold or
+    shuffled counterpart of sft rows, dpo pairs or vote shares, so another mode or reward is refused."""
+    config = current.config
+    if config.mode != GRPO_MODE or config.reward != HARD_REWARD:
+        raise dg.Failure(
+            f"{'/'.join(current.context.asset_key.path)} is defined for mode={GRPO_MODE}, reward={HARD_REWARD}; this arm "
+            f"trains mode={config.mode}, reward={config.reward}: list only labeled_only under the experiment's controls",
+            allow_retries=False,
+        )

@@ -105,11 +105,12 @@ def round_assets(number: int) -> list:
         ins={
             "teacher": teacher,
             "pseudo_labels": dg.AssetIn(labels_key),
+            "generations": dg.AssetIn(generations_key),  # sft rows, dpo pairs and vote-share rewards come from them
             "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
         },
         deps=[BASE_MODEL],  # the student's init when student_init=base_model
-        description="GRPO on labeled + kept pseudo-labeled problems from the teacher (or the base model): the "
-        "round's student, next round's teacher.",
+        description="The round's student, next round's teacher: from the teacher (or the base model), GRPO on labeled "
+        "+ kept pseudo-labeled problems, or SFT / DPO on the teacher's samples that agree with the kept labels.",
         **heavy,
     )
     def student_checkpoint(
@@ -117,12 +118,13 @@ def round_assets(number: int) -> list:
         config: StudentConfig,
         teacher: Path,
         pseudo_labels: pl.DataFrame,
+        generations: pl.DataFrame,
         labeled_problems: pl.DataFrame,
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
-            staged = train_from_student_init(current, teacher, labeled_problems, kept)
+            staged = train_from_student_init(current, teacher, labeled_problems, kept, generations)
         return dg.Output(staged, metadata=current.metadata | {"teacher": dg.MetadataValue.path(str(teacher))})
 
     earlier = round_key(number - 1, layout.EVAL_REPORT) if number > 1 else dg.AssetKey(layout.LABELED_RL_EVAL)
@@ -181,17 +183,25 @@ def round_assets(number: int) -> list:
     return [generations, pseudo_labels, student_checkpoint, eval_report, *checkpoint_checks(student_key, partitions_def=ARMS)]
 
 
-def train_from_student_init(current: StageRun, teacher: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None) -> Path:
-    """GRPO from where the round's student (and the gold- and random-label controls) start: the teacher or the base model."""
+def train_from_student_init(
+    current: StageRun, teacher: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFrame | None, generations: pl.DataFrame | None = None
+) -> Path:
+    """Train (`current.config`: a `StudentConfig`) from where the round's student (and the gold- and
+    random-label controls) start: the teacher or the base model."""
     if current.config.student_init not in ("teacher", "base_model"):
         raise dg.Failure(f"student_init must be 'teacher' or 'base_model', got {current.config.student_init!r}", allow_retries=False)
     init = teacher if current.config.student_init == "teacher" else current.lake.artifact_dir(BASE_MODEL)
-    return train_checkpoint(current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled)
+    return train_checkpoint(
+        current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled, generations=generations, student=current.config
+    )
 
 
 def kept_pseudo_labels(current: StageRun, labels: pl.DataFrame, labels_key: dg.AssetKey) -> pl.DataFrame:
-    """The kept pseudo-labels, refused when their audit recorded a failed quality floor (the blocking check
-    stops a run that made them; this stops one that materializes the student alone)."""
+    """The kept pseudo-labels within the config's agreement band, refused when their audit recorded a failed
+    quality floor (the blocking check stops a run that made them; this stops one that materializes the
+    student alone)."""
+    from noisy_student_assets.student_data import in_agreement_band
+
     audit = json.loads(current.lake.read_sidecar(labels_key, current.partition, AUDIT_FILE) or "{}")
     if audit.get("floor_failure"):
         raise dg.Failure(
@@ -199,9 +209,14 @@ def kept_pseudo_labels(current: StageRun, labels: pl.DataFrame, labels_key: dg.A
             "nothing is trained on them",
             allow_retries=False,  # the same labels would fail the same floor again
         )
-    kept = labels.filter("kept")
-    if kept.is_empty():  # only reachable with min_coverage=0: the user chose to go on without them
-        warning = f"no pseudo-label reached tau={audit.get('tau')}: trained on labeled problems only"
+    config = current.config
+    kept = in_agreement_band(labels.filter("kept"), config.agreement_low, config.agreement_high)
+    current.metadata["pseudo_labels_in_band"] = kept.height
+    if kept.is_empty():  # only reachable with min_coverage=0 or a narrow band: the user chose to go on without them
+        warning = (
+            f"no pseudo-label reached tau={audit.get('tau')} within agreement [{config.agreement_low}, {config.agreement_high}]: "
+            "trained on labeled problems only"
+        )
         current.context.log.warning(warning)
         current.metadata["warning"] = warning
     return kept

@@ -12,9 +12,9 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import polars as pl
@@ -23,19 +23,25 @@ from noisy_student_assets import markdown
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.checks import eval_not_degenerate
-from noisy_student_assets.config import resolved_config, with_arm
+from noisy_student_assets.config import StudentConfig, resolved_config, with_arm
 from noisy_student_assets.experiments import Arm
 from noisy_student_assets.layout import METRICS_FILE, SCORES_FILE
 from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.problems import fingerprint
 from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
-from noisy_student_assets.training_compute import grpo_compute, read_compute, record_compute
+from noisy_student_assets.training import GRPO_MODE, SFT_MODE
+from noisy_student_assets.training_compute import grpo_compute, read_compute, record_compute, supervised_compute
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
+
+if TYPE_CHECKING:
+    from noisy_student_assets.evaluation import EvalResult
 
 REPORT_FILE = "report.md"
 DELTA_PREFIX = "delta_vs_"
 """Metrics of an eval against another checkpoint's: `delta_vs_labeled_rl/greedy_accuracy`."""
+GREEDY_FILE, SAMPLED_FILE = "greedy.parquet", "sampled.parquet"
+"""In an eval's artifact: the completions it generated, which an identical eval elsewhere reuses."""
 REPORT_HTML_FILE = "report.html"
 """The report with its figures inlined, for MLflow's artifact viewer (which shows markdown as raw text)."""
 
@@ -126,9 +132,13 @@ def train_checkpoint(
     init_dir: Path,
     labeled: pl.DataFrame,
     pseudo_labeled: pl.DataFrame | None,
+    generations: pl.DataFrame | None = None,
+    student: StudentConfig | None = None,
 ) -> Path:
-    """GRPO (`current.config.grpo`) from `init_dir` on labeled (+ pseudo-labeled) problems into a staged
-    checkpoint directory, for the checkpoint IO manager to publish; metadata goes into `current.metadata`.
+    """Train from `init_dir` into a staged checkpoint directory, for the checkpoint IO manager to publish;
+    metadata goes into `current.metadata`. Without `student` (labeled RL, the labeled-only control): GRPO
+    (`current.config.grpo`) on the labeled problems. With it, the student's mode, reward and noise on the
+    labeled + kept `pseudo_labeled` problems (sft and dpo: on the latter's agreeing `generations` alone).
 
     The checkpoint records its compute and its lineage's (`compute.json`). A run identical to one already
     published (same init weights, training rows and settings, by any arm) is reused by hard links instead
@@ -136,30 +146,35 @@ def train_checkpoint(
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
     fail the asset before anything is published.
     """
-    from noisy_student_assets.training import GOLD, PSEUDO, build_training_dataset, train_grpo
+    from noisy_student_assets.training import GOLD, PSEUDO
 
     context, lake, compute = current.context, current.lake, current.resources.compute
     settings = current.config.grpo.to_settings()
-    dataset = build_training_dataset(labeled, pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=settings.seed)
+    mode = student.mode if student else GRPO_MODE
+    dataset = _training_set(mode, student, settings.seed, labeled, pseudo_labeled, generations, settings.num_generations)
     init_sha = weights_sha256(init_dir)
     # Everything that shapes the run: TRL checkpoints of a crashed attempt live in a work dir under this
     # key (a retry resumes the same run, a changed input never resumes a stale one), and an identical
-    # published run is found by it.
+    # published run is found by it. Student settings at their defaults are left out, so that a GRPO run
+    # keeps the key it had before they existed.
+    options = _student_options(student)
     run_fingerprint = hashlib.sha256(
-        json.dumps(["grpo", init_sha, dataset.to_list(), settings.as_dict()], sort_keys=True, default=str).encode()
+        json.dumps([mode, init_sha, dataset.to_list(), settings.as_dict(), *([options] if options else [])], sort_keys=True, default=str).encode()
     ).hexdigest()
     reusable = lake.recall(run_fingerprint)
     if reusable is not None:
-        context.log.info(f"Reusing {reusable}: the same GRPO run (init weights, training rows, settings) already published")
+        context.log.info(f"Reusing {reusable}: the same {mode} run (init weights, training rows, settings) already published")
         staged = lake.stage_copy(reusable)
         record_compute(staged, read_compute(reusable).own, init_dir)
         result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
     else:
         work_dir = lake.work_dir(context.asset_key, current.partition, run_fingerprint[:16])
         staged = lake.staging_dir()
-        context.log.info(f"GRPO from {init_dir} on {len(dataset)} problems for {settings.max_steps} steps")
+        context.log.info(f"{mode} from {init_dir} on {len(dataset)} rows for {settings.max_steps} steps")
         with compute.exclusive(context.log.info), current.timed("training_seconds"):
-            result = train_grpo(
+            result = _train(
+                mode,
+                student,
                 init_dir,
                 dataset,
                 settings,
@@ -170,17 +185,24 @@ def train_checkpoint(
                 callbacks=[_dagster_log_callback(context)],
                 warn=context.log.warning,
             )
-        own = grpo_compute(result.log_history, int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)
+        steps = int(result.metrics["steps"])
+        own = (
+            grpo_compute(result.log_history, steps, settings.prompts_per_step, settings.num_generations)
+            if mode == GRPO_MODE
+            else supervised_compute(steps, settings.prompts_per_step, settings.num_generations)
+        )
         record_compute(staged, own, init_dir)
         (staged / CONTENT_KEY_FILE).write_text(run_fingerprint)
         current.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
         shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
         result_metadata = {k: float(v) for k, v in result.metrics.items()}
-    sources = list(dataset["label_source"])
+    sources = list(dataset["label_source"]) if "label_source" in dataset.column_names else [PSEUDO] * len(dataset)
     spent = read_compute(staged)
     current.log_metrics({f"compute/{k}": v for k, v in spent.own.as_dict().items()})
     current.log_metrics({f"compute/total_{k}": v for k, v in spent.total.as_dict().items()})
     current.metadata |= result_metadata | {
+        "training_mode": mode,
+        **({"student_options": dg.MetadataValue.json(options)} if options else {}),
         "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
         "init_weights_sha256": init_sha,
         "weights_sha256": weights_sha256(staged),
@@ -193,6 +215,61 @@ def train_checkpoint(
         **{f"compute/total_{k}": v for k, v in spent.total.as_dict().items()},
     }
     return staged
+
+
+def _student_options(student: StudentConfig | None) -> dict:
+    """The student settings besides `grpo` and `student_init` that differ from their defaults."""
+    if student is None:
+        return {}
+    defaults = StudentConfig().model_dump()
+    return {k: v for k, v in student.model_dump(exclude={"grpo", "student_init"}).items() if v != defaults[k]}
+
+
+def _training_set(
+    mode: str,
+    student: StudentConfig | None,
+    seed: int,
+    labeled: pl.DataFrame,
+    pseudo_labeled: pl.DataFrame | None,
+    generations: pl.DataFrame | None,
+    group_size: int,
+):
+    """The TRL dataset of a mode (see `train_checkpoint`)."""
+    from noisy_student_assets.distillation import build_dpo_dataset, build_sft_dataset
+    from noisy_student_assets.student_data import dpo_pairs, sft_rows, vote_share_table
+    from noisy_student_assets.training import VOTE_SHARE_REWARD, build_training_dataset
+
+    noise = bool(student and student.prompt_noise)
+    if mode == GRPO_MODE:
+        shares = None
+        if student and student.reward == VOTE_SHARE_REWARD:
+            shares = vote_share_table(_required(generations, "generations"), _required(pseudo_labeled, "pseudo-labels"))
+        return build_training_dataset(labeled, pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=seed, prompt_noise=noise, vote_shares=shares)
+    generations, pseudo_labeled = _required(generations, "generations"), _required(pseudo_labeled, "pseudo-labels")
+    if mode == SFT_MODE:
+        rows = sft_rows(generations, pseudo_labeled, group_size, student.sft_samples_per_problem)
+        return build_sft_dataset(rows, DEFAULT_SYSTEM_PROMPT, seed=seed, prompt_noise=noise)
+    pairs = dpo_pairs(generations, pseudo_labeled, max(1, group_size // 2))
+    return build_dpo_dataset(pairs, DEFAULT_SYSTEM_PROMPT, seed=seed, prompt_noise=noise)
+
+
+def _required(frame: pl.DataFrame | None, what: str) -> pl.DataFrame:
+    if frame is None:
+        raise ValueError(f"this student mode trains on the round's {what}, and none were given")
+    return frame
+
+
+def _train(mode: str, student: StudentConfig | None, init_dir: Path, dataset, settings, out_dir: Path, **kwargs):
+    from noisy_student_assets.distillation import train_dpo, train_sft
+    from noisy_student_assets.training import HARD_REWARD, train_grpo
+
+    dropout = student.model_dropout if student else 0.0
+    if mode == GRPO_MODE:
+        reward = student.reward if student else HARD_REWARD
+        return train_grpo(init_dir, dataset, settings, out_dir, model_dropout=dropout, reward=reward, **kwargs)
+    if mode == SFT_MODE:
+        return train_sft(init_dir, dataset, settings, out_dir, model_dropout=dropout, **kwargs)
+    return train_dpo(init_dir, dataset, settings, out_dir, beta=student.dpo_beta, model_dropout=dropout, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -231,17 +308,32 @@ def evaluate(
     from noisy_student_assets.guards import output_health
 
     context, config, lake, compute = current.context, current.config, current.lake, current.resources.compute
-    with compute.exclusive(context.log.info), current.timed("eval_seconds"):
-        result = evaluate_checkpoint(
-            checkpoint_dir,
-            eval_problems,
-            config.to_settings(),
-            backend=config.backend,
-            device=compute.resolved_device,
-            dtype=compute.dtype,
-            batch_size=config.batch_size,
-            progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
-        )
+    settings = config.to_settings()
+    # An eval of bit-identical weights on the same problems with the same settings (another arm's labeled RL,
+    # say) is read back instead of generated again; the report around it is still this asset's own.
+    eval_key = hashlib.sha256(
+        json.dumps(
+            ["eval", weights_sha256(checkpoint_dir), fingerprint(eval_problems), asdict(settings), config.backend, config.batch_size],
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    published = lake.recall(eval_key)
+    if published is not None:
+        context.log.info(f"Reusing the completions of {published}: same weights, eval problems and settings")
+        result = _read_eval_result(published, eval_problems, settings)
+        current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
+    else:
+        with compute.exclusive(context.log.info), current.timed("eval_seconds"):
+            result = evaluate_checkpoint(
+                checkpoint_dir,
+                eval_problems,
+                settings,
+                backend=config.backend,
+                device=compute.resolved_device,
+                dtype=compute.dtype,
+                batch_size=config.batch_size,
+                progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
+            )
     health = output_health(result.greedy)
     spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
     metrics = dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
@@ -261,6 +353,9 @@ def evaluate(
     staged = lake.staging_dir()
     result.scores.write_parquet(staged / SCORES_FILE)
     result.breakdown.write_parquet(staged / "breakdown.parquet")
+    result.greedy.write_parquet(staged / GREEDY_FILE)
+    result.sampled.write_parquet(staged / SAMPLED_FILE)
+    (staged / CONTENT_KEY_FILE).write_text(eval_key)
     for stem, png in added.figures.items():
         (staged / f"{stem}.png").write_bytes(png)
     for title, table in tables.items():
@@ -285,6 +380,15 @@ def evaluate(
     }
     check = eval_not_degenerate(context.asset_key, health, config.degenerate_failure(health))
     return result.metrics, check
+
+
+def _read_eval_result(published: Path, eval_problems: pl.DataFrame, settings) -> EvalResult:
+    """The completions a published eval generated, scored again (scoring is cheap and deterministic)."""
+    from noisy_student_assets.evaluation import EvalResult, breakdown, score_problems, summarize
+
+    greedy, sampled = pl.read_parquet(published / GREEDY_FILE), pl.read_parquet(published / SAMPLED_FILE)
+    scores = score_problems(eval_problems, greedy, sampled, settings.ks)
+    return EvalResult(scores=scores, metrics=summarize(scores, settings.ks), breakdown=breakdown(scores), greedy=greedy, sampled=sampled)
 
 
 def read_eval(lake: DataLake, asset_key: dg.AssetKey, partition_key: str | None = None) -> tuple[dict, pl.DataFrame] | None:
