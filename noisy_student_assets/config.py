@@ -17,7 +17,8 @@ from noisy_student_assets.evaluation import EvalSettings
 from noisy_student_assets.generation import SamplingSettings
 from noisy_student_assets.guards import OutputHealth, degenerate_output_failure
 from noisy_student_assets.profiles import by_profile
-from noisy_student_assets.training import GRPO_MODE, HARD_REWARD, LOSS_TYPES, REWARDS, SCALE_REWARDS, STUDENT_MODES, GRPOSettings
+from noisy_student_assets.student import GRPO_MODE, StudentSettings
+from noisy_student_assets.training import HARD_REWARD, LOSS_TYPES, SCALE_REWARDS, GRPOSettings
 
 ConfigT = TypeVar("ConfigT", bound=dg.Config)
 
@@ -291,16 +292,21 @@ class StudentConfig(dg.Config):
     grpo: GRPOTrainingConfig = ROUND_GRPO
 
     @model_validator(mode="after")
-    def _known_mode_and_reward(self) -> StudentConfig:
-        if self.mode not in STUDENT_MODES:
-            raise ValueError(f"mode {self.mode!r} is not one of {STUDENT_MODES}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward {self.reward!r} is not one of {REWARDS}")
-        if self.reward != HARD_REWARD and self.mode != GRPO_MODE:
-            raise ValueError(f"reward {self.reward!r} is a GRPO reward; mode {self.mode!r} has none")
+    def _valid_student(self) -> StudentConfig:
+        self.to_settings()  # mode, reward and their combination
         if self.agreement_low > self.agreement_high:
             raise ValueError(f"agreement_low {self.agreement_low} > agreement_high {self.agreement_high}")
         return self
+
+    def to_settings(self) -> StudentSettings:
+        return StudentSettings(
+            mode=self.mode,
+            reward=self.reward,
+            prompt_noise=self.prompt_noise,
+            model_dropout=self.model_dropout,
+            sft_samples_per_problem=self.sft_samples_per_problem,
+            dpo_beta=self.dpo_beta,
+        )
 
 
 class LabeledOnlyConfig(dg.Config):

@@ -65,6 +65,8 @@ class ArmSpec(BaseModel):
     agreement_high: float | None = Field(default=None, ge=0, le=1, description="... and <= this")
     prompt_noise: bool | None = Field(default=None, description="the student's prompts through several templates")
     dropout: float | None = Field(default=None, ge=0, lt=1, description="the student's model and LoRA dropout")
+    sft_samples_per_problem: int | None = Field(default=None, ge=0, description="sft: distinct agreeing samples per problem")
+    dpo_beta: float | None = Field(default=None, gt=0, description="dpo: DPO's beta")
 
     def over(self, defaults: ArmSpec) -> ArmSpec:
         """This spec with `defaults` filling the fields it leaves unset."""
@@ -89,6 +91,8 @@ class ArmSpec(BaseModel):
                 "agreement_high": self.agreement_high,
                 "prompt_noise": self.prompt_noise,
                 "model_dropout": self.dropout,
+                "sft_samples_per_problem": self.sft_samples_per_problem,
+                "dpo_beta": self.dpo_beta,
                 "grpo": student_grpo,
             },
             LABELED_ONLY: {"grpo": grpo},

@@ -43,10 +43,6 @@ SCALE_REWARDS = ("group", "batch", "none")
 
 GOLD, PSEUDO = "gold", "pseudo"
 
-GRPO_MODE, SFT_MODE, DPO_MODE = "grpo", "sft", "dpo"
-STUDENT_MODES = (GRPO_MODE, SFT_MODE, DPO_MODE)
-"""How a round's student trains: `train_grpo`, or `distillation.train_sft` / `distillation.train_dpo`."""
-
 HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
 REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD)
 """GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), or the vote share

@@ -108,24 +108,19 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
-def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A lake holding round 1's inputs for arm `a` (shared inputs, split, labeled-RL teacher); copy it, see `lake_copy`."""
+def _teacher_lake(root: Path, model_dir: Path) -> Path:
     from resources.data_lake import DataLake
     from tests.lakes import materialize
     from tests.tiny_configs import FOUNDATION, SHARED, tiny_config
 
-    root = tmp_path_factory.mktemp("teacher") / "lake"
     lake = DataLake(root=str(root))
-    config = tiny_config(tiny_model_dir)
+    config = tiny_config(model_dir)
     materialize(lake, SHARED, config)
     materialize(lake, FOUNDATION, config, arm="a")
     return root
 
 
-@pytest.fixture
-def lake_copy(teacher_lake: Path, tmp_path: Path):
-    """Copies of `teacher_lake` for a test to change: `lake_copy()` gives a fresh `DataLake` each call."""
+def _copier(teacher: Path, tmp_path: Path):
     import shutil
 
     from resources.data_lake import DataLake
@@ -134,7 +129,30 @@ def lake_copy(teacher_lake: Path, tmp_path: Path):
 
     def copy() -> DataLake:
         root = tmp_path / f"lake-{next(copies)}"
-        shutil.copytree(teacher_lake, root)
+        shutil.copytree(teacher, root)
         return DataLake(root=str(root))
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A lake holding round 1's inputs for arm `a` (shared inputs, split, labeled-RL teacher); copy it, see `lake_copy`."""
+    return _teacher_lake(tmp_path_factory.mktemp("teacher") / "lake", tiny_model_dir)
+
+
+@pytest.fixture
+def lake_copy(teacher_lake: Path, tmp_path: Path):
+    """Copies of `teacher_lake` for a test to change: `lake_copy()` gives a fresh `DataLake` each call."""
+    return _copier(teacher_lake, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def sevens_teacher_lake(tmp_path_factory: pytest.TempPathFactory, sevens_model_dir: Path) -> Path:
+    """`teacher_lake` from `sevens_model_dir`, whose samples answer (mostly "7"), so votes have a majority and dissent."""
+    return _teacher_lake(tmp_path_factory.mktemp("sevens_teacher") / "lake", sevens_model_dir)
+
+
+@pytest.fixture
+def sevens_lake_copy(sevens_teacher_lake: Path, tmp_path: Path):
+    return _copier(sevens_teacher_lake, tmp_path)

@@ -6,15 +6,23 @@ fault it writes `<ready file>` and waits forever, as a process does in the insta
 - `generations-write`: half of the generations' parquet file written;
 - `sampling`: one shard of samples saved, the next one half written;
 - `checkpoint-save`: half of the trained checkpoint's safetensors file written;
-- `training`: the first resumable TRL checkpoint saved, the second step under way.
+- `training`: the first resumable TRL checkpoint of labeled RL (GRPO) saved, the second step under way;
+- `training-sft`, `training-dpo`: the same in round 1's student trained in that mode (on a lake whose
+  teacher answers, `sevens_lake_copy`: a random model's samples agree on nothing to train on).
+
+`kill_at` (for the tests) runs this until the fault and SIGKILLs it there.
 
 Only where the process stops is arranged here; what it has written is the pipeline's own doing.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -23,11 +31,14 @@ from noisy_student_assets import layout
 from noisy_student_assets.generation import SampleShards
 from resources.data_lake import TABLE_FILE_NAME, DataLake
 from tests.lakes import materialize
-from tests.tiny_configs import TINY_GRPO, round_names, tiny_config, with_op_config
+from tests.tiny_configs import TINY_GRPO, op, round_names, tiny_config, with_op_config
 
 TRAINING_STEPS = 3
 ARM = "a"
-FAULTS = ("generations-write", "sampling", "checkpoint-save", "training")
+STUDENT_MODE_FAULTS = {"training-sft": "sft", "training-dpo": "dpo"}
+FAULTS = ("generations-write", "sampling", "checkpoint-save", "training", *STUDENT_MODE_FAULTS)
+FAULT_TIMEOUT_S = 600
+REPO = Path(__file__).resolve().parents[1]
 
 
 def materialization(fault: str, model_dir: str) -> tuple[list[str], dict, str]:
@@ -36,6 +47,10 @@ def materialization(fault: str, model_dir: str) -> tuple[list[str], dict, str]:
     if fault in ("generations-write", "sampling"):
         return round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT), config, ARM
     grpo = TINY_GRPO | {"max_steps": TRAINING_STEPS, "save_steps": 1}
+    if fault in STUDENT_MODE_FAULTS:
+        student = op(layout.round_prefix(1), layout.STUDENT)
+        config = with_op_config(config, student, mode=STUDENT_MODE_FAULTS[fault], grpo=grpo)
+        return round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT), config, ARM
     return [layout.LABELED_RL], with_op_config(config, layout.LABELED_RL, grpo=grpo), ARM
 
 
@@ -81,19 +96,42 @@ def arrange(fault: str, ready: Path) -> None:
             _half_write(Path(filename), safetensors.torch.save(tensors, metadata=metadata), ready)
 
         transformers.modeling_utils.safe_save_file = stop_in_weights
-    elif fault == "training":
-        from trl import GRPOTrainer
+    elif fault == "training" or fault in STUDENT_MODE_FAULTS:
+        import trl
 
-        save_checkpoint = GRPOTrainer._save_checkpoint
+        trainer_class = {"training": trl.GRPOTrainer, "training-sft": trl.SFTTrainer, "training-dpo": trl.DPOTrainer}[fault]
+        save_checkpoint = trainer_class._save_checkpoint
 
         def stop_after_first_checkpoint(trainer, model, trial):
             save_checkpoint(trainer, model, trial)
             if trainer.state.global_step == 1:
                 _stop_here(ready)
 
-        GRPOTrainer._save_checkpoint = stop_after_first_checkpoint
+        trainer_class._save_checkpoint = stop_after_first_checkpoint
     else:
         raise SystemExit(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+
+
+def kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
+    """Run this module until it reaches `fault`, then SIGKILL its whole process group."""
+    ready = lake.root_path.parent / f"{fault}.ready"
+    log = lake.root_path.parent / f"{fault}.log"
+    with log.open("wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.killed_run", fault, lake.root, str(ready), str(model_dir)],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + FAULT_TIMEOUT_S
+        while not ready.exists():
+            assert child.poll() is None, f"exited {child.returncode} before its fault:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"did not reach its fault in {FAULT_TIMEOUT_S} s"
+            time.sleep(0.2)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
 
 
 def main(fault: str, lake_root: str, ready: str, model_dir: str) -> None:

@@ -23,7 +23,8 @@ from noisy_student_assets.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.control_data import gold_revealed, shuffled_pseudo_labels
 from noisy_student_assets.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
-from noisy_student_assets.training import GRPO_MODE, HARD_REWARD
+from noisy_student_assets.student import GRPO_MODE
+from noisy_student_assets.training import HARD_REWARD
 from resources.compute import GPU_POOL
 from resources.stage_resources import StageResources
 

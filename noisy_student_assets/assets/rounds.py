@@ -1,8 +1,8 @@
 """One Noisy Student round per arm, as one asset per artifact (made by `round_assets(n)`):
 
     teacher ──► round_00n/generations ──► round_00n/pseudo_labels ──► round_00n/student_checkpoint ──► round_00n/eval_report
-    (labeled RL, or round n-1's student)                                ▲ teacher, labeled problems        ▲ audit, labeled-only eval,
-                                                                                                            previous report
+    (labeled RL, or round n-1's student)                                ▲ teacher, generations,            ▲ audit, labeled-only eval,
+                                                                        labeled problems                   previous report
 
 Every read is a declared input or dependency, so the UI draws what fed what, and re-materializing
 `round_002/pseudo_labels*` with a new tau re-runs only the vote, the student and what is downstream: the
@@ -192,7 +192,7 @@ def train_from_student_init(
         raise dg.Failure(f"student_init must be 'teacher' or 'base_model', got {current.config.student_init!r}", allow_retries=False)
     init = teacher if current.config.student_init == "teacher" else current.lake.artifact_dir(BASE_MODEL)
     return train_checkpoint(
-        current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled, generations=generations, student=current.config
+        current, init_dir=init, labeled=labeled, pseudo_labeled=pseudo_labeled, generations=generations, student=current.config.to_settings()
     )
 
 

@@ -23,14 +23,13 @@ from noisy_student_assets import markdown
 from noisy_student_assets.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.checks import eval_not_degenerate
-from noisy_student_assets.config import StudentConfig, resolved_config, with_arm
+from noisy_student_assets.config import resolved_config, with_arm
 from noisy_student_assets.experiments import Arm
 from noisy_student_assets.layout import METRICS_FILE, SCORES_FILE
 from noisy_student_assets.markdown import markdown_table as markdown_text
 from noisy_student_assets.problems import fingerprint
-from noisy_student_assets.prompts import DEFAULT_SYSTEM_PROMPT
-from noisy_student_assets.training import GRPO_MODE, SFT_MODE
-from noisy_student_assets.training_compute import grpo_compute, read_compute, record_compute, supervised_compute
+from noisy_student_assets.student import StudentSettings
+from noisy_student_assets.training_compute import read_compute, record_compute
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
 
@@ -133,7 +132,7 @@ def train_checkpoint(
     labeled: pl.DataFrame,
     pseudo_labeled: pl.DataFrame | None,
     generations: pl.DataFrame | None = None,
-    student: StudentConfig | None = None,
+    student: StudentSettings | None = None,
 ) -> Path:
     """Train from `init_dir` into a staged checkpoint directory, for the checkpoint IO manager to publish;
     metadata goes into `current.metadata`. Without `student` (labeled RL, the labeled-only control): GRPO
@@ -146,34 +145,36 @@ def train_checkpoint(
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
     fail the asset before anything is published.
     """
+    from noisy_student_assets.student import student_compute, train_student, training_set
     from noisy_student_assets.training import GOLD, PSEUDO
 
     context, lake, compute = current.context, current.lake, current.resources.compute
     settings = current.config.grpo.to_settings()
-    mode = student.mode if student else GRPO_MODE
-    dataset = _training_set(mode, student, settings.seed, labeled, pseudo_labeled, generations, settings.num_generations)
+    student = student or StudentSettings()
+    dataset = training_set(student, settings.seed, labeled, pseudo_labeled, generations, settings.num_generations)
     init_sha = weights_sha256(init_dir)
     # Everything that shapes the run: TRL checkpoints of a crashed attempt live in a work dir under this
     # key (a retry resumes the same run, a changed input never resumes a stale one), and an identical
     # published run is found by it. Student settings at their defaults are left out, so that a GRPO run
     # keeps the key it had before they existed.
-    options = _student_options(student)
+    options = student.changed()
     run_fingerprint = hashlib.sha256(
-        json.dumps([mode, init_sha, dataset.to_list(), settings.as_dict(), *([options] if options else [])], sort_keys=True, default=str).encode()
+        json.dumps(
+            [student.mode, init_sha, dataset.to_list(), settings.as_dict(), *([options] if options else [])], sort_keys=True, default=str
+        ).encode()
     ).hexdigest()
     reusable = lake.recall(run_fingerprint)
     if reusable is not None:
-        context.log.info(f"Reusing {reusable}: the same {mode} run (init weights, training rows, settings) already published")
+        context.log.info(f"Reusing {reusable}: the same {student.mode} run (init weights, training rows, settings) already published")
         staged = lake.stage_copy(reusable)
         record_compute(staged, read_compute(reusable).own, init_dir)
         result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
     else:
         work_dir = lake.work_dir(context.asset_key, current.partition, run_fingerprint[:16])
         staged = lake.staging_dir()
-        context.log.info(f"{mode} from {init_dir} on {len(dataset)} rows for {settings.max_steps} steps")
+        context.log.info(f"{student.mode} from {init_dir} on {len(dataset)} rows for {settings.max_steps} steps")
         with compute.exclusive(context.log.info), current.timed("training_seconds"):
-            result = _train(
-                mode,
+            result = train_student(
                 student,
                 init_dir,
                 dataset,
@@ -185,13 +186,7 @@ def train_checkpoint(
                 callbacks=[_dagster_log_callback(context)],
                 warn=context.log.warning,
             )
-        steps = int(result.metrics["steps"])
-        own = (
-            grpo_compute(result.log_history, steps, settings.prompts_per_step, settings.num_generations)
-            if mode == GRPO_MODE
-            else supervised_compute(steps, settings.prompts_per_step, settings.num_generations)
-        )
-        record_compute(staged, own, init_dir)
+        record_compute(staged, student_compute(student, result, settings), init_dir)
         (staged / CONTENT_KEY_FILE).write_text(run_fingerprint)
         current.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
         shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
@@ -201,7 +196,7 @@ def train_checkpoint(
     current.log_metrics({f"compute/{k}": v for k, v in spent.own.as_dict().items()})
     current.log_metrics({f"compute/total_{k}": v for k, v in spent.total.as_dict().items()})
     current.metadata |= result_metadata | {
-        "training_mode": mode,
+        "training_mode": student.mode,
         **({"student_options": dg.MetadataValue.json(options)} if options else {}),
         "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
         "init_weights_sha256": init_sha,
@@ -215,61 +210,6 @@ def train_checkpoint(
         **{f"compute/total_{k}": v for k, v in spent.total.as_dict().items()},
     }
     return staged
-
-
-def _student_options(student: StudentConfig | None) -> dict:
-    """The student settings besides `grpo` and `student_init` that differ from their defaults."""
-    if student is None:
-        return {}
-    defaults = StudentConfig().model_dump()
-    return {k: v for k, v in student.model_dump(exclude={"grpo", "student_init"}).items() if v != defaults[k]}
-
-
-def _training_set(
-    mode: str,
-    student: StudentConfig | None,
-    seed: int,
-    labeled: pl.DataFrame,
-    pseudo_labeled: pl.DataFrame | None,
-    generations: pl.DataFrame | None,
-    group_size: int,
-):
-    """The TRL dataset of a mode (see `train_checkpoint`)."""
-    from noisy_student_assets.distillation import build_dpo_dataset, build_sft_dataset
-    from noisy_student_assets.student_data import dpo_pairs, sft_rows, vote_share_table
-    from noisy_student_assets.training import VOTE_SHARE_REWARD, build_training_dataset
-
-    noise = bool(student and student.prompt_noise)
-    if mode == GRPO_MODE:
-        shares = None
-        if student and student.reward == VOTE_SHARE_REWARD:
-            shares = vote_share_table(_required(generations, "generations"), _required(pseudo_labeled, "pseudo-labels"))
-        return build_training_dataset(labeled, pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=seed, prompt_noise=noise, vote_shares=shares)
-    generations, pseudo_labeled = _required(generations, "generations"), _required(pseudo_labeled, "pseudo-labels")
-    if mode == SFT_MODE:
-        rows = sft_rows(generations, pseudo_labeled, group_size, student.sft_samples_per_problem)
-        return build_sft_dataset(rows, DEFAULT_SYSTEM_PROMPT, seed=seed, prompt_noise=noise)
-    pairs = dpo_pairs(generations, pseudo_labeled, max(1, group_size // 2))
-    return build_dpo_dataset(pairs, DEFAULT_SYSTEM_PROMPT, seed=seed, prompt_noise=noise)
-
-
-def _required(frame: pl.DataFrame | None, what: str) -> pl.DataFrame:
-    if frame is None:
-        raise ValueError(f"this student mode trains on the round's {what}, and none were given")
-    return frame
-
-
-def _train(mode: str, student: StudentConfig | None, init_dir: Path, dataset, settings, out_dir: Path, **kwargs):
-    from noisy_student_assets.distillation import train_dpo, train_sft
-    from noisy_student_assets.training import HARD_REWARD, train_grpo
-
-    dropout = student.model_dropout if student else 0.0
-    if mode == GRPO_MODE:
-        reward = student.reward if student else HARD_REWARD
-        return train_grpo(init_dir, dataset, settings, out_dir, model_dropout=dropout, reward=reward, **kwargs)
-    if mode == SFT_MODE:
-        return train_sft(init_dir, dataset, settings, out_dir, model_dropout=dropout, **kwargs)
-    return train_dpo(init_dir, dataset, settings, out_dir, beta=student.dpo_beta, model_dropout=dropout, **kwargs)
 
 
 @dataclass(frozen=True)

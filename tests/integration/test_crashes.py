@@ -6,11 +6,6 @@ resumes what the killed one finished, and afterwards no partial file is left in 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -21,13 +16,12 @@ from noisy_student_assets.checkpoints import weights_sha256
 from noisy_student_assets.generation import GENERATION_SCHEMA
 from resources.data_lake import STAGING_DIR_NAME, WORK_DIR_NAME, DataLake
 from tests.killed_run import ARM, TRAINING_STEPS, materialization
+from tests.killed_run import kill_at as kill_at_fault
 from tests.lakes import materialize, metadata_of
 
-REPO = Path(__file__).resolve().parents[2]
 GENERATIONS = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
 GENERATIONS_NAME = "/".join(GENERATIONS.path)
 LABELED_RL = dg.AssetKey(layout.LABELED_RL)
-FAULT_TIMEOUT_S = 600
 
 
 @pytest.fixture
@@ -37,7 +31,7 @@ def lake(lake_copy) -> DataLake:
 
 @pytest.fixture
 def kill_at(tiny_model_dir):
-    return lambda fault, lake: _kill_at(fault, lake, tiny_model_dir)
+    return lambda fault, lake: kill_at_fault(fault, lake, tiny_model_dir)
 
 
 @pytest.fixture
@@ -47,28 +41,6 @@ def rerun(tiny_model_dir):
         return materialize(lake, selection, config, arm)
 
     return run
-
-
-def _kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
-    """Run tests/killed_run.py until it reaches `fault`, then SIGKILL its whole process group."""
-    ready = lake.root_path.parent / f"{fault}.ready"
-    log = lake.root_path.parent / f"{fault}.log"
-    with log.open("wb") as out:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.killed_run", fault, lake.root, str(ready), str(model_dir)],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + FAULT_TIMEOUT_S
-        while not ready.exists():
-            assert child.poll() is None, f"exited {child.returncode} before its fault:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"did not reach its fault in {FAULT_TIMEOUT_S} s"
-            time.sleep(0.2)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-    assert child.returncode == -signal.SIGKILL
 
 
 def staged_files(lake: DataLake) -> list[Path]:
@@ -133,3 +105,22 @@ def test_killed_while_training_resumes_from_the_last_trl_checkpoint(lake: DataLa
     assert metadata["steps"].value == float(TRAINING_STEPS)
     assert_nothing_partial_left(lake)
 
+
+
+@pytest.mark.parametrize("mode", ["sft", "dpo"])
+def test_a_student_killed_while_training_in_a_mode_resumes(mode: str, sevens_lake_copy, sevens_model_dir: Path) -> None:
+    lake, fault = sevens_lake_copy(), f"training-{mode}"
+    kill_at_fault(fault, lake, sevens_model_dir)
+    student = dg.AssetKey(layout.round_asset(1, layout.STUDENT))
+    saved = [p.name for p in lake.root_path.joinpath(WORK_DIR_NAME, *student.path).glob("*/*/checkpoint-*")]
+    assert saved == ["checkpoint-1"]
+    assert not lake.artifact_dir(student, ARM).exists()
+
+    selection, config, arm = materialization(fault, str(sevens_model_dir))
+    result = materialize(lake, selection, config, arm)
+    metadata = metadata_of(result, student.to_user_string())
+    assert metadata["training_mode"].value == mode
+    assert metadata["resumed_from_step"].value == 1.0 and metadata["steps"].value == float(TRAINING_STEPS)
+    checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations() if c.asset_key == student}
+    assert checks and all(checks.values()), checks  # finite weights, loads, generates
+    assert_nothing_partial_left(lake)

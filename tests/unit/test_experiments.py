@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from noisy_student_assets import experiments
-from noisy_student_assets.config import EvalConfig, LabeledRLConfig, PseudoLabelConfig, SamplingConfig, StudentConfig, with_arm
+from noisy_student_assets.config import (
+    EvalConfig,
+    LabeledOnlyConfig,
+    LabeledRLConfig,
+    PseudoLabelConfig,
+    SamplingConfig,
+    StudentConfig,
+    with_arm,
+)
 from noisy_student_assets.experiments import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
 
 
@@ -73,6 +81,22 @@ def test_each_arm_field_reaches_the_settings_it_names() -> None:
     evaluation = with_arm(EvalConfig(), arm)[0]
     assert (evaluation.samples, evaluation.ks, evaluation.seed) == (0, [], 3)
     assert with_arm(EvalConfig(), Arm(name="y", experiment="e", spec=ArmSpec(eval_samples=4)))[0].ks == [1, 4]
+
+
+def test_the_student_variant_fields_reach_the_student_and_its_controls_only() -> None:
+    arm = Arm(name="x", experiment="e", spec=ArmSpec(
+        mode="dpo", agreement_low=0.5, agreement_high=0.9, prompt_noise=True, dropout=0.1, dpo_beta=0.3, sft_samples_per_problem=2
+    ))
+    student = with_arm(StudentConfig(), arm)[0]
+    assert (student.mode, student.agreement_low, student.agreement_high, student.prompt_noise) == ("dpo", 0.5, 0.9, True)
+    assert (student.model_dropout, student.grpo.lora_dropout, student.dpo_beta, student.sft_samples_per_problem) == (0.1, 0.1, 0.3, 2)
+    assert with_arm(StudentConfig(), Arm(name="y", experiment="e", spec=ArmSpec(reward="vote_share")))[0].reward == "vote_share"
+    assert with_arm(LabeledOnlyConfig(), arm)[0] == LabeledOnlyConfig()  # the control trains as it always does
+    assert with_arm(LabeledRLConfig(), arm)[0] == LabeledRLConfig()
+    with pytest.raises(ValueError, match="GRPO reward"):
+        with_arm(StudentConfig(), Arm(name="z", experiment="e", spec=ArmSpec(mode="sft", reward="vote_share")))
+    with pytest.raises(ValueError):
+        ArmSpec(mode="ppo")
 
 
 def test_an_arm_overrules_the_run_config_and_says_so() -> None:

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from noisy_student_assets.prompts import build_messages
+from noisy_student_assets.prompts import NOISY_TEMPLATES, build_messages, prompt_template
 from noisy_student_assets.training import (
     GRPOSettings,
     answer_reward,
@@ -21,6 +21,7 @@ from noisy_student_assets.training import (
     format_reward_fn,
     grpo_config,
     train_grpo,
+    vote_share_reward,
 )
 
 SYSTEM_PROMPT = "Answer with \\boxed{}."
@@ -223,3 +224,53 @@ def test_too_small_a_dataset_is_rejected_before_loading(tmp_path: Path, training
     too_small = training_set.select(range(n_rows))
     with pytest.raises(ValueError, match=message):
         train_grpo(tmp_path / "no-model", too_small, TINY_RUN, tmp_path / "out", work_dir=tmp_path / "work")
+
+
+# --- the student's prompt noise and soft reward ---------------------------------------------------
+
+
+def test_prompt_noise_renders_prompts_through_seeded_templates():
+    def prompts(seed: int, noise: bool) -> dict[str, str]:
+        dataset = build_training_dataset(labeled_frame(12), None, "", seed=seed, prompt_noise=noise)
+        return {row["problem_id"]: row["prompt"][-1]["content"] for row in dataset}
+
+    plain, noisy = prompts(0, False), prompts(0, True)
+    assert plain == {f"gold-{i}": build_messages(f"What is {i} + 7 - {i}?")[0]["content"] for i in range(12)}
+    assert noisy == prompts(0, True) and noisy != prompts(1, True)
+    used = {template for template in range(len(NOISY_TEMPLATES)) for pid, text in noisy.items()
+            if text == build_messages(f"What is {pid.split('-')[1]} + 7 - {pid.split('-')[1]}?", template=template)[0]["content"]}
+    assert len(used) > 1
+    assert all("\\boxed{}" in template for template in NOISY_TEMPLATES)
+    assert NOISY_TEMPLATES[0] == json.loads(prompt_template())[0]["content"]  # template 0 is every stage's format
+
+
+def test_vote_share_reward_pays_the_answer_s_share_of_the_votes_and_gold_rows_hard():
+    shares = json.dumps([["12", 0.625], ["13", 0.25]])
+    completions = ["\\boxed{12}", "\\boxed{13}", "\\boxed{14}", "no answer", "\\boxed{5}", "\\boxed{6}"]
+    targets = ["12", "12", "12", "12", "5", "5"]
+    vote_shares = [shares] * 4 + ["[]", "[]"]
+    logged = {}
+    rewards = vote_share_reward(
+        completions, targets, vote_shares, label_source=["pseudo"] * 4 + ["gold"] * 2, log_metric=logged.__setitem__
+    )
+    assert rewards == [0.625, 0.25, 0.0, 0.0, 1.0, 0.0]
+    assert logged == {"answer_reward/gold": 0.5, "answer_reward/pseudo": 0.25}  # agreement with the label, as before
+
+
+def test_vote_shares_join_the_pseudo_labeled_rows_only():
+    shares = pl.DataFrame({"problem_id": ["pseudo-0", "pseudo-1"], "vote_shares": ['[["7", 0.75]]', '[["7", 1.0]]']})
+    dataset = build_training_dataset(labeled_frame(2), pseudo_frame(2), SYSTEM_PROMPT, vote_shares=shares)
+    assert {row["problem_id"]: row["vote_shares"] for row in dataset} == {
+        "gold-0": "[]", "gold-1": "[]", "pseudo-0": '[["7", 0.75]]', "pseudo-1": '[["7", 1.0]]'
+    }
+
+
+def test_grpo_trains_on_the_vote_share_reward(sevens_model_dir: Path, tmp_path: Path):
+    shares = pl.DataFrame({"problem_id": [f"pseudo-{i}" for i in range(4)], "vote_shares": '[["7", 0.75], ["8", 0.25]]'})
+    dataset = build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT, vote_shares=shares)
+    settings = replace(TINY_RUN, max_steps=1, save_steps=0)
+    result = train_grpo(sevens_model_dir, dataset, settings, tmp_path / "merged", work_dir=tmp_path / "work", reward="vote_share")
+    (step,) = [entry for entry in result.log_history if "reward" in entry]
+    assert "rewards/vote_share_reward/mean" in step and 0.0 <= step["rewards/vote_share_reward/mean"] <= 1.0
+    with pytest.raises(ValueError, match="reward 'soft'"):
+        train_grpo(sevens_model_dir, dataset, settings, tmp_path / "other", work_dir=tmp_path / "w", reward="soft")

@@ -1,0 +1,60 @@
+"""A round's student in each mode (GRPO with the soft reward and noise, SFT, DPO), materialized in-process
+beside its labeled-only control on a lake whose teacher answers (`sevens_teacher_lake`)."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from noisy_student_assets import layout
+from noisy_student_assets.training_compute import MATCHED_FIELDS
+from tests.lakes import materialize, metadata_of
+from tests.tiny_configs import op, round_names, tiny_config, with_op_config
+
+ARM = "a"
+STUDENT = "/".join(layout.round_asset(1, layout.STUDENT))
+CONTROL = "/".join(layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)))
+STUDENT_OP = op(layout.round_prefix(1), layout.STUDENT)
+MODES = {
+    "sft": {"mode": "sft", "sft_samples_per_problem": 1},
+    "dpo": {"mode": "dpo", "dpo_beta": 0.2},
+    "grpo-soft-noisy": {"reward": "vote_share", "prompt_noise": True, "model_dropout": 0.1, "agreement_low": 0.3},
+}
+
+
+@pytest.mark.parametrize("variant", list(MODES))
+def test_a_student_of_any_mode_spends_its_labeled_only_control_s_compute(variant: str, sevens_lake_copy, sevens_model_dir) -> None:
+    lake = sevens_lake_copy()
+    config = tiny_config(sevens_model_dir)
+    config = with_op_config(config, STUDENT_OP, **MODES[variant], grpo=config["ops"][STUDENT_OP]["config"]["grpo"] | {"max_steps": 2})
+    control_op = op(layout.round_prefix(1), layout.control_checkpoint(layout.LABELED_ONLY))
+    config = with_op_config(config, control_op, grpo=config["ops"][STUDENT_OP]["config"]["grpo"])
+    selection = round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.control_checkpoint(layout.LABELED_ONLY))
+    result = materialize(lake, selection, config, ARM)
+
+    student, control = metadata_of(result, STUDENT), metadata_of(result, CONTROL)
+    assert student["training_mode"].value == MODES[variant].get("mode", "grpo")
+    trained_with = {k: v for k, v in MODES[variant].items() if not k.startswith("agreement")}  # the band picks the labels
+    assert student["student_options"].value == trained_with
+    for field in MATCHED_FIELDS:
+        assert student[f"compute/{field}"].value == control[f"compute/{field}"].value > 0
+        assert student[f"compute/total_{field}"].value == control[f"compute/total_{field}"].value
+    checks = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in result.get_asset_check_evaluations()}
+    assert checks[(CONTROL, "compute_matched")] and checks[(STUDENT, "finite_weights")]
+    if variant == "grpo-soft-noisy":
+        assert student["pseudo_labels_in_band"].value > 0
+        assert student["pseudo_rows"].value == student["pseudo_labels_in_band"].value
+    else:
+        assert student["gold_rows"].value == 0 and student["pseudo_rows"].value == student["train_rows"].value > 0
+
+
+def test_the_gold_and_random_label_controls_refuse_another_mode(sevens_lake_copy, sevens_model_dir) -> None:
+    lake = sevens_lake_copy()
+    config = tiny_config(sevens_model_dir)
+    gold = op(layout.round_prefix(1), layout.control_checkpoint(layout.GOLD_LABEL))
+    config = with_op_config(config, gold, mode="sft")
+    selection = round_names(1, layout.GENERATIONS, layout.control_checkpoint(layout.GOLD_LABEL))
+    result = materialize(lake, selection, config, ARM, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "defined for mode=grpo, reward=hard" in failure.event_specific_data.error.message
