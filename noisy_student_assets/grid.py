@@ -140,10 +140,9 @@ class Grid:
         return self.dg.AssetKey(name.split("/"))
 
     def _latest(self, name: str, partition: str | None):
-        records = self.instance.fetch_materializations(
-            self.dg.AssetRecordsFilter(asset_key=self._key(name), asset_partitions=[partition] if partition else None), limit=1
-        ).records
-        return records[0] if records else None
+        from noisy_student_assets.sensors import latest_materialization
+
+        return latest_materialization(self.instance, self._key(name), partition)
 
     def _materialize(self, targets: list[str], arm, always: bool = False) -> bool:
         partition = arm.name if arm else None

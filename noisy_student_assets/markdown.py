@@ -5,6 +5,7 @@ import base64
 import html
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 import polars as pl
 
@@ -43,3 +44,14 @@ def report_html(title: str, markdown_text: str) -> str:
     body = markdown.markdown(markdown_text, extensions=["tables"])
     style = "body{font-family:sans-serif;max-width:60em;margin:1em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{body}</body></html>\n"
+
+
+def write_report(directory: Path, name: str, title: str, text: str, figures: Mapping[str, bytes]) -> str:
+    """Write a report into `directory`: each figure as `<stem>.png`, `<name>.md` linking them, and `<name>.html`
+    with them inlined (`report_html`). Returns the markdown with the figures inlined, for Dagster metadata."""
+    for stem, png in figures.items():
+        (directory / f"{stem}.png").write_bytes(png)
+    (directory / f"{name}.md").write_text(text + figures_markdown({stem: f"{stem}.png" for stem in figures}))
+    inline = text + figures_markdown({stem: png_data_uri(png) for stem, png in figures.items()})
+    (directory / f"{name}.html").write_text(report_html(title, inline))
+    return inline

@@ -27,8 +27,10 @@ from resources.experiments import ExperimentFiles
 NEXT_ROUND_TAG = "noisy_student/next_round"
 
 
-def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, arm: str):
-    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[arm]), limit=1).records
+def latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None):
+    """The latest materialization record of one asset partition (of the asset, when `partition` is None), or None."""
+    partitions = [partition] if partition else None
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=1).records
     return records[0] if records else None
 
 
@@ -37,7 +39,7 @@ def _round_state(instance: dg.DagsterInstance, number: int, arm: str) -> RoundSt
     check = dg.AssetCheckKey(report, NO_EVAL_REGRESSION)
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([check], partition_filter=PartitionKeyFilter(key=arm))
     return RoundState(
-        evaluated=_latest_materialization(instance, report, arm) is not None,
+        evaluated=latest_materialization(instance, report, arm) is not None,
         regressed=check in latest and latest[check].status == AssetCheckExecutionRecordStatus.FAILED,
     )
 
@@ -61,9 +63,9 @@ def build_next_round_sensor(round_jobs: Sequence[dg.UnresolvedAssetJobDefinition
                 context.log.warning(f"arm {arm} is registered but declared in no experiment file: skipped")
                 continue
             states = [_round_state(instance, number, arm) for number in range(1, len(round_jobs) + 1)]
-            labeled_rl_evaluated = _latest_materialization(instance, dg.AssetKey(layout.LABELED_RL_EVAL), arm) is not None
+            labeled_rl_evaluated = latest_materialization(instance, dg.AssetKey(layout.LABELED_RL_EVAL), arm) is not None
             number = next_round(labeled_rl_evaluated, states, planned=min(experiment.rounds, len(round_jobs)))
-            teacher = _latest_materialization(instance, teacher_key(number), arm) if number else None
+            teacher = latest_materialization(instance, teacher_key(number), arm) if number else None
             if teacher is None:
                 continue
             round_name = layout.round_prefix(number)

@@ -36,13 +36,13 @@ from resources.stage_resources import StageResources
 if TYPE_CHECKING:
     from noisy_student_assets.evaluation import EvalResult
 
-REPORT_FILE = "report.md"
+REPORT_NAME = "report"
+"""An eval's report: `report.md` (figures beside it) and `report.html` (figures inlined, for MLflow's artifact
+viewer, which shows markdown as raw text)."""
 DELTA_PREFIX = "delta_vs_"
 """Metrics of an eval against another checkpoint's: `delta_vs_labeled_rl/greedy_accuracy`."""
 GREEDY_FILE, SAMPLED_FILE = "greedy.parquet", "sampled.parquet"
 """In an eval's artifact: the completions it generated, which an identical eval elsewhere reuses."""
-REPORT_HTML_FILE = "report.html"
-"""The report with its figures inlined, for MLflow's artifact viewer (which shows markdown as raw text)."""
 
 
 @dataclass
@@ -289,22 +289,18 @@ def evaluate(
     tables = {"By subject / level": result.breakdown} | added.tables
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
     report = _report_markdown(title, added.text, metrics, tables)
-    inline_report = report + markdown.figures_markdown({stem: markdown.png_data_uri(png) for stem, png in added.figures.items()})
     staged = lake.staging_dir()
     result.scores.write_parquet(staged / SCORES_FILE)
     result.breakdown.write_parquet(staged / "breakdown.parquet")
     result.greedy.write_parquet(staged / GREEDY_FILE)
     result.sampled.write_parquet(staged / SAMPLED_FILE)
     (staged / CONTENT_KEY_FILE).write_text(eval_key)
-    for stem, png in added.figures.items():
-        (staged / f"{stem}.png").write_bytes(png)
     for title, table in tables.items():
         table.write_parquet(staged / f"{_metadata_key(title)}.parquet")
     (staged / METRICS_FILE).write_text(
         json.dumps({"metrics": metrics, "checkpoint": str(checkpoint_dir), "eval_problems": fingerprint(eval_problems)}, indent=2)
     )
-    (staged / REPORT_FILE).write_text(report + markdown.figures_markdown({stem: f"{stem}.png" for stem in added.figures}))
-    (staged / REPORT_HTML_FILE).write_text(markdown.report_html(title, inline_report))
+    inline_report = markdown.write_report(staged, REPORT_NAME, title, report, added.figures)
     current.log_metrics(metrics)
     mlflow.log_artifacts(str(staged), artifact_path="eval_report")
     final = lake.publish(staged, context.asset_key, current.partition)

@@ -11,8 +11,8 @@ from noisy_student_assets.partitions import ARMS, ROUNDS, round_key
 from resources.stage_resources import StageResources
 
 GROUP = "experiments"
-VERDICT_FILE = "verdict.md"
-VERDICT_HTML_FILE = "verdict.html"
+VERDICT_NAME = "verdict"
+"""`verdict.md` and `verdict.html` (see `markdown.write_report`)."""
 
 
 @dg.asset(
@@ -47,13 +47,10 @@ def verdict(
         grouped = results.accuracy.with_columns(pl.concat_str("experiment", "group", separator=": ").alias("group"))
         figure = plots.accuracy_by_round(grouped) if grouped.height else None
         staged = stage_resources.lake.staging_dir()
-        (staged / VERDICT_FILE).write_text(f"# Verdict\n\n{report}")
         results.accuracy.write_parquet(staged / "accuracy.parquet")
         results.differences.write_parquet(staged / "differences.parquet")
-        if figure:
-            (staged / "accuracy_by_round.png").write_bytes(figure)
-        inline_report = report + (markdown.figures_markdown({"accuracy_by_round": markdown.png_data_uri(figure)}) if figure else "")
-        (staged / VERDICT_HTML_FILE).write_text(markdown.report_html("Verdict", f"# Verdict\n\n{inline_report}"))
+        figures = {"accuracy_by_round": figure} if figure else {}
+        inline_report = markdown.write_report(staged, VERDICT_NAME, "Verdict", f"# Verdict\n\n{report}", figures)
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
             current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}": row["estimate"]})

@@ -35,6 +35,7 @@ DRAWN_EDGES = [
     (layout.LABELED_RL, _round(1, layout.GENERATIONS)),
     (_round(1, layout.GENERATIONS), _round(1, layout.PSEUDO_LABELS)),
     (_round(1, layout.PSEUDO_LABELS), _round(1, layout.STUDENT)),
+    (_round(1, layout.GENERATIONS), _round(1, layout.STUDENT)),  # sft rows, dpo pairs, vote shares
     (layout.LABELED_RL, _round(1, layout.STUDENT)),
     (_round(1, layout.STUDENT), _round(1, layout.EVAL_REPORT)),
     (_round(1, layout.PSEUDO_LABELS), _round(1, layout.EVAL_REPORT)),

@@ -1,4 +1,4 @@
-from noisy_student_assets.markdown import figures_markdown, png_data_uri, report_html
+from noisy_student_assets.markdown import figures_markdown, png_data_uri, report_html, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n fake"
 
@@ -13,3 +13,11 @@ def test_report_html_renders_tables_and_images_and_escapes_the_title() -> None:
     assert "<title>a &lt;b&gt; report</title>" in page
     assert "<table>" in page and "<td>1</td>" in page
     assert '<img alt="plot" src="data:image/png;base64,' in page
+
+
+def test_a_written_report_links_its_figure_files_and_inlines_them_in_html_and_metadata(tmp_path) -> None:
+    inline = write_report(tmp_path, "report", "R", "# R\n", {"plot": PNG})
+    assert (tmp_path / "plot.png").read_bytes() == PNG
+    assert (tmp_path / "report.md").read_text() == "# R\n\n![plot](plot.png)\n"
+    assert inline == "# R\n" + figures_markdown({"plot": png_data_uri(PNG)})
+    assert png_data_uri(PNG) in (tmp_path / "report.html").read_text()
