@@ -7,6 +7,7 @@ profiles differ. The Dagster launchpad and `dagster asset materialize --config` 
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from typing import ClassVar, TypeVar
 
 import dagster as dg
@@ -17,8 +18,8 @@ from noisy_student_assets.evaluation import EvalSettings
 from noisy_student_assets.generation import SamplingSettings
 from noisy_student_assets.guards import OutputHealth, degenerate_output_failure
 from noisy_student_assets.profiles import by_profile
-from noisy_student_assets.student import GRPO_MODE, StudentSettings
-from noisy_student_assets.training import HARD_REWARD, LOSS_TYPES, SCALE_REWARDS, GRPOSettings
+from noisy_student_assets.student import StudentSettings
+from noisy_student_assets.training import LOSS_TYPES, SCALE_REWARDS, GRPOSettings
 
 ConfigT = TypeVar("ConfigT", bound=dg.Config)
 
@@ -166,6 +167,7 @@ class BaseModelConfig(dg.Config):
 
 
 _GRPO = GRPOSettings()
+_STUDENT = StudentSettings()
 # Long enough that SmolLM2 rarely gets cut off before its \boxed{} answer on two-digit addition.
 CPU_MAX_NEW_TOKENS = 96
 _SAMPLING = SamplingSettings()
@@ -276,19 +278,21 @@ class StudentConfig(dg.Config):
     arm_stage: ClassVar[str] = experiments.STUDENT
     student_init: str = Field(default="teacher", description="teacher | base_model: where the student starts")
     mode: str = Field(
-        default=GRPO_MODE,
+        default=_STUDENT.mode,
         description="grpo: RL against the pseudo-labels | sft: fine-tune on the samples agreeing with them (RFT) | "
         "dpo: agreeing sample preferred over a dissenting one (ScPO); sft and dpo train on pseudo-labeled problems only",
     )
-    reward: str = Field(default=HARD_REWARD, description="grpo: hard (0/1 vs the pseudo-label) | vote_share (the answer's share of the votes)")
+    reward: str = Field(default=_STUDENT.reward, description="grpo: hard (0/1 vs the pseudo-label) | vote_share (the answer's share of the votes)")
     agreement_low: float = Field(default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this")
     agreement_high: float = Field(default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)")
-    prompt_noise: bool = Field(default=False, description="render each student prompt through one of several templates (input noise)")
-    model_dropout: float = Field(default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)")
-    sft_samples_per_problem: int = Field(
-        default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group"
+    prompt_noise: bool = Field(
+        default=_STUDENT.prompt_noise, description="render each student prompt through one of several templates (input noise)"
     )
-    dpo_beta: float = Field(default=0.1, gt=0, description="dpo: strength of the pull towards the init policy")
+    model_dropout: float = Field(default=_STUDENT.model_dropout, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)")
+    sft_samples_per_problem: int = Field(
+        default=_STUDENT.sft_samples_per_problem, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group"
+    )
+    dpo_beta: float = Field(default=_STUDENT.dpo_beta, gt=0, description="dpo: strength of the pull towards the init policy")
     grpo: GRPOTrainingConfig = ROUND_GRPO
 
     @model_validator(mode="after")
@@ -299,14 +303,7 @@ class StudentConfig(dg.Config):
         return self
 
     def to_settings(self) -> StudentSettings:
-        return StudentSettings(
-            mode=self.mode,
-            reward=self.reward,
-            prompt_noise=self.prompt_noise,
-            model_dropout=self.model_dropout,
-            sft_samples_per_problem=self.sft_samples_per_problem,
-            dpo_beta=self.dpo_beta,
-        )
+        return StudentSettings(**self.model_dump(include={f.name for f in fields(StudentSettings)}))
 
 
 class LabeledOnlyConfig(dg.Config):

@@ -27,6 +27,7 @@ from noisy_student_assets.training import (
     load_policy,
     lora_config,
     student_messages,
+    trainer_args,
 )
 
 if TYPE_CHECKING:
@@ -80,25 +81,9 @@ def build_dpo_dataset(pairs: pl.DataFrame, system_prompt: str, *, seed: int = 0,
     )
 
 
-def _shared_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, report_to: list[str] | None) -> dict:
-    """The TrainingArguments every mode shares with `training.grpo_config`; rows are read in order."""
-    return dict(
-        output_dir=str(work_dir),
-        max_steps=settings.max_steps,
-        per_device_train_batch_size=per_step // settings.gradient_accumulation_steps,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
-        learning_rate=settings.learning_rate,
-        seed=settings.seed,
-        save_strategy="steps" if settings.save_steps > 0 else "no",
-        save_steps=settings.save_steps,
-        save_total_limit=1,
-        bf16=settings.bf16,
-        gradient_checkpointing=settings.gradient_checkpointing,
-        logging_steps=settings.logging_steps,
-        report_to=report_to or ["none"],
-        use_cpu=device == "cpu",
-        train_sampling_strategy="sequential",  # the datasets hold each step's groups in order
-    )
+def _in_order_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, report_to: list[str] | None) -> dict:
+    """`training.trainer_args`, reading the rows in order: the datasets hold each step's groups in order."""
+    return trainer_args(settings, per_step, work_dir, device, report_to or ["none"]) | {"train_sampling_strategy": "sequential"}
 
 
 def train_sft(
@@ -122,7 +107,7 @@ def train_sft(
     check_step_fits(dataset, settings.completions_per_step, "completions")
     model, tokenizer = load_policy(init_checkpoint, model_dropout)
     args = SFTConfig(
-        **_shared_args(settings, settings.completions_per_step, work_dir, device, report_to),
+        **_in_order_args(settings, settings.completions_per_step, work_dir, device, report_to),
         max_length=None,  # the teacher's samples are at most max_new_tokens long; nothing is cut
         completion_only_loss=True,
     )
@@ -163,7 +148,7 @@ def train_dpo(
     pairs_per_step = settings.completions_per_step // 2
     check_step_fits(dataset, pairs_per_step, "pairs")
     model, tokenizer = load_policy(init_checkpoint, model_dropout)
-    args = DPOConfig(**_shared_args(settings, pairs_per_step, work_dir, device, report_to), beta=beta, max_length=None)
+    args = DPOConfig(**_in_order_args(settings, pairs_per_step, work_dir, device, report_to), beta=beta, max_length=None)
     trainer_kwargs = dict(
         model=model,
         args=args,

@@ -268,28 +268,37 @@ def grpo_config(settings: GRPOSettings, work_dir: Path, *, device: str, report_t
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(work_dir),
-        max_steps=settings.max_steps,
-        per_device_train_batch_size=settings.completions_per_step // settings.gradient_accumulation_steps,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        **trainer_args(settings, settings.completions_per_step, work_dir, device, report_to),
         num_generations=settings.num_generations,
         max_completion_length=settings.max_completion_length,
-        learning_rate=settings.learning_rate,
         beta=settings.beta,
         epsilon=settings.epsilon,
         loss_type=settings.loss_type,
         scale_rewards=settings.scale_rewards,
         temperature=settings.temperature,
         reward_weights=[1.0, settings.format_reward_weight] if settings.format_reward_weight > 0 else None,
+        use_vllm=settings.use_vllm,
+        vllm_mode="colocate",
+        cast_lm_head_to_fp32=settings.cast_lm_head_to_fp32,
+    )
+
+
+def trainer_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, report_to: list[str]) -> dict:
+    """The TrainingArguments every mode's TRL config shares: `per_step` rows an optimizer step (split over the
+    accumulation steps), checkpoints into `work_dir` every `save_steps` (only the latest is kept: resuming needs
+    no other, and full fine-tune checkpoints hold optimiser state)."""
+    return dict(
+        output_dir=str(work_dir),
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=per_step // settings.gradient_accumulation_steps,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        learning_rate=settings.learning_rate,
         seed=settings.seed,
         save_strategy="steps" if settings.save_steps > 0 else "no",
         save_steps=settings.save_steps,
-        save_total_limit=1,  # resuming needs only the latest; full fine-tune checkpoints hold optimiser state
-        use_vllm=settings.use_vllm,
-        vllm_mode="colocate",
+        save_total_limit=1,
         bf16=settings.bf16,  # explicit: TRL turns bf16 on when it is left unset
         gradient_checkpointing=settings.gradient_checkpointing,
-        cast_lm_head_to_fp32=settings.cast_lm_head_to_fp32,
         logging_steps=settings.logging_steps,
         report_to=report_to,
         use_cpu=device == "cpu",
