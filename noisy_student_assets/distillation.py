@@ -82,8 +82,10 @@ def build_dpo_dataset(pairs: pl.DataFrame, system_prompt: str, *, seed: int = 0,
 
 
 def _in_order_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, report_to: list[str] | None) -> dict:
-    """`training.trainer_args`, reading the rows in order: the datasets hold each step's groups in order."""
-    return trainer_args(settings, per_step, work_dir, device, report_to or ["none"]) | {"train_sampling_strategy": "sequential"}
+    """`training.trainer_args`, reading the rows in order (the datasets hold each step's groups in order) and
+    dropping an epoch's last, partial batch, so that every step trains on whole groups."""
+    in_order = {"train_sampling_strategy": "sequential", "dataloader_drop_last": True}
+    return trainer_args(settings, per_step, work_dir, device, report_to or ["none"]) | in_order
 
 
 def train_sft(
