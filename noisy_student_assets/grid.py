@@ -2,6 +2,7 @@
 
     python -m noisy_student_assets.grid register experiments/tau.yaml   # its arms become `arm` partitions
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
+    python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
 like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
@@ -123,13 +124,14 @@ class Grid:
             self.instance.add_dynamic_partitions(self.arms_def.name, new)
         return new
 
-    def run(self) -> bool:
-        """Materialize whatever of the grid is missing or stale; False if any run failed."""
+    def run(self, rounds: int | None = None) -> bool:
+        """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
+        experiment's); False if any run failed."""
         self.register()
         self._fail_orphaned_runs()
         ok = self._materialize(self._shared_targets(), None)
         for arm in self.experiment.all_arms():
-            ok = self._materialize(experiment_assets(self.experiment, self.experiment.rounds), arm) and ok
+            ok = self._materialize(experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds), arm) and ok
         return self._materialize([layout.VERDICT], None, always=True) and ok
 
     def _shared_targets(self) -> list[str]:
@@ -218,14 +220,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["register", "run"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
     parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
+    parser.add_argument(
+        "--rounds", type=int, default=None,
+        help="run: stop after this round in every arm (default: the file's rounds); e.g. round 1 of every arm first,"
+        " then a run without it adds the rest",
+    )
     args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 0:
+        parser.error(f"--rounds must be >= 0, got {args.rounds}")
     _load_dotenv()
     grid = Grid(args.experiment, json.loads(args.config_json))
     if args.command == "register":
         new = grid.register()
         print(f"{grid.experiment.name}: arms {', '.join(grid.experiment.arms)} ({len(new)} new)")
         return 0
-    return 0 if grid.run() else 1
+    return 0 if grid.run(args.rounds) else 1
 
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import the main module
