@@ -1,4 +1,5 @@
-"""The grid command (`make grid`): killed mid-way, then run again, it resumes where it stopped (tiny model)."""
+"""The grid command (`make grid`): killed mid-way, then run again, it resumes where it stopped; `--rounds`
+stops every arm after a round, and a run without it adds the rest (tiny model)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "grid.yaml"
 ARM = "g"
 
 
-def _grid(cli: DagsterCli, config: dict, log: Path) -> subprocess.Popen:
+def _grid(cli: DagsterCli, config: dict, log: Path, *options: str) -> subprocess.Popen:
     with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config)],
+            [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config), *options],
             cwd=cli.home, env=cli.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
+
+
+def _materializing(log: Path) -> str:
+    (line,) = [line for line in log.read_text().splitlines() if line.startswith(f"[grid] arm {ARM}: materializing")]
+    return line
 
 
 def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
@@ -47,12 +53,17 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
 
-    second = _grid(dagster_cli, config, tmp_path / "second.log")
+    second = _grid(dagster_cli, config, tmp_path / "second.log", "--rounds", "0")
     assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-3000:]
-    output = (tmp_path / "second.log").read_text()
-    (resumed,) = [line for line in output.splitlines() if line.startswith(f"[grid] arm {ARM}: materializing")]
-    assert "round_001/eval_report" in resumed and f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
-    assert "[grid] shared: up to date" in output
+    resumed = _materializing(tmp_path / "second.log")
+    assert f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
+    assert layout.LABELED_RL_EVAL in resumed and layout.round_prefix(1) not in resumed, "--rounds 0 stops before round 1"
+    assert "[grid] shared: up to date" in (tmp_path / "second.log").read_text()
+
+    rest = _grid(dagster_cli, config, tmp_path / "rest.log")
+    assert rest.wait(timeout=900) == 0, (tmp_path / "rest.log").read_text()[-3000:]
+    added = _materializing(tmp_path / "rest.log")
+    assert "round_001/eval_report" in added and layout.LABELED_RL not in added, "without --rounds the run adds round 1 only"
     assert (layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.EVAL_REPORT), ARM) / "report.md").is_file()
 
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
