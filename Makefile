@@ -41,7 +41,7 @@ run: setup
 # An experiment's arms x rounds x controls (`make grid EXPERIMENT=experiments/cpu_verdict.yaml`), resumable:
 # what is materialized and current is skipped. `make arms` only registers the arms as `arm` partitions.
 grid: setup
-	$(BIN)/python -m noisy_student_assets.grid run $(EXPERIMENT)
+	$(BIN)/python -m noisy_student_assets.grid run $(EXPERIMENT) $(if $(ROUNDS),--rounds $(ROUNDS))
 	$(BIN)/python -m noisy_student_assets.summary
 
 arms: setup
