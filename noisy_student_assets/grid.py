@@ -10,8 +10,11 @@ the verdict. What is already materialized and still current is skipped: an asset
 materialized, when the arm's overrides of its stage changed since (the experiment file was edited), or when
 an input was materialized after it; what is downstream of a redone asset is redone too. A killed grid
 therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
-checkpoints. The same selection from the UI: the `arm_job` (or the assets), *Materialize*, pick the arms:
-a backfill, which the daemon runs in the same order.
+checkpoints. A check that runs as a step of its own (`finite_weights`, `smoke_generation`,
+`compute_matched`) and never judged its asset's latest materialization, because the grid was killed between
+the two steps, is evaluated alone, without materializing the asset again. The same selection from the UI:
+the `arm_job` (or the assets), *Materialize*, pick the arms: a backfill, which the daemon runs in the same
+order.
 """
 
 from __future__ import annotations
@@ -56,6 +59,19 @@ def stale_assets(
     return [name for name in targets if name in stale]
 
 
+def unevaluated_checks(check_targets: dict, materializations: dict) -> list:
+    """The checks whose latest evaluation did not judge their asset's latest materialization.
+
+    `check_targets` maps each check key to the storage id of the materialization its latest evaluation judged
+    (None: never evaluated); `materializations` maps each asset key to its latest materialization's storage
+    id (None: never materialized, so there is nothing to check yet)."""
+    return [
+        check
+        for check, target in check_targets.items()
+        if materializations.get(check.asset_key) is not None and target != materializations[check.asset_key]
+    ]
+
+
 def _filtered_run_config(run_config: dict, node_names: Iterable[str]) -> dict:
     """`run_config` with only the ops of this run (Dagster rejects config of ops outside the job)."""
     names = set(node_names)
@@ -94,13 +110,32 @@ def materialize_selection(
     )
 
 
+def evaluate_checks(checks: Iterable, *, partition: str | None, instance, resources: dict, run_config: dict | None = None, tags: dict | None = None):
+    """Evaluate the asset checks `checks` (keys of checks that are steps of their own) of one arm, or of the
+    shared assets, against their assets' latest materializations, materializing nothing: as the UI's *Execute
+    checks* runs them, a subset of `arm_job` for an arm's (a run that selects no asset has no partitions of its
+    own) or of the global asset job for the shared ones'."""
+    from noisy_student_assets.definitions import arm_job, defs
+
+    whole = defs.get_job_def(arm_job.name) if partition else defs.resolve_implicit_global_asset_job_def()
+    job = whole.get_subset(asset_selection=set(), asset_check_selection=set(checks))
+    return job.execute_in_process(
+        run_config=_filtered_run_config(run_config or {}, job.graph.node_dict),
+        instance=instance,
+        partition_key=partition,
+        resources=resources,
+        tags=tags,
+        raise_on_error=False,
+    )
+
+
 class Grid:
     """Materializes one experiment's grid against the instance at DAGSTER_HOME."""
 
     def __init__(self, experiment_path: Path, run_config: dict | None = None) -> None:
         import dagster as dg
 
-        from noisy_student_assets.definitions import defs
+        from noisy_student_assets.definitions import ASSET_CHECKS, defs
         from noisy_student_assets.experiments import default_experiments_dir, load_experiments
         from noisy_student_assets.partitions import ARMS, ROUNDS
 
@@ -112,6 +147,7 @@ class Grid:
             raise SystemExit(f"{self.experiment.name} asks for {self.experiment.rounds} rounds; the code location defines {ROUNDS}")
         self.dg, self.arms_def = dg, ARMS
         self.graph = defs.resolve_asset_graph()
+        self.check_steps = {key for checks in ASSET_CHECKS for key in checks.check_keys}
         self.run_config = run_config or {}
         self.instance = dg.DagsterInstance.get()
         self.resources = defs.resources
@@ -164,9 +200,10 @@ class Grid:
         }
         selected = targets if always else stale_assets(targets, parents, materialized_at, recorded, current)
         where = f"arm {partition}" if partition else "shared"
+        checked = self._evaluate_unevaluated_checks([name for name in targets if name not in selected], latest, partition, where)
         if not selected:
             print(f"[grid] {where}: up to date", flush=True)
-            return True
+            return checked
         print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
         result = materialize_selection(
             selected,
@@ -177,9 +214,29 @@ class Grid:
             tags={GRID_TAG: self.experiment.name},
             raise_on_error=False,
         )
-        if not result.success:
-            print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
-        return result.success
+        return _succeeded(result, where) and checked
+
+    def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str) -> bool:
+        """Run the checks of the assets `names` (not redone in this run) that never judged their latest
+        materialization; False if that run failed."""
+        from noisy_student_assets.sensors import latest_check_targets
+
+        checks = [check for name in names for check in self.graph.get(self._key(name)).check_keys if check in self.check_steps]
+        materializations = {self._key(name): latest[name].storage_id if latest[name] else None for name in names}
+        pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
+        if not pending:
+            return True
+        names = ", ".join(f"{check.asset_key.to_user_string()}:{check.name}" for check in pending)
+        print(f"[grid] {where}: evaluating checks that never judged their asset's latest materialization: {names}", flush=True)
+        result = evaluate_checks(
+            pending,
+            partition=partition,
+            instance=self.instance,
+            resources=self.resources,
+            run_config=self.run_config,
+            tags={GRID_TAG: self.experiment.name},
+        )
+        return _succeeded(result, where)
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
@@ -199,6 +256,12 @@ class Grid:
         for record in started:
             self.instance.report_run_failed(record.dagster_run, "the grid process running it was killed; the grid resumes it")
             self.instance.event_log_storage.free_concurrency_slots_for_run(record.dagster_run.run_id)
+
+
+def _succeeded(result, where: str) -> bool:
+    if not result.success:
+        print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
+    return result.success
 
 
 def _metadata_text(record, key: str) -> str | None:

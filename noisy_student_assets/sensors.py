@@ -34,6 +34,22 @@ def latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, parti
     return records[0] if records else None
 
 
+def latest_check_targets(
+    instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None
+) -> dict[dg.AssetCheckKey, int | None]:
+    """For each check of one partition (or of unpartitioned assets, when `partition` is None), the storage id
+    of the materialization its latest evaluation judged; None where it has none: never run, or only planned
+    by a run that was killed before the check's step."""
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+    targets: dict[dg.AssetCheckKey, int | None] = {}
+    for check in checks:
+        event = latest[check].event if check in latest else None
+        evaluation = event.dagster_event.event_specific_data if event and event.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION else None
+        target = evaluation.target_materialization_data if evaluation else None
+        targets[check] = target.storage_id if target else None
+    return targets
+
+
 def _round_state(instance: dg.DagsterInstance, number: int, arm: str) -> RoundState:
     report = round_key(number, layout.EVAL_REPORT)
     check = dg.AssetCheckKey(report, NO_EVAL_REGRESSION)

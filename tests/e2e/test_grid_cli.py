@@ -13,8 +13,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.event_api import PartitionKeyFilter
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from noisy_student_assets import layout
+from noisy_student_assets.checks import FINITE_WEIGHTS, SMOKE_GENERATION
 from tests.cli import DagsterCli
 from tests.tiny_configs import tiny_config
 
@@ -37,6 +40,22 @@ def _materializing(log: Path) -> str:
     return line
 
 
+def _labeled_rl_checks_unjudged(instance: dg.DagsterInstance) -> list[str]:
+    """Labeled RL's checks (steps of their own) whose latest evaluation did not pass on its latest materialization."""
+    (materialization,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM]), limit=1
+    ).records
+    checks = [dg.AssetCheckKey(dg.AssetKey(layout.LABELED_RL), name) for name in (FINITE_WEIGHTS, SMOKE_GENERATION)]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=ARM))
+    unjudged = []
+    for check in checks:
+        record = latest.get(check)
+        evaluation = record.event.dagster_event.event_specific_data if record and record.status == AssetCheckExecutionRecordStatus.SUCCEEDED else None
+        if evaluation is None or evaluation.target_materialization_data.storage_id != materialization.storage_id:
+            unjudged.append(check.name)
+    return unjudged
+
+
 def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
     config = tiny_config(tiny_model_dir, rounds=1)
     monkeypatch.chdir(dagster_cli.home)  # dagster.yaml's storage paths are relative to the working directory
@@ -52,6 +71,8 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
             time.sleep(0.5)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        unjudged = _labeled_rl_checks_unjudged(instance)  # the kill came right after the materialization: its checks' steps were next
 
     second = _grid(dagster_cli, config, tmp_path / "second.log", "--rounds", "0")
     assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-3000:]
@@ -59,6 +80,10 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     assert f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
     assert layout.LABELED_RL_EVAL in resumed and layout.round_prefix(1) not in resumed, "--rounds 0 stops before round 1"
     assert "[grid] shared: up to date" in (tmp_path / "second.log").read_text()
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        assert _labeled_rl_checks_unjudged(instance) == [], "the resumed grid ran the checks the kill left unevaluated"
+    checked = [line for line in (tmp_path / "second.log").read_text().splitlines() if "evaluating checks" in line]
+    assert all(f"{layout.LABELED_RL}:{name}" in "".join(checked) for name in unjudged), checked
 
     rest = _grid(dagster_cli, config, tmp_path / "rest.log")
     assert rest.wait(timeout=900) == 0, (tmp_path / "rest.log").read_text()[-3000:]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dagster as dg
+
 from noisy_student_assets.experiments import ArmSpec, Experiment
-from noisy_student_assets.grid import experiment_assets, stale_assets
+from noisy_student_assets.grid import experiment_assets, stale_assets, unevaluated_checks
 
 TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
 PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}
@@ -37,3 +39,14 @@ def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> No
     assert "round_001/gold_label_checkpoint" not in names and names[-1] == "round_002/eval_report"
     tuning = Experiment(name="t", rounds=0, validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()})
     assert experiment_assets(tuning, rounds=3)[-2:] == ["labeled_rl_checkpoint", "labeled_rl_validation"]
+
+
+def test_a_check_is_evaluated_again_only_when_it_did_not_judge_the_latest_materialization() -> None:
+    control, student, report = dg.AssetKey(["round_001", "labeled_only_checkpoint"]), dg.AssetKey(["round_001", "student_checkpoint"]), dg.AssetKey("eval")
+    judged = dg.AssetCheckKey(student, "finite_weights")
+    killed_before = dg.AssetCheckKey(control, "compute_matched")  # its run was killed between the asset's step and the check's
+    stale = dg.AssetCheckKey(control, "finite_weights")  # judged an earlier materialization of the control
+    nothing_yet = dg.AssetCheckKey(report, "no_eval_regression")  # its asset was never materialized
+    targets = {judged: 7, killed_before: None, stale: 3, nothing_yet: None}
+    assert unevaluated_checks(targets, {student: 7, control: 9, report: None}) == [killed_before, stale]
+    assert unevaluated_checks({judged: 7}, {student: 7}) == []
