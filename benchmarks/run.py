@@ -70,10 +70,12 @@ class MemorySampler:
         inside = [rss for t, rss in self.samples if start <= t <= end]
         return max(inside, default=0) / 2**30
 
-    def stage_peaks_gib(self, names: list[str], start: float, ends: list[float]) -> dict[str, float]:
-        """Peak of each stage run back to back from `start`: a stage's window ends at its own end and
-        starts at the previous stage's."""
-        return {name: self.peak_gib(low, high) for name, low, high in zip(names, [start, *ends[:-1]], ends, strict=True)}
+    def stage_peaks_gib(self, start: float, ends: dict[str, float]) -> dict[str, float]:
+        """Peak of each stage run back to back from `start`, whatever order `ends` lists them in: a stage's
+        window ends at its own end and starts at the end of the stage that ended before it."""
+        in_order = sorted(ends, key=ends.__getitem__)
+        starts = [start, *(ends[name] for name in in_order[:-1])]
+        return {name: self.peak_gib(low, ends[name]) for name, low in zip(in_order, starts, strict=True)}
 
 
 def machine() -> dict:
@@ -240,13 +242,13 @@ def run(teacher_steps: int) -> dict:
         }
         in_stages = {name: metadata[asset][key].value for name, (asset, key) in stage_keys.items() if key in metadata[asset]}
         wall = end - start
-        # Each stage ends at its asset's materialization event.
-        ends = [events[stage_keys[name][0]].timestamp for name in in_stages]
+        # Each stage ends at its asset's materialization event (Dagster picks the order of independent steps).
+        ends = {name: events[stage_keys[name][0]].timestamp for name in in_stages}
         student = metadata[round_assets[2]]
         stages["round"] = {
             "seconds": wall,
             "stage_seconds": in_stages,
-            "stage_peak_memory_gib": memory.stage_peaks_gib(list(in_stages), start, ends),
+            "stage_peak_memory_gib": memory.stage_peaks_gib(start, ends),
             "dagster_io_overhead_seconds": wall - sum(in_stages.values()),
             "dagster_io_overhead_share": (wall - sum(in_stages.values())) / wall,
             "grpo_seconds_per_step": student["seconds_per_step"].value,

@@ -28,8 +28,11 @@ def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
 def test_stage_peaks_take_each_stage_from_the_previous_end_to_its_own() -> None:
     memory = MemorySampler()
     memory.samples = [(0.5, 1 * 2**30), (1.5, 3 * 2**30), (2.5, 2 * 2**30), (3.5, 5 * 2**30)]
-    peaks = memory.stage_peaks_gib(["sampling", "consensus", "training"], start=0.0, ends=[1.0, 3.0, 4.0])
+    peaks = memory.stage_peaks_gib(start=0.0, ends={"sampling": 1.0, "consensus": 3.0, "training": 4.0})
     assert peaks == {"sampling": 1.0, "consensus": 3.0, "training": 5.0}
+    # the control trained before the student: its window is the student's, not an empty one after it
+    swapped = memory.stage_peaks_gib(start=0.0, ends={"sampling": 1.0, "training": 4.0, "control training": 3.0})
+    assert swapped == {"sampling": 1.0, "control training": 3.0, "training": 5.0}
 
 
 def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
