@@ -205,15 +205,7 @@ class Grid:
             print(f"[grid] {where}: up to date", flush=True)
             return checked
         print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
-        result = materialize_selection(
-            selected,
-            partition=partition,
-            instance=self.instance,
-            resources=self.resources,
-            run_config=self.run_config,
-            tags={GRID_TAG: self.experiment.name},
-            raise_on_error=False,
-        )
+        result = materialize_selection(selected, partition=partition, raise_on_error=False, **self._run_settings())
         return _succeeded(result, where) and checked
 
     def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str) -> bool:
@@ -226,17 +218,13 @@ class Grid:
         pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
         if not pending:
             return True
-        names = ", ".join(f"{check.asset_key.to_user_string()}:{check.name}" for check in pending)
-        print(f"[grid] {where}: evaluating checks that never judged their asset's latest materialization: {names}", flush=True)
-        result = evaluate_checks(
-            pending,
-            partition=partition,
-            instance=self.instance,
-            resources=self.resources,
-            run_config=self.run_config,
-            tags={GRID_TAG: self.experiment.name},
-        )
-        return _succeeded(result, where)
+        listed = ", ".join(f"{check.asset_key.to_user_string()}:{check.name}" for check in pending)
+        print(f"[grid] {where}: evaluating checks that never judged their asset's latest materialization: {listed}", flush=True)
+        return _succeeded(evaluate_checks(pending, partition=partition, **self._run_settings()), where)
+
+    def _run_settings(self) -> dict:
+        """What every run of this grid is given: the instance, resources, run config and the experiment's tag."""
+        return {"instance": self.instance, "resources": self.resources, "run_config": self.run_config, "tags": {GRID_TAG: self.experiment.name}}
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
