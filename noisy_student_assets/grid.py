@@ -117,7 +117,7 @@ def evaluate_checks(checks: Iterable, *, partition: str | None, instance, resour
     own) or of the global asset job for the shared ones'."""
     from noisy_student_assets.definitions import arm_job, defs
 
-    whole = defs.get_job_def(arm_job.name) if partition else defs.resolve_implicit_global_asset_job_def()
+    whole = defs.resolve_job_def(arm_job.name) if partition else defs.resolve_implicit_global_asset_job_def()
     job = whole.get_subset(asset_selection=set(), asset_check_selection=set(checks))
     return job.execute_in_process(
         run_config=_filtered_run_config(run_config or {}, job.graph.node_dict),
