@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import dagster as dg
 import mlflow
@@ -28,6 +29,7 @@ from tests.lakes import arms_instance, materialize, metadata_of
 from tests.tiny_configs import FOUNDATION, SHARED, op, round_chain, round_names, tiny_config, with_op_config
 
 ARM = "a"
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 ROUND_1 = round_chain(1, *layout.CONTROLS)
 ROUND_2 = round_chain(2, layout.LABELED_ONLY)
 
@@ -58,6 +60,25 @@ def two_rounds(lake, instance, config) -> dict[str, dg.ExecuteInJobResult]:
     results["arm"] = materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *ROUND_1, *ROUND_2], config, ARM, instance)
     results["verdict"] = materialize(lake, [layout.VERDICT], config, instance=instance)
     return results
+
+
+def test_metadata_keys_and_lake_paths_are_those_of_the_snapshot(two_rounds, lake: DataLake) -> None:
+    """A lake made by an earlier commit stays readable and current: every asset writes the same metadata keys and the
+    same files at the same paths (tests/snapshots/tiny_run.json, written by the commit before the core/defs split)."""
+    snapshot = json.loads((SNAPSHOTS / "tiny_run.json").read_text())
+    metadata = {
+        event.asset_key.to_user_string(): sorted(event.step_materialization_data.materialization.metadata)
+        for result in two_rounds.values()
+        for event in result.get_asset_materialization_events()
+    }
+    assert metadata == snapshot["metadata_keys"]
+    root = lake.root_path
+    files = sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*")
+        if path.is_file() and not any(part.startswith((".", "mlflow")) for part in path.relative_to(root).parts)
+    )
+    assert files == snapshot["lake_files"]
 
 
 def test_round_two_samples_from_round_one_student(two_rounds, lake: DataLake) -> None:

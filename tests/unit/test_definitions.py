@@ -1,6 +1,7 @@
 """The code location's wiring: arms as partitions, rounds as key prefixes with every input drawn as an edge,
 the gpu pool, blocking checks, and the experiment files the repository ships."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from noisy_student_assets import layout
 from noisy_student_assets.definitions import defs
-from noisy_student_assets.experiments import load_experiments
+from noisy_student_assets.experiments import STAGES, load_experiments
 from noisy_student_assets.partitions import ARMS, ROUNDS
 from resources.compute import GPU_POOL
 
@@ -24,6 +25,39 @@ def _round(number: int, name: str) -> str:
 def _parents(name: str) -> set[str]:
     graph = defs.resolve_asset_graph()
     return {key.to_user_string() for key in graph.get(dg.AssetKey(name.split("/"))).parent_keys}
+
+
+def test_the_code_location_keeps_the_names_of_the_snapshot() -> None:
+    """Asset keys, groups, arm partitions, pools, check names, op names (run config keys), jobs and sensors are those
+    tests/snapshots/code_location.json recorded before the core/defs split, so lakes and instances made earlier still match."""
+    snapshot = json.loads((REPO_ROOT / "tests" / "snapshots" / "code_location.json").read_text())
+    graph = defs.resolve_asset_graph()
+    assets = {
+        key.to_user_string(): {
+            "group": graph.get(key).group_name,
+            "partitioned_by": graph.get(key).partitions_def.name if graph.get(key).partitions_def is not None else None,
+            "pools": sorted(graph.get(key).pools or []),
+        }
+        for key in graph.get_all_asset_keys()
+    }
+    assert assets == snapshot["assets"]
+    checks = {key.to_user_string(): {"blocking": graph.get_check_spec(key).blocking} for key in graph.asset_check_keys}
+    assert checks == snapshot["checks"]
+    assert sorted(defs.resolve_implicit_global_asset_job_def().graph.node_dict) == snapshot["ops"]
+    assert sorted(job.name for job in defs.resolve_all_job_defs() if not job.name.startswith("__")) == snapshot["jobs"]
+    assert sorted(sensor.name for sensor in defs.sensors) == snapshot["sensors"]
+
+
+def test_every_shipped_arm_keeps_its_override_fingerprints() -> None:
+    """The grid redoes a stage whose arm-override fingerprint changed: the fingerprints of every shipped arm are those
+    recorded before the core/defs split, so no lake made earlier is redone for a refactor."""
+    snapshot = json.loads((REPO_ROOT / "tests" / "snapshots" / "code_location.json").read_text())["arm_overrides_sha"]
+    fingerprints = {
+        f"{experiment.name}/{arm.name}": {stage: arm.overrides_sha(stage) for stage in STAGES}
+        for experiment in load_experiments(REPO_ROOT / "experiments").values()
+        for arm in experiment.all_arms()
+    }
+    assert {name: fingerprints.get(name) for name in snapshot} == snapshot
 
 
 def test_dagster_yaml_limits_the_gpu_pool_to_one_op(tmp_path: Path, monkeypatch) -> None:
