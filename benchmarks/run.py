@@ -147,13 +147,13 @@ def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
 def run(teacher_steps: int) -> dict:
     import dagster as dg
 
-    from noisy_student_assets import grading, layout
-    from noisy_student_assets.config import EvalConfig, PseudoLabelConfig, SamplingConfig
-    from noisy_student_assets.generation import generate_samples
-    from noisy_student_assets.grid import materialize_selection
-    from noisy_student_assets.partitions import ARMS
-    from noisy_student_assets.profiles import active_profile
-    from noisy_student_assets.pseudo_labels import audit_pseudo_labels, vote_pseudo_labels
+    from noisy_student_assets.core import grading, layout
+    from noisy_student_assets.core.profiles import active_profile
+    from noisy_student_assets.core.pseudo_labels.labels import audit_pseudo_labels, vote_pseudo_labels
+    from noisy_student_assets.core.sampling import generate_samples
+    from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig
+    from noisy_student_assets.defs.grid import materialize_selection
+    from noisy_student_assets.defs.partitions import ARMS
     from resources import lake_resources
     from resources.data_lake import DataLake
 

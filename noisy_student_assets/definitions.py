@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-from noisy_student_assets.assets import controls, models, problems, rounds, verdict
-from noisy_student_assets.partitions import ARMS, ROUNDS, round_group
-from noisy_student_assets.sensors import build_next_round_sensor
+from noisy_student_assets.defs.assets import controls, models, problems, rounds, verdict
+from noisy_student_assets.defs.partitions import ARMS, ROUNDS, round_group
+from noisy_student_assets.defs.sensors import build_next_round_sensor
 from resources import lake_resources
 from resources.data_lake import DataLake
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets.profiles import by_profile
+from noisy_student_assets.core.profiles import by_profile
 
 GPU_POOL = "gpu"
 DEVICE_LOCK_ACQUIRED = "acquired the device lock"

@@ -13,7 +13,7 @@ import dagster as dg
 import polars as pl
 import psutil
 
-from noisy_student_assets import layout
+from noisy_student_assets.core import layout
 
 STAGING_DIR_NAME = ".staging"
 WORK_DIR_NAME = ".work"
@@ -43,7 +43,7 @@ def publish_dir(staged: Path, final: Path) -> None:
 
 class DataLake(dg.ConfigurableResource):
     """Root directory of all artifacts: `<root>/<asset key path>/<arm>/`, or `<root>/<asset key path>/` for
-    the assets every arm shares (see `noisy_student_assets.layout`)."""
+    the assets every arm shares (see `noisy_student_assets.core.layout`)."""
 
     root: str = str(layout.default_lake_root())
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets.experiments import Arm, default_experiments_dir, find_arm
+from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, find_arm
 
 
 class ExperimentFiles(dg.ConfigurableResource):

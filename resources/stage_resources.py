@@ -9,7 +9,7 @@ from resources.tracking import MlflowTracking
 
 
 class StageResources(dg.ConfigurableResource):
-    """The resources `noisy_student_assets.assets.stages.stage` runs an asset body with."""
+    """The resources `noisy_student_assets.defs.assets.stages.stage` runs an asset body with."""
 
     lake: DataLake
     compute: ComputeResource

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets import layout
-from noisy_student_assets.experiments import Arm
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import Arm
 from resources.data_lake import DataLake
 
 if TYPE_CHECKING:

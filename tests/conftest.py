@@ -37,7 +37,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from noisy_student_assets.checkpoints import SMOLLM2_GGUF_FILE, smollm2_gguf_path
+    from noisy_student_assets.core.checkpoints import SMOLLM2_GGUF_FILE, smollm2_gguf_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_gguf_path().parent), gguf_file=SMOLLM2_GGUF_FILE)
     torch.manual_seed(0)

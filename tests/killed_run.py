@@ -27,8 +27,8 @@ from pathlib import Path
 
 import polars as pl
 
-from noisy_student_assets import layout
-from noisy_student_assets.generation import SampleShards
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.sampling import SampleShards
 from resources.data_lake import TABLE_FILE_NAME, DataLake
 from tests.lakes import materialize
 from tests.tiny_configs import TINY_GRPO, op, round_names, tiny_config, with_op_config

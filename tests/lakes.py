@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import dagster as dg
 
-from noisy_student_assets.grid import evaluate_checks, materialize_selection
-from noisy_student_assets.partitions import ARMS
+from noisy_student_assets.defs.grid import evaluate_checks, materialize_selection
+from noisy_student_assets.defs.partitions import ARMS
 from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake

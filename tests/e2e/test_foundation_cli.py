@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TEST_EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tests.yaml"

@@ -16,8 +16,8 @@ import pytest
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from noisy_student_assets import layout
-from noisy_student_assets.checks import FINITE_WEIGHTS, SMOKE_GENERATION
+from noisy_student_assets.core import layout
+from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
 from tests.cli import DagsterCli
 from tests.tiny_configs import tiny_config
 

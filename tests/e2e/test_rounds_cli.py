@@ -16,7 +16,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from noisy_student_assets import layout
+from noisy_student_assets.core import layout
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
 from tests.cli import DAGSTER_DAEMON, DagsterCli
 from tests.tiny_configs import FOUNDATION, SHARED, round_chain, tiny_config

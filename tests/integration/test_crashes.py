@@ -11,9 +11,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from noisy_student_assets import layout
-from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.generation import GENERATION_SCHEMA
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.sampling import GENERATION_SCHEMA
 from resources.data_lake import STAGING_DIR_NAME, WORK_DIR_NAME, DataLake
 from tests.killed_run import ARM, TRAINING_STEPS, materialization
 from tests.killed_run import kill_at as kill_at_fault

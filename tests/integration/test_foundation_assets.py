@@ -11,9 +11,9 @@ import polars as pl
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from noisy_student_assets import layout
-from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA
 from resources.data_lake import DataLake
 from tests.lakes import arms_instance, materialize
 from tests.tiny_configs import TINY_SMOKE, TWO_DIGIT

@@ -9,9 +9,10 @@ import shutil
 import dagster as dg
 import polars as pl
 
-from noisy_student_assets import layout, training
-from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.training import grpo as training
 from tests.lakes import materialize
 from tests.tiny_configs import round_names, tiny_config
 

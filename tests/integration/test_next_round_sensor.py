@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dagster as dg
 
-from noisy_student_assets import layout
-from noisy_student_assets.checks import NO_EVAL_REGRESSION
+from noisy_student_assets.core import layout
 from noisy_student_assets.definitions import defs
-from noisy_student_assets.partitions import ARMS, round_key
-from noisy_student_assets.sensors import NEXT_ROUND_TAG
+from noisy_student_assets.defs.checks import NO_EVAL_REGRESSION
+from noisy_student_assets.defs.partitions import ARMS, round_key
+from noisy_student_assets.defs.sensors import NEXT_ROUND_TAG
 from resources.experiments import ExperimentFiles
 from tests.conftest import TEST_EXPERIMENTS
 

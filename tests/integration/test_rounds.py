@@ -12,9 +12,9 @@ import mlflow
 import polars as pl
 import pytest
 
-from noisy_student_assets import layout
-from noisy_student_assets.checkpoints import weights_sha256
-from noisy_student_assets.training_compute import MATCHED_FIELDS
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.training.compute import MATCHED_FIELDS
 from resources.data_lake import DataLake
 from resources.tracking import (
     ARM_TAG,

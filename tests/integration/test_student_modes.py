@@ -6,8 +6,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from noisy_student_assets import layout
-from noisy_student_assets.training_compute import MATCHED_FIELDS
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.training.compute import MATCHED_FIELDS
 from tests.lakes import materialize, metadata_of
 from tests.tiny_configs import op, round_names, tiny_config, with_op_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from noisy_student_assets import layout
+from noisy_student_assets.core import layout
 from tests.cli import REPO_ROOT, DagsterCli
 
 pytestmark = pytest.mark.ui

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from noisy_student_assets.checkpoints import materialize_checkpoint
+from noisy_student_assets.core.checkpoints import materialize_checkpoint
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from noisy_student_assets.consensus import Vote, majority_vote, vote_many
+from noisy_student_assets.core.pseudo_labels.consensus import Vote, majority_vote, vote_many
 
 
 def test_required_example():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from noisy_student_assets.control_data import gold_revealed, shuffled_pseudo_labels
-from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.pseudo_labels.control_data import gold_revealed, shuffled_pseudo_labels
 
 KEPT = pl.DataFrame({
     "problem_id": [f"p{i}" for i in range(6)],

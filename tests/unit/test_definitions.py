@@ -8,10 +8,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from noisy_student_assets import layout
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import STAGES, load_experiments
 from noisy_student_assets.definitions import defs
-from noisy_student_assets.experiments import STAGES, load_experiments
-from noisy_student_assets.partitions import ARMS, ROUNDS
+from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 from resources.compute import GPU_POOL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def test_the_gpu_profile_stabilises_bf16_training() -> None:
     import sys
 
     code = (
-        "import json; from noisy_student_assets.config import StudentConfig, LabeledRLConfig, EvalConfig, SamplingConfig;"
+        "import json; from noisy_student_assets.defs.config import StudentConfig, LabeledRLConfig, EvalConfig, SamplingConfig;"
         "print(json.dumps([LabeledRLConfig().grpo.model_dump(), SamplingConfig().batch_size, EvalConfig().batch_size]))"
     )
     env = os.environ | {"NOISY_STUDENT_PROFILE": "gpu"}

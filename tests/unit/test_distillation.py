@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from noisy_student_assets.distillation import build_dpo_dataset, build_sft_dataset, train_dpo, train_sft
-from noisy_student_assets.guards import non_finite_tensors
-from noisy_student_assets.prompts import build_messages
-from noisy_student_assets.student_data import dpo_pairs, sft_rows
-from noisy_student_assets.training import GRPOSettings
+from noisy_student_assets.core.prompts import build_messages
+from noisy_student_assets.core.pseudo_labels.student_data import dpo_pairs, sft_rows
+from noisy_student_assets.core.training.distillation import build_dpo_dataset, build_sft_dataset, train_dpo, train_sft
+from noisy_student_assets.core.training.grpo import GRPOSettings
+from noisy_student_assets.core.training.guards import non_finite_tensors
 
 # A step: 2 problems x 4 completions (SFT: 8 rows; DPO: 4 pairs).
 TINY = GRPOSettings(max_steps=2, num_generations=4, prompts_per_step=2, learning_rate=1e-2, save_steps=1)

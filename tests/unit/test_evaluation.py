@@ -5,7 +5,7 @@ from math import comb
 import polars as pl
 import pytest
 
-from noisy_student_assets.evaluation import EvalSettings, breakdown, pass_at_k, score_problems, summarize
+from noisy_student_assets.core.evaluation import EvalSettings, breakdown, pass_at_k, score_problems, summarize
 
 EVAL = pl.DataFrame(
     {

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from noisy_student_assets import experiments
-from noisy_student_assets.config import (
+from noisy_student_assets.core.experiments import arms as experiments
+from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
+from noisy_student_assets.defs.config import (
     EvalConfig,
     LabeledOnlyConfig,
     LabeledRLConfig,
@@ -16,7 +17,6 @@ from noisy_student_assets.config import (
     StudentConfig,
     with_arm,
 )
-from noisy_student_assets.experiments import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
 
 
 def _write(directory: Path, name: str, text: str) -> Path:

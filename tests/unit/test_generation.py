@@ -12,7 +12,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from noisy_student_assets.generation import (
+from noisy_student_assets.core.grading import extract_answer
+from noisy_student_assets.core.sampling import (
     GENERATION_SCHEMA,
     Sample,
     SampleShards,
@@ -23,7 +24,6 @@ from noisy_student_assets.generation import (
     generate_samples_resumable,
     sampling_cache_key,
 )
-from noisy_student_assets.grading import extract_answer
 
 PROBLEMS = pl.DataFrame(
     {

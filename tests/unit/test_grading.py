@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 import noisy_student_assets
-from noisy_student_assets import grading
-from noisy_student_assets.grading import (
+from noisy_student_assets.core import grading
+from noisy_student_assets.core.grading import (
     answer_reward,
     answers_equivalent,
     extract_answer,
@@ -219,7 +219,7 @@ def test_bound_holds_in_worker_processes(start_method, slow_answer):
 def test_worker_exits_with_its_caller():
     script = (
         "import psutil\n"
-        "from noisy_student_assets.grading import grade\n"
+        "from noisy_student_assets.core.grading import grade\n"
         "assert grade('\\\\boxed{1}', '1')\n"
         "print(*[p.pid for p in psutil.Process().children()])\n"
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from noisy_student_assets.experiments import ArmSpec, Experiment
-from noisy_student_assets.grid import experiment_assets, stale_assets, unevaluated_checks
+from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
+from noisy_student_assets.defs.grid import experiment_assets, stale_assets, unevaluated_checks
 
 TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
 PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from noisy_student_assets.guards import (
+from noisy_student_assets.core.training.grpo import GRPOSettings, build_training_dataset, train_grpo
+from noisy_student_assets.core.training.guards import (
     NonFiniteTrainingError,
     NonFiniteWeightsError,
     assert_finite_checkpoint,
@@ -23,7 +24,6 @@ from noisy_student_assets.guards import (
     smoke_failure,
     step_guard_callback,
 )
-from noisy_student_assets.training import GRPOSettings, build_training_dataset, train_grpo
 from tests.poison import PoisonGradients
 
 RUN = GRPOSettings(

@@ -13,8 +13,8 @@ import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from noisy_student_assets import grading
-from noisy_student_assets.grading import TIMEOUT_S, answers_equivalent, grade
+from noisy_student_assets.core import grading
+from noisy_student_assets.core.grading import TIMEOUT_S, answers_equivalent, grade
 
 GOLD = "7/3"  # no hostile answer holds it, so a True is a grading error
 BOUND_S = TIMEOUT_S + 7.0

@@ -1,4 +1,4 @@
-from noisy_student_assets.markdown import figures_markdown, png_data_uri, report_html, write_report
+from noisy_student_assets.core.reporting.markdown import figures_markdown, png_data_uri, report_html, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n fake"
 

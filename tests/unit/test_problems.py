@@ -8,7 +8,7 @@ import datasets
 import polars as pl
 import pytest
 
-from noisy_student_assets.problems import (
+from noisy_student_assets.core.problems import (
     HIDDEN_GOLD_COLUMN,
     PROBLEM_SCHEMA,
     UNLABELED_SCHEMA,

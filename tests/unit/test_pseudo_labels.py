@@ -5,7 +5,7 @@ import math
 import polars as pl
 import pytest
 
-from noisy_student_assets.pseudo_labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, label_floor_failure, vote_pseudo_labels
+from noisy_student_assets.core.pseudo_labels.labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, label_floor_failure, vote_pseudo_labels
 
 PROBLEMS = pl.DataFrame(
     {"problem_id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "hidden_gold_answer": ["0.5", "4", "7"]}

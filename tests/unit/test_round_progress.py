@@ -1,4 +1,4 @@
-from noisy_student_assets.round_progress import RoundState, next_round
+from noisy_student_assets.core.experiments.progress import RoundState, next_round
 
 DONE, MISSING, REGRESSED = RoundState(evaluated=True), RoundState(evaluated=False), RoundState(evaluated=True, regressed=True)
 

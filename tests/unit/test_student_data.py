@@ -8,9 +8,9 @@ import json
 import polars as pl
 import pytest
 
-from noisy_student_assets.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.pseudo_labels import vote_pseudo_labels
-from noisy_student_assets.student_data import (
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.pseudo_labels.labels import vote_pseudo_labels
+from noisy_student_assets.core.pseudo_labels.student_data import (
     DPO_PAIR_SCHEMA,
     SFT_ROW_SCHEMA,
     dpo_pairs,

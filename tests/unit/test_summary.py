@@ -10,10 +10,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from noisy_student_assets import layout, plots
-from noisy_student_assets.experiments import Arm, ArmSpec, Experiment
-from noisy_student_assets.markdown import markdown_table
-from noisy_student_assets.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
+from noisy_student_assets.core.reporting import plots
+from noisy_student_assets.core.reporting.markdown import markdown_table
+from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROBLEMS = 40

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from noisy_student_assets.prompts import NOISY_TEMPLATES, build_messages, prompt_template
-from noisy_student_assets.training import (
+from noisy_student_assets.core.prompts import NOISY_TEMPLATES, build_messages, prompt_template
+from noisy_student_assets.core.training.grpo import (
     GRPOSettings,
     answer_reward,
     build_training_dataset,

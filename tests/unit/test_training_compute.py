@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from noisy_student_assets.training_compute import TrainingCompute, compute_comparison, grpo_compute, read_compute, record_compute
+from noisy_student_assets.core.training.compute import TrainingCompute, compute_comparison, grpo_compute, read_compute, record_compute
 
 
 def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:

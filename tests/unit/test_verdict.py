@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from noisy_student_assets.verdict import paired_difference, paired_scores
+from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
 
 NAMES = {"treatment_name": "round 2", "control_name": "its labeled-only control"}
 

@@ -1,0 +1,151 @@
+"""Evaluation of a checkpoint on held-out problems (no Dagster here): greedy accuracy, maj@k, pass@k,
+format rate and completion length, overall and per subject/level."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from noisy_student_assets.core.grading import answers_equivalent, format_reward
+from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
+from noisy_student_assets.core.sampling import Progress, SamplingSettings, generate_sample_sets
+
+BREAKDOWN_COLUMNS = ("subject", "level")
+METRICS_FILE = "metrics.json"
+"""In an eval report's directory: {"metrics": ..., "settings": ..., "eval_problems": fingerprint}."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)
+    (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def score_problems(
+    eval_problems: pl.DataFrame, greedy: pl.DataFrame, sampled: pl.DataFrame, ks: tuple[int, ...]
+) -> pl.DataFrame:
+    """One row per problem: greedy correctness/format/length, correct samples, and maj@k for each k.
+
+    maj@k votes over each problem's first k samples (by `sample_index`).
+    """
+    greedy_by_id = {row["problem_id"]: row for row in greedy.iter_rows(named=True)}
+    sampled_answers = dict(
+        sampled.sort("problem_id", "sample_index").group_by("problem_id", maintain_order=True).agg("answer").iter_rows()
+    )
+    rows = []
+    for problem in eval_problems.iter_rows(named=True):
+        gold, pid = problem["gold_answer"], problem["problem_id"]
+        first = greedy_by_id[pid]
+        answers = sampled_answers.get(pid, [])  # none in a greedy-only eval
+        row = {
+            "problem_id": pid,
+            "subject": problem["subject"],
+            "level": problem["level"],
+            "greedy_correct": answers_equivalent(gold, first["answer"]),
+            "greedy_formatted": format_reward(first["completion"]) == 1.0,
+            "greedy_tokens": first["n_tokens"],
+            "samples": len(answers),
+            "samples_correct": sum(answers_equivalent(gold, answer) for answer in answers),
+        }
+        for k in ks:
+            row[f"maj@{k}_correct"] = answers_equivalent(gold, majority_vote(answers[:k]).answer)
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def summarize(scores: pl.DataFrame, ks: tuple[int, ...]) -> dict[str, float]:
+    """Headline metrics over all problems."""
+    metrics = {
+        "greedy_accuracy": scores["greedy_correct"].mean(),
+        "format_rate": scores["greedy_formatted"].mean(),
+        "mean_completion_tokens": scores["greedy_tokens"].mean(),
+        "problems": float(scores.height),
+    }
+    for k in ks:
+        metrics[f"maj@{k}"] = scores[f"maj@{k}_correct"].mean()
+        metrics[f"pass@{k}"] = float(
+            np.mean([pass_at_k(n, c, k) for n, c in scores.select("samples", "samples_correct").iter_rows()])
+        )
+    return metrics
+
+
+def breakdown(scores: pl.DataFrame) -> pl.DataFrame:
+    """Greedy accuracy per subject and per level, where the eval set records them."""
+    parts = [
+        scores.filter(pl.col(column).is_not_null())
+        .group_by(pl.col(column).cast(pl.Utf8).alias("value"))
+        .agg(pl.len().alias("problems"), pl.col("greedy_correct").mean().alias("greedy_accuracy"))
+        .with_columns(pl.lit(column).alias("by"))
+        .select("by", "value", "problems", "greedy_accuracy")
+        for column in BREAKDOWN_COLUMNS
+    ]
+    return pl.concat(parts).sort("by", "value")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Greedy decoding for accuracy, plus `samples` sampled completions per problem for maj@k/pass@k
+    (`samples=0, ks=()`: greedy only)."""
+
+    max_new_tokens: int = 128
+    samples: int = 8
+    temperature: float = 1.0
+    ks: tuple[int, ...] = (1, 4, 8)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or any(not 1 <= k <= self.samples for k in self.ks):
+            raise ValueError(f"every k in {self.ks} must be within 1..samples={self.samples}")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    scores: pl.DataFrame
+    metrics: dict[str, float]
+    breakdown: pl.DataFrame
+    greedy: pl.DataFrame
+    sampled: pl.DataFrame
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: Path,
+    eval_problems: pl.DataFrame,
+    settings: EvalSettings,
+    *,
+    backend: str,
+    device: str,
+    dtype: str,
+    batch_size: int = 16,
+    progress: Progress | None = None,
+    checkpoint_label: str | None = None,
+) -> EvalResult:
+    """Generate greedy and sampled completions for every eval problem and score them (`batch_size`:
+    prompts per generate call of the transformers backend)."""
+    sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
+    if settings.samples:
+        sample_sets.append(
+            SamplingSettings(
+                n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
+            )
+        )
+    greedy, *sampled = generate_sample_sets(
+        checkpoint_dir,
+        eval_problems,
+        sample_sets,
+        backend=backend,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        checkpoint_label=checkpoint_label,
+        progress=progress,
+    )
+    sampled = sampled[0] if sampled else greedy.clear()
+    scores = score_problems(eval_problems, greedy, sampled, settings.ks)
+    return EvalResult(
+        scores=scores, metrics=summarize(scores, settings.ks), breakdown=breakdown(scores), greedy=greedy, sampled=sampled
+    )

@@ -1,0 +1,174 @@
+"""Answer extraction and verifiable rewards: is a model's final answer mathematically the gold one?
+
+Extraction is plain linear-time string work in this process.  Equivalence is math-verify
+(``verify(parse(gold), parse(answer))``, gold first: verify is not symmetric) in a helper process
+under a hard wall-clock bound, so a check never hangs or raises, in any thread or process; see
+``_math_verify_worker``.  The first check in a process pays the helper's startup (~0.4 s).
+"""
+
+import re
+from functools import lru_cache
+
+from noisy_student_assets.core._math_verify_worker import MathVerifyWorker
+
+TIMEOUT_S = 3.0
+"""Default hard bound, in seconds, on one equivalence check; past it the check is False."""
+
+MAX_ANSWER_CHARS = 1000
+"""Longer answers are rejected unchecked: no real answer is this long, and parsing would be slow."""
+
+MAX_NESTING = 20
+"""Deeper bracket nesting is rejected unchecked: math-verify's parse time explodes with nesting."""
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_GOLD_MARKERS = ("####", "<answer>", *_BOX_COMMANDS)
+_BOX_ARGUMENT = re.compile(r"[ \t]*(?:(?P<brace>\{)|(?P<unbraced>[^\s${}]+))")  # "\boxed{5}", "\boxed 5"
+_BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.DOTALL)  # escaped \{ \} are not grouping braces
+_LEADING_JUNK = " \t\r\n$"
+_TRAILING_JUNK = _LEADING_JUNK + "."
+_GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
+# Integers, thousands separators, decimals, simple fractions; the look-behind keeps "5-3" from
+# reading as -3 and "x2" or "1.5.3" from yielding a number.
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
+
+_worker = MathVerifyWorker()
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer stated in a model response or a reference solution, or None.
+
+    In order of precedence: the last r1-zero ``<answer>...</answer>`` (the closing tag may be
+    missing, as stop strings are cut from generations; a ``\\boxed{}`` inside it wins), the last
+    ``\\boxed{...}`` / ``\\boxed x`` / ``\\fbox{...}``, the rest of the last GSM8K ``#### ...``
+    line, and finally the last plain number in the text (thousands separators dropped).
+    Surrounding whitespace, ``$`` delimiters and trailing periods are stripped.
+    """
+    if not isinstance(response, str):
+        return None
+    explicit = _explicit_answer(response)
+    if explicit is not None:
+        return explicit
+    numbers = _NUMBER.findall(response)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def grade(response: str, gold: str, *, timeout_s: float | None = None) -> bool:
+    """True iff the answer extracted from ``response`` is mathematically equivalent to ``gold``.
+
+    A gold carrying a ``####``, ``\\boxed`` or ``<answer>`` marker (a full reference solution) is
+    reduced to its extracted answer first; otherwise it is used as is.  Never raises; False when
+    either side is missing, too large, or the check exceeds ``timeout_s`` (default ``TIMEOUT_S``).
+    """
+    if not isinstance(gold, str):
+        return False
+    if any(marker in gold for marker in _GOLD_MARKERS):
+        gold = extract_answer(gold)
+    return answers_equivalent(gold, extract_answer(response), timeout_s=timeout_s)
+
+
+def answers_equivalent(gold: str | None, answer: str | None, *, timeout_s: float | None = None) -> bool:
+    """True iff two extracted answers are mathematically equivalent, ``gold`` as math-verify's gold.
+
+    Never raises or hangs: False for missing, empty, over-long or over-nested strings and for
+    checks that exceed ``timeout_s`` seconds (default ``TIMEOUT_S``).
+    """
+    if not (isinstance(gold, str) and isinstance(answer, str)):
+        return False
+    gold, answer = _checkable(gold), _checkable(answer)
+    if not (gold and answer):
+        return False
+    return _equivalent(gold, answer, TIMEOUT_S if timeout_s is None else timeout_s)
+
+
+def is_gradable(answer: str | None, *, timeout_s: float | None = None) -> bool:
+    """True iff math-verify can check ``answer`` at all: it is equivalent to itself in time.
+
+    False for None, empty, over-long or over-nested answers and ones too slow to parse or compare.
+    """
+    return answers_equivalent(answer, answer, timeout_s=timeout_s)
+
+
+def format_reward(response: str) -> float:
+    """1.0 when the response marks its final answer explicitly (``\\boxed``, ``<answer>`` or
+    ``####``) and the marker holds a non-empty answer, else 0.0; independent of correctness."""
+    return float(isinstance(response, str) and _explicit_answer(response) is not None)
+
+
+def answer_reward(response: str, gold: str) -> float:
+    """1.0 when ``grade(response, gold)``, else 0.0."""
+    return float(grade(response, gold))
+
+
+def _explicit_answer(text: str) -> str | None:
+    """The answer under an explicit marker (``<answer>``, ``\\boxed``, ``####``), or None."""
+    tag = text.rfind("<answer>")
+    if tag >= 0:
+        start = tag + len("<answer>")
+        end = text.find("</answer>", start)
+        content = text[start:] if end < 0 else text[start:end]
+        boxed = _last_boxed(content)
+        return _strip_delimiters(content if boxed is None else boxed)
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return _strip_delimiters(boxed)
+    lines = _GSM8K_ANSWER.findall(text)
+    return _strip_delimiters(lines[-1]) if lines else None
+
+
+def _last_boxed(text: str) -> str | None:
+    """Argument of the last ``\\boxed``/``\\fbox``, braces matched; None if absent or unclosed."""
+    command = max(_BOX_COMMANDS, key=text.rfind)
+    start = text.rfind(command)
+    if start < 0:
+        return None
+    argument = _BOX_ARGUMENT.match(text, start + len(command))
+    if argument is None:
+        return None
+    if argument.group("unbraced"):
+        return argument.group("unbraced")
+    depth = 0
+    for token in _BRACE_OR_ESCAPE.finditer(text, argument.start("brace")):
+        if token.group() == "{":
+            depth += 1
+        elif token.group() == "}":
+            depth -= 1
+            if depth == 0:
+                return text[argument.end("brace") : token.start()]
+    return None
+
+
+def _strip_delimiters(answer: str) -> str | None:
+    # str.strip, not a regex: an anchored "[...]+$" pattern is quadratic on long whitespace runs.
+    return answer.rstrip(_TRAILING_JUNK).lstrip(_LEADING_JUNK) or None
+
+
+def _checkable(answer: str) -> str | None:
+    """The answer as sent to math-verify (wrapped there in ``$...$``), or None to reject it."""
+    # Inner "$" would end the math-mode wrapper, and "\$" is a currency sign, not math.
+    answer = answer.replace("\\$", "").replace("$", "").strip()
+    if len(answer) > MAX_ANSWER_CHARS or _nesting_depth(answer) > MAX_NESTING:
+        return None
+    return answer
+
+
+def _nesting_depth(text: str) -> int:
+    depth = deepest = 0
+    for char in text:
+        if char in _OPENERS:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in _CLOSERS:
+            depth -= 1
+    return deepest
+
+
+def clear_cache() -> None:
+    """Forget cached equivalence results, so the next checks are timed cold (the benchmark)."""
+    _equivalent.cache_clear()
+
+
+@lru_cache(maxsize=16384)
+def _equivalent(gold: str, answer: str, timeout_s: float) -> bool:
+    # Cached: samples repeat answers, and a pathological one should cost one timeout, not many.
+    return _worker.equivalent(gold, answer, timeout_s)

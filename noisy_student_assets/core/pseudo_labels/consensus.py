@@ -1,0 +1,90 @@
+"""Majority voting over a problem's sampled answers, clustering answers by mathematical equivalence.
+
+Clustering is greedy and deterministic: distinct answers (after stripping whitespace) are visited
+most frequent first, ties by first occurrence in the input, and each joins the first cluster whose
+founder - its first, hence most frequent, member - is equivalent to it (``answers_equivalent``
+with the founder as gold), or founds a new one.  The founder represents the cluster.  The winning
+cluster is the largest; ties go to the cluster with the earliest first occurrence in the input.
+Missing, empty and ungradable answers (see ``grading.is_gradable``) join no cluster, so they never
+win, but they do count in ``k``.
+"""
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from noisy_student_assets.core.grading import answers_equivalent, is_gradable
+
+
+@dataclass(frozen=True)
+class Vote:
+    """Outcome of a majority vote over ``k`` sampled answers."""
+
+    answer: str | None
+    """The winning cluster's representative (its most frequent exact string), or None if no cluster."""
+    count: int
+    """Answers in the winning cluster."""
+    agreement: float
+    """``count / k``: missing and ungradable answers count against agreement."""
+    n_clusters: int
+    """Distinct equivalence clusters among the gradable answers."""
+    entropy: float
+    """Shannon entropy (nats) of the cluster sizes over the gradable answers only, so that it
+    measures disagreement among the answers given; failures to answer show in ``agreement``."""
+    k: int
+    """Number of answers voted on, missing ones included."""
+
+
+def majority_vote(answers: list[str | None]) -> Vote:
+    """The majority answer of ``answers`` up to mathematical equivalence (see module docstring)."""
+    clusters = _clusters(answers)
+    k = len(answers)
+    if not clusters:
+        return Vote(answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=k)
+    winner = clusters[0]
+    total = sum(cluster.size for cluster in clusters)
+    shares = [cluster.size / total for cluster in clusters]
+    return Vote(
+        answer=winner.representative,
+        count=winner.size,
+        agreement=winner.size / k,
+        n_clusters=len(clusters),
+        entropy=sum(-p * math.log(p) for p in shares),
+        k=k,
+    )
+
+
+def vote_shares(answers: list[str | None]) -> list[tuple[str, float]]:
+    """Every equivalence cluster of ``answers`` as (representative, size / k), the majority first: the
+    soft pseudo-reward of an answer is the share of the cluster it falls in (0 outside every cluster)."""
+    return [(cluster.representative, cluster.size / len(answers)) for cluster in _clusters(answers)]
+
+
+@dataclass(frozen=True)
+class _Cluster:
+    representative: str
+    size: int
+    first_seen: int
+
+
+def _clusters(answers: list[str | None]) -> list[_Cluster]:
+    """The equivalence clusters of the gradable answers, largest first (ties: earliest first occurrence)."""
+    stripped = [a.strip() for a in answers if isinstance(a, str)]
+    counts = Counter(a for a in stripped if a)  # keys in first-occurrence order
+    first_seen = {answer: rank for rank, answer in enumerate(counts)}
+    members: list[list[str]] = []
+    for answer in sorted(counts, key=lambda a: -counts[a]):  # stable: ties keep first occurrence
+        if not is_gradable(answer):
+            continue
+        cluster = next((c for c in members if answers_equivalent(c[0], answer)), None)
+        if cluster is None:
+            members.append([answer])
+        else:
+            cluster.append(answer)
+    clusters = [_Cluster(c[0], sum(counts[a] for a in c), min(first_seen[a] for a in c)) for c in members]
+    return sorted(clusters, key=lambda c: (-c.size, c.first_seen))
+
+
+def vote_many(answer_lists: list[list[str | None]]) -> list[Vote]:
+    """``majority_vote`` of each problem's answers."""
+    return [majority_vote(answers) for answers in answer_lists]

@@ -1,0 +1,157 @@
+"""Pseudo-labels from a teacher's K samples: majority vote, confidence filter, and an audit against the
+hidden gold (no Dagster here).
+
+Noisy Student (Xie et al. 2020, "Self-training with Noisy Student improves ImageNet classification")
+labels unlabeled data with the teacher and keeps confident labels; for LLM math the label is the
+majority answer over K samples and the confidence is its agreement (self-consistency, Wang et al. 2023),
+as in test-time RL (Zuo et al. 2025, "TTRL").
+"""
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import polars as pl
+
+from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
+
+PSEUDO_LABEL_SCHEMA = pl.Schema(
+    {
+        "problem_id": pl.Utf8,
+        "prompt": pl.Utf8,
+        "pseudo_label": pl.Utf8,
+        "count": pl.Int32,
+        "k": pl.Int32,
+        "agreement": pl.Float64,
+        "n_clusters": pl.Int32,
+        "entropy": pl.Float64,
+        "kept": pl.Boolean,
+    }
+)
+
+AUDIT_FILE = "audit.json"
+"""Beside the pseudo-labels table: tau and the audit's headline figures."""
+AUDIT_BUCKETS_FILE = "audit_by_agreement.json"
+"""Beside the pseudo-labels table: `LabelAudit.buckets`."""
+
+AGREEMENT_BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9)
+"""Lower edges of the agreement buckets of the audit: [0, 0.3), [0.3, 0.5), ..., [0.9, 1]."""
+
+
+def vote_pseudo_labels(generations: pl.DataFrame, problems: pl.DataFrame, tau: float) -> pl.DataFrame:
+    """One row per problem (in `problems` order): the majority answer of its samples and the vote's
+    statistics; `kept` where a label exists and its agreement is at least `tau`.
+
+    Reads only `problem_id`/`prompt` of `problems`, and `problem_id`/`sample_index`/`answer` of
+    `generations`.
+    """
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"tau must be within [0, 1], got {tau}")
+    answers = (
+        generations.select("problem_id", "sample_index", "answer")
+        .sort("problem_id", "sample_index")
+        .group_by("problem_id", maintain_order=True)
+        .agg(pl.col("answer"))
+    )
+    by_problem = dict(answers.iter_rows())
+    missing = [pid for pid in problems["problem_id"] if pid not in by_problem]
+    if missing:
+        raise ValueError(f"{len(missing)} problems have no generations (first: {missing[0]!r})")
+    rows = []
+    for problem_id, prompt in problems.select("problem_id", "prompt").iter_rows():
+        vote = majority_vote(by_problem[problem_id])
+        rows.append(
+            {
+                "problem_id": problem_id,
+                "prompt": prompt,
+                "pseudo_label": vote.answer,
+                "count": vote.count,
+                "k": vote.k,
+                "agreement": vote.agreement,
+                "n_clusters": vote.n_clusters,
+                "entropy": vote.entropy,
+                "kept": vote.answer is not None and vote.agreement >= tau,
+            }
+        )
+    return pl.DataFrame(rows, schema=PSEUDO_LABEL_SCHEMA)
+
+
+@dataclass(frozen=True)
+class LabelAudit:
+    """How good the pseudo-labels are, measured against the hidden gold (for reporting only)."""
+
+    coverage: float
+    """Share of unlabeled problems whose label was kept."""
+    kept_label_accuracy: float | None
+    """Share of kept labels equivalent to the hidden gold (None when nothing was kept)."""
+    all_label_accuracy: float | None
+    """The same over every problem that has a majority answer, kept or not."""
+    teacher_pass_at_1: float
+    """Share of all teacher samples whose answer matches the hidden gold."""
+    buckets: pl.DataFrame
+    """Per agreement bucket: problems, labels correct, accuracy."""
+
+
+def audit_pseudo_labels(
+    pseudo_labels: pl.DataFrame, generations: pl.DataFrame, unlabeled_problems: pl.DataFrame
+) -> LabelAudit:
+    """Compare labels and samples with the unlabeled problems' hidden gold answers."""
+    gold = dict(unlabeled_problems.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+    labels = pseudo_labels.with_columns(
+        pl.struct("problem_id", "pseudo_label")
+        .map_elements(lambda row: answers_equivalent(gold[row["problem_id"]], row["pseudo_label"]), return_dtype=pl.Boolean)
+        .alias("label_correct"),
+        pl.col("agreement").cut(list(AGREEMENT_BUCKETS[1:]), left_closed=True, labels=_bucket_labels()).alias("bucket"),
+    )
+    sample_correct = [answers_equivalent(gold[pid], answer) for pid, answer in generations.select("problem_id", "answer").iter_rows()]
+    labeled = labels.filter(pl.col("pseudo_label").is_not_null())
+    kept = labels.filter("kept")
+    buckets = (
+        pl.DataFrame({"bucket": _bucket_labels()})
+        .join(
+            labeled.group_by("bucket").agg(
+                pl.len().alias("problems"), pl.col("label_correct").sum().alias("labels_correct")
+            ).with_columns(pl.col("bucket").cast(pl.Utf8)),
+            on="bucket",
+            how="left",
+        )
+        .with_columns(pl.col("problems", "labels_correct").fill_null(0).cast(pl.Int64))
+        .with_columns(
+            pl.when(pl.col("problems") > 0)
+            .then(pl.col("labels_correct") / pl.col("problems"))
+            .alias("label_accuracy")
+        )
+    )
+    return LabelAudit(
+        coverage=kept.height / max(labels.height, 1),
+        kept_label_accuracy=kept["label_correct"].mean() if kept.height else None,
+        all_label_accuracy=labeled["label_correct"].mean() if labeled.height else None,
+        teacher_pass_at_1=sum(sample_correct) / max(len(sample_correct), 1),
+        buckets=buckets,
+    )
+
+
+def _bucket_labels() -> list[str]:
+    edges = [*AGREEMENT_BUCKETS, 1.0]
+    return [f"[{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'}" for low, high in pairwise(edges)]
+
+
+def label_floor_failure(
+    labels: pl.DataFrame, tau: float, min_coverage: float, min_mean_agreement: float
+) -> str | None:
+    """Why these pseudo-labels must not train a student, or None when they clear both floors."""
+    kept = int(labels["kept"].sum())
+    coverage = kept / labels.height if labels.height else 0.0
+    mean_agreement = labels["agreement"].mean() if labels.height else 0.0
+    if kept == 0 and min_coverage > 0:
+        return (
+            f"tau={tau} keeps none of the {labels.height} pseudo-labels (highest agreement "
+            f"{labels['agreement'].max() or 0.0:.2f}): lower tau, sample more answers (K), or set "
+            "min_coverage=0 to train the student on the labeled problems only"
+        )
+    if coverage < min_coverage:
+        return f"tau={tau} keeps {kept}/{labels.height} pseudo-labels: coverage {coverage:.3f} < min_coverage {min_coverage}"
+    if mean_agreement < min_mean_agreement:
+        return f"mean agreement {mean_agreement:.3f} < min_mean_agreement {min_mean_agreement}"
+    return None

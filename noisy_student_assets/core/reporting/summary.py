@@ -1,0 +1,205 @@
+"""The run summary and the verdict across arms, read from the data lake (no Dagster here).
+
+For every round of every arm: the student's greedy accuracy and each control's, and the difference
+student minus control with a paired bootstrap interval over eval problems; arms of one experiment that
+differ only by seed are pooled, with seeds resampled too (`noisy_student_assets.core.reporting.verdict`). The summary
+leads with one plain sentence per arm group: the last round against its labeled-only control.
+
+`python -m noisy_student_assets.summary` (run by `make run` after the grid) prints it and writes it to
+`<data lake>/run_summary.md`; the `verdict` asset publishes the same tables with the comparison plot.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
+from noisy_student_assets.core.reporting.markdown import markdown_table
+from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
+from noisy_student_assets.core.training.compute import compute_comparison
+
+SUMMARY_FILE = "run_summary.md"
+ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
+AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    metrics: dict[str, float]
+    scores: pl.DataFrame
+
+
+def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> Evaluation | None:
+    """An eval asset's published metrics and per-problem scores, or None."""
+    directory = layout.artifact_dir(lake, key_path, arm)
+    if not (directory / layout.METRICS_FILE).exists():
+        return None
+    metrics = json.loads((directory / layout.METRICS_FILE).read_text())["metrics"]
+    return Evaluation(metrics, pl.read_parquet(directory / layout.SCORES_FILE))
+
+
+def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], Evaluation]:
+    """(round, role) -> evaluation for one arm; round 0 is labeled RL (where every chain starts)."""
+    found = {}
+    labeled_rl = read_evaluation(lake, layout.LABELED_RL_EVAL, arm)
+    if labeled_rl:
+        found |= {(0, role): labeled_rl for role in ROLES}
+    for number in range(1, rounds + 1):
+        for role in ROLES:
+            evaluation = read_evaluation(lake, layout.round_asset(number, layout.eval_of(role)), arm)
+            if evaluation:
+                found[(number, role)] = evaluation
+    return found
+
+
+def group_label(arm: Arm) -> str:
+    """What an arm group sets itself besides the seed (its experiment's defaults aside): 'tau=0.8', or 'defaults'."""
+    spec = arm.own.without_seed().model_dump(exclude_none=True)
+    return " ".join(f"{name}={value}" for name, value in spec.items()) or "defaults"
+
+
+@dataclass(frozen=True)
+class ExperimentResults:
+    accuracy: pl.DataFrame
+    """experiment, group, arm, seed, round, checkpoint (role or base_model), greedy_accuracy."""
+    differences: pl.DataFrame
+    """Per experiment, group, round and control: the student minus the control over the group's seeds."""
+    audits: pl.DataFrame
+    """Per arm and round: the pseudo-label audit against the hidden gold."""
+    validation: pl.DataFrame
+    """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
+    sentences: list[str]
+    """Per group: the last round against its labeled-only control, in words."""
+
+
+def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
+    """Everything the lake holds about `arms`, up to round `rounds`."""
+    base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
+    accuracy, audits, validation, by_group = [], [], [], {}
+    for arm in arms:
+        validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
+        if validated:
+            validation.append({
+                "experiment": arm.experiment, "arm": arm.name, "labeled_rl_steps": arm.spec.labeled_rl_steps,
+                "validation_problems": validated.metrics["problems"], "greedy_accuracy": validated.metrics["greedy_accuracy"],
+            })
+        evaluations = arm_evaluations(lake, arm.name, rounds)
+        by_group.setdefault((arm.experiment, group_label(arm)), []).append(evaluations)
+        row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
+        if base and evaluations:
+            accuracy.append(row | {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"]})
+        accuracy += [
+            row | {"round": number, "checkpoint": role, "greedy_accuracy": evaluation.metrics["greedy_accuracy"]}
+            for (number, role), evaluation in evaluations.items()
+        ]
+        for number in range(1, rounds + 1):
+            audit_path = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name) / AUDIT_FILE
+            if audit_path.exists():
+                audit = json.loads(audit_path.read_text())
+                audits.append(row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS})
+    differences, last_verdicts = [], {}
+    for (experiment, group), arm_runs in by_group.items():
+        for number in range(1, rounds + 1):
+            for control in layout.CONTROLS:
+                pairs = [(runs[(number, layout.STUDENT_ROLE)], runs[(number, control)]) for runs in arm_runs
+                         if (number, layout.STUDENT_ROLE) in runs and (number, control) in runs]
+                if not pairs:
+                    continue
+                difference = paired_difference(
+                    *paired_scores([(student.scores, other.scores) for student, other in pairs]),
+                    treatment_name=f"round {number} ({group})",
+                    control_name=f"its {control.replace('_', '-')} control",
+                )
+                matched = all(compute_comparison(student.metrics, other.metrics)[0] for student, other in pairs)
+                differences.append(
+                    {"experiment": experiment, "group": group, "round": number, "control": control}
+                    | {key: value for key, value in difference.as_dict().items() if key not in ("treatment", "control")}
+                    | {"compute_matched": matched}
+                )
+                if control == layout.LABELED_ONLY:  # later rounds replace earlier ones
+                    last_verdicts[(experiment, group)] = f"**{experiment}, {group}**: {difference.sentence()}" + (
+                        "" if matched else " (NOT compute-matched)"
+                    )
+    sentences = list(last_verdicts.values())
+    return ExperimentResults(
+        accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
+        differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
+        audits=pl.DataFrame(audits) if audits else pl.DataFrame(),
+        validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
+        sentences=sentences,
+    )
+
+
+_ACCURACY_SCHEMA = {
+    "experiment": pl.Utf8, "group": pl.Utf8, "arm": pl.Utf8, "seed": pl.Utf8,
+    "round": pl.Int64, "checkpoint": pl.Utf8, "greedy_accuracy": pl.Float64,
+}
+
+
+def accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
+    """Greedy accuracy as mean ± sd over seeds, one row per group and round, one column per checkpoint."""
+    stats = (
+        accuracy.group_by("experiment", "group", "round", "checkpoint", maintain_order=True)
+        .agg(
+            pl.format(
+                "{} ± {} (n={})",
+                pl.col("greedy_accuracy").mean().round(3),
+                pl.col("greedy_accuracy").std().fill_null(0.0).round(3),
+                pl.len(),
+            ).alias("greedy_accuracy")
+        )
+    )
+    return stats.pivot(on="checkpoint", index=["experiment", "group", "round"], values="greedy_accuracy").sort("experiment", "group", "round")
+
+
+def summary_markdown(results: ExperimentResults) -> str:
+    """The verdict sentences, then the tables, as markdown that can be pasted into a write-up."""
+    lines = ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
+    lines += [f"- {sentence}" for sentence in results.sentences] or ["No round has been evaluated against its labeled-only control yet."]
+    if results.differences.height:
+        shown = results.differences.select(
+            "experiment", "group", "round", "control", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
+        )
+        lines += ["", "## Student minus control, per round (paired bootstrap 95% intervals)", "", markdown_table(shown)]
+    if results.accuracy.height:
+        lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
+    if results.audits.height:
+        lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(results.audits.drop("experiment", "group"))]
+    if results.validation.height:
+        lines += ["", "## Labeled RL on the validation split", "", markdown_table(results.validation)]
+    return "\n".join(lines) + "\n"
+
+
+def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
+    """The arms of the experiment files that have a labeled-RL evaluation (held-out or validation) in the lake,
+    and the most rounds."""
+    experiments = load_experiments(experiments_dir)
+    evaluated = [layout.artifact_dir(lake, name) for name in (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)]
+    arms = [
+        arm for experiment in experiments.values() for arm in experiment.all_arms()
+        if any((directory / arm.name).is_dir() for directory in evaluated)
+    ]
+    return arms, max((experiments[arm.experiment].rounds for arm in arms), default=0)
+
+
+def main() -> None:
+    lake = layout.default_lake_root()
+    print(f"\nData lake: {lake}")
+    arms, rounds = lake_arms(lake, default_experiments_dir())
+    if not arms:
+        print("No evaluated arms yet.")
+        return
+    summary = summary_markdown(collect(lake, arms, rounds))
+    (lake / SUMMARY_FILE).write_text(f"# noisy-student run summary\n\n{summary}")
+    print(summary)
+    print(f"Run summary (markdown): {lake / SUMMARY_FILE}")
+    print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
+    store = f"sqlite:///{lake / layout.TRACKING_DB_NAME}"
+    print(f"\nMLflow store: {store}\n  compare runs: mlflow ui --backend-store-uri {store}")
+

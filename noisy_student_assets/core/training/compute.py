@@ -1,0 +1,108 @@
+"""The training compute a checkpoint spent, and the compute of its whole lineage (no Dagster here).
+
+A gain counts only against a control that spent the same compute: the same optimizer steps, prompts and
+completions since the base model. Every trained checkpoint stores its own compute and its lineage's total
+(its init checkpoint's total plus its own) in `compute.json`; the base model has none. A round's student
+and its controls are compared on `MATCHED_FIELDS`; generated tokens differ by nature (a model that answers
+in fewer tokens spends fewer) and are reported, not matched.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.core.layout import COMPUTE_FILE
+
+MATCHED_FIELDS = ("optimizer_steps", "prompts", "completions")
+
+
+@dataclass(frozen=True)
+class TrainingCompute:
+    optimizer_steps: int = 0
+    prompts: int = 0
+    """Prompts trained on (a prompt drawn twice counts twice)."""
+    completions: int = 0
+    """Completions trained on: sampled for the GRPO groups, or the teacher's in SFT rows and DPO pairs."""
+    generated_tokens: int = 0
+    """Completion tokens sampled while training (GRPO's groups; SFT and DPO sample none)."""
+
+    def __add__(self, other: TrainingCompute) -> TrainingCompute:
+        return TrainingCompute(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def mismatches(self, other: TrainingCompute) -> list[str]:
+        """The `MATCHED_FIELDS` on which the two differ, as 'optimizer_steps 12 != 15'."""
+        return [
+            f"{name} {getattr(self, name)} != {getattr(other, name)}"
+            for name in MATCHED_FIELDS
+            if getattr(self, name) != getattr(other, name)
+        ]
+
+
+@dataclass(frozen=True)
+class CheckpointCompute:
+    own: TrainingCompute
+    """What training this checkpoint spent."""
+    total: TrainingCompute
+    """`own` plus the total of the checkpoint it started from: everything spent since the base model."""
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"own": self.own.as_dict(), "total": self.total.as_dict()}
+
+
+def grpo_compute(log_history: list[dict], steps: int, prompts_per_step: int, num_generations: int) -> TrainingCompute:
+    """The compute of a GRPO run of `steps` optimizer steps from TRL's log history (logged every step;
+    `completions/mean_length` is the mean completion length of a step's completions)."""
+    completions_per_step = prompts_per_step * num_generations
+    lengths = [entry["completions/mean_length"] for entry in log_history if "completions/mean_length" in entry]
+    return TrainingCompute(
+        optimizer_steps=steps,
+        prompts=steps * prompts_per_step,
+        completions=steps * completions_per_step,
+        generated_tokens=round(sum(lengths) * completions_per_step),
+    )
+
+
+def supervised_compute(steps: int, prompts_per_step: int, num_generations: int) -> TrainingCompute:
+    """The compute of an SFT or DPO run laid out like GRPO's steps (`distillation`): each step trains on
+    `prompts_per_step` problems x `num_generations` completions of the teacher's, and samples none."""
+    return TrainingCompute(
+        optimizer_steps=steps, prompts=steps * prompts_per_step, completions=steps * prompts_per_step * num_generations
+    )
+
+
+def read_compute(checkpoint_dir: Path) -> CheckpointCompute:
+    """The compute recorded in a checkpoint; a checkpoint without a record (the base model) spent none."""
+    path = checkpoint_dir / COMPUTE_FILE
+    if not path.exists():
+        return CheckpointCompute(own=TrainingCompute(), total=TrainingCompute())
+    recorded = json.loads(path.read_text())
+    return CheckpointCompute(own=TrainingCompute(**recorded["own"]), total=TrainingCompute(**recorded["total"]))
+
+
+def record_compute(checkpoint_dir: Path, own: TrainingCompute, init_dir: Path) -> CheckpointCompute:
+    """Write `compute.json` into a trained checkpoint: its own compute and its lineage's total, which
+    depends on where this checkpoint started (a reused run's record is rewritten for its new lineage)."""
+    compute = CheckpointCompute(own=own, total=read_compute(init_dir).total + own)
+    path = checkpoint_dir / COMPUTE_FILE
+    path.unlink(missing_ok=True)  # a new file: a reused checkpoint's is a hard link to the original's
+    path.write_text(json.dumps(compute.as_dict(), indent=2))
+    return compute
+
+
+def compute_comparison(treatment_metrics: dict[str, float], control_metrics: dict[str, float]) -> tuple[bool, pl.DataFrame]:
+    """Whether two evaluated checkpoints' lineages spent the same `MATCHED_FIELDS`, and a table of both
+    (from the `compute/total_*` entries every eval records)."""
+    names = [f.name for f in fields(TrainingCompute)]
+    rows = [
+        {"compute": name, "treatment": treatment_metrics.get(f"compute/total_{name}"), "control": control_metrics.get(f"compute/total_{name}")}
+        for name in names
+    ]
+    matched = all(row["treatment"] == row["control"] and row["treatment"] is not None for row in rows if row["compute"] in MATCHED_FIELDS)
+    return matched, pl.DataFrame(rows, schema={"compute": pl.Utf8, "treatment": pl.Float64, "control": pl.Float64})

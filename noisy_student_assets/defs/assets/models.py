@@ -1,0 +1,119 @@
+"""Checkpoints that are not tied to a round (the base model, shared by every arm; each arm's labeled-RL
+checkpoint), their evaluations, and the eval-asset factory every checkpoint's evaluation is made by."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.checkpoints import materialize_checkpoint
+from noisy_student_assets.defs.assets.stages import evaluate, stage, train_checkpoint
+from noisy_student_assets.defs.checks import checkpoint_checks, eval_not_degenerate_spec
+from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
+from noisy_student_assets.defs.partitions import ARMS
+from resources.compute import GPU_POOL
+from resources.stage_resources import StageResources
+
+GROUP = "models"
+HEAVY_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
+BASE_MODEL = dg.AssetKey(layout.BASE_MODEL)
+LABELED_RL = dg.AssetKey(layout.LABELED_RL)
+
+
+@dg.asset(name=layout.BASE_MODEL, io_manager_key="checkpoint_io_manager", group_name=GROUP)
+def base_model(
+    context: dg.AssetExecutionContext,
+    config: BaseModelConfig,
+    stage_resources: StageResources,
+) -> dg.Output[Path]:
+    """The starting checkpoint of every arm, as a self-contained safetensors directory with tokenizer and chat template."""
+    staged = stage_resources.lake.staging_dir()
+    context.log.info(f"Resolving model reference {config.reference!r}")
+    with stage(context, config, stage_resources) as current:
+        info = materialize_checkpoint(config.reference, staged, dtype=config.dtype, trust_remote_code=config.trust_remote_code)
+    return dg.Output(
+        staged,
+        metadata={
+            "reference": info.reference,
+            "n_parameters": info.n_parameters,
+            "dtype": info.dtype,
+            "weights_sha256": info.weights_sha256,
+            "chat_template": dg.MetadataValue.md(f"```jinja\n{info.chat_template}\n```"),
+        }
+        | current.metadata,
+    )
+
+
+@dg.asset(
+    name=layout.LABELED_RL,
+    io_manager_key="checkpoint_io_manager",
+    group_name=GROUP,
+    partitions_def=ARMS,
+    pool=GPU_POOL,
+    retry_policy=HEAVY_RETRY,
+    ins={
+        "base_model": dg.AssetIn(BASE_MODEL, input_manager_key="checkpoint_io_manager"),
+        "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
+    },
+)
+def labeled_rl_checkpoint(
+    context: dg.AssetExecutionContext,
+    config: LabeledRLConfig,
+    base_model: Path,
+    labeled_problems: pl.DataFrame,
+    stage_resources: StageResources,
+) -> dg.Output[Path]:
+    """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
+    with stage(context, config, stage_resources) as current:
+        staged = train_checkpoint(current, init_dir=base_model, labeled=labeled_problems, pseudo_labeled=None)
+    return dg.Output(staged, metadata=current.metadata)
+
+
+def checkpoint_eval(
+    key: dg.AssetKey,
+    checkpoint: dg.AssetKey,
+    *,
+    group: str,
+    partitions_def: dg.PartitionsDefinition | None = ARMS,
+    problems: str = layout.EVAL_PROBLEMS,
+) -> dg.AssetsDefinition:
+    """An asset that evaluates the checkpoint asset `checkpoint` on `problems` (the held-out eval set, or
+    the arm's validation split)."""
+
+    @dg.asset(
+        key=key,
+        group_name=group,
+        partitions_def=partitions_def,
+        pool=GPU_POOL,
+        retry_policy=HEAVY_RETRY,
+        ins={
+            "checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager"),
+            "problems": dg.AssetIn(problems),
+        },
+        check_specs=[eval_not_degenerate_spec(key)],
+        description=f"`{checkpoint.to_user_string()}` evaluated on {problems} (greedy accuracy, maj@k, pass@k, format rate).",
+    )
+    def _eval(
+        context: dg.AssetExecutionContext,
+        config: EvalConfig,
+        checkpoint_dir: Path,
+        problems: pl.DataFrame,
+        stage_resources: StageResources,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+        with stage(context, config, stage_resources) as current:
+            _, health_check = evaluate(current, checkpoint_dir=checkpoint_dir, eval_problems=problems)
+        yield dg.MaterializeResult(metadata=current.metadata)
+        yield health_check
+
+    return _eval
+
+
+base_model_eval = checkpoint_eval(dg.AssetKey(layout.BASE_MODEL_EVAL), BASE_MODEL, group=GROUP, partitions_def=None)
+labeled_rl_eval = checkpoint_eval(dg.AssetKey(layout.LABELED_RL_EVAL), LABELED_RL, group=GROUP)
+labeled_rl_validation = checkpoint_eval(
+    dg.AssetKey(layout.LABELED_RL_VALIDATION), LABELED_RL, group=GROUP, problems=layout.VALIDATION_PROBLEMS
+)
+base_model_checks = checkpoint_checks(BASE_MODEL)
+labeled_rl_checkpoint_checks = checkpoint_checks(LABELED_RL, partitions_def=ARMS)

@@ -1,0 +1,95 @@
+"""Problem tables: the training pool and the held-out eval set (shared by every arm), and each arm's
+seeded labeled / unlabeled / validation draw from the pool."""
+
+from collections.abc import Iterator
+
+import dagster as dg
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, drop_overlap, fingerprint, load_problems, split_problems
+from noisy_student_assets.defs.assets.metadata import markdown_table
+from noisy_student_assets.defs.assets.stages import stage
+from noisy_student_assets.defs.config import EvalProblemsConfig, ProblemPoolConfig, ProblemSourceConfig, ProblemSplitConfig
+from noisy_student_assets.defs.partitions import ARMS
+from resources.stage_resources import StageResources
+
+GROUP = "problems"
+
+
+def _table_metadata(frame: pl.DataFrame, source: ProblemSourceConfig | None = None) -> dict:
+    return {
+        "dagster/row_count": frame.height,
+        "fingerprint": fingerprint(frame),
+        # The hidden gold is for audits only; it stays out of the preview too.
+        "preview": markdown_table(frame.drop(HIDDEN_GOLD_COLUMN, strict=False)),
+    } | ({"source": source.describe()} if source else {})
+
+
+@dg.asset(name=layout.PROBLEM_POOL, group_name=GROUP)
+def problem_pool(
+    context: dg.AssetExecutionContext, config: ProblemPoolConfig, stage_resources: StageResources
+) -> dg.Output[pl.DataFrame]:
+    """The training pool every arm draws its labeled, unlabeled and validation problems from."""
+    with stage(context, config, stage_resources) as current:
+        source = current.config.resolved_source
+        pool = load_problems(**source.load_kwargs())
+        current.log_metrics({"rows": pool.height})
+    return dg.Output(pool, metadata=_table_metadata(pool, source) | current.metadata)
+
+
+@dg.asset(name=layout.EVAL_PROBLEMS, group_name=GROUP)
+def eval_problems(
+    context: dg.AssetExecutionContext,
+    config: EvalProblemsConfig,
+    problem_pool: pl.DataFrame,
+    stage_resources: StageResources,
+) -> dg.Output[pl.DataFrame]:
+    """Held-out problems every checkpoint of every arm is evaluated on, minus any prompt of the training
+    pool (so no arm's split can contain one, and arms are compared on the same problems)."""
+    with stage(context, config, stage_resources) as current:
+        source = current.config.resolved_source
+        candidates = load_problems(**source.load_kwargs())
+        held_out = drop_overlap(candidates, problem_pool.select("prompt"))
+        dropped = candidates.height - held_out.height
+        current.log_metrics({"rows": held_out.height, "dropped_overlap_with_pool": dropped})
+    return dg.Output(
+        held_out, metadata=_table_metadata(held_out, source) | {"dropped_overlap_with_pool": dropped} | current.metadata
+    )
+
+
+@dg.multi_asset(
+    outs={
+        layout.LABELED_PROBLEMS: dg.AssetOut(
+            description="Problems whose gold answers RL may use (the arm's seeded draw from the pool).", group_name=GROUP
+        ),
+        layout.UNLABELED_PROBLEMS: dg.AssetOut(
+            description=f"Problems to pseudo-label; their gold answer is kept only in `{HIDDEN_GOLD_COLUMN}`, for audits.",
+            group_name=GROUP,
+        ),
+        layout.VALIDATION_PROBLEMS: dg.AssetOut(
+            description="Labeled problems held out to choose settings on (labeled-RL steps); nothing trains on them.",
+            group_name=GROUP,
+        ),
+    },
+    partitions_def=ARMS,
+)
+def problem_split(
+    context: dg.AssetExecutionContext,
+    config: ProblemSplitConfig,
+    problem_pool: pl.DataFrame,
+    stage_resources: StageResources,
+) -> Iterator[dg.Output]:
+    with stage(context, config, stage_resources, name="problem_split") as current:
+        settings = current.config
+        tables = dict(
+            zip(
+                (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS),
+                split_problems(problem_pool, settings.n_labeled, settings.n_unlabeled, settings.seed, settings.n_validation),
+                strict=True,
+            )
+        )
+        current.log_metrics({f"{name}_rows": table.height for name, table in tables.items()})
+    split_metadata = {"pool_rows": problem_pool.height, "split_seed": settings.seed} | current.metadata
+    for name, table in tables.items():
+        yield dg.Output(table, name, metadata=_table_metadata(table) | split_metadata)

@@ -1,0 +1,69 @@
+"""The verdict across arms: every round of every arm against its compute-matched controls, arms that differ
+only by seed pooled (see `noisy_student_assets.core.reporting.summary`), with the comparison plot; shared by every arm."""
+
+import dagster as dg
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.reporting import markdown
+from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
+from noisy_student_assets.defs.assets.stages import stage
+from noisy_student_assets.defs.partitions import ARMS, ROUNDS, round_key
+from resources.stage_resources import StageResources
+
+GROUP = "experiments"
+VERDICT_NAME = "verdict"
+"""`verdict.md` and `verdict.html` (see `markdown.write_report`)."""
+
+
+@dg.asset(
+    name=layout.VERDICT,
+    group_name=GROUP,
+    deps=[
+        dg.AssetKey(layout.BASE_MODEL_EVAL),
+        dg.AssetKey(layout.LABELED_RL_EVAL),
+        *(round_key(n, layout.eval_of(role)) for n in range(1, ROUNDS + 1) for role in (layout.STUDENT_ROLE, *layout.CONTROLS)),
+    ],
+    description="Every registered arm's rounds against their compute-matched controls: differences with paired "
+    "bootstrap intervals (over problems, and over seeds for arms that differ only by seed), accuracy by round.",
+)
+def verdict(
+    context: dg.AssetExecutionContext,
+    stage_resources: StageResources,
+) -> dg.MaterializeResult:
+    import mlflow
+
+    from noisy_student_assets.core.reporting import plots
+    from noisy_student_assets.core.reporting.summary import collect, summary_markdown
+
+    arms = []
+    for name in context.instance.get_dynamic_partitions(ARMS.name):
+        try:
+            arms.append(stage_resources.experiments.arm(name))
+        except dg.Failure as missing:
+            context.log.warning(f"left out: {missing.description}")
+    with stage(context, None, stage_resources) as current:
+        results = collect(stage_resources.lake.root_path, arms, ROUNDS)
+        report = summary_markdown(results)
+        grouped = results.accuracy.with_columns(pl.concat_str("experiment", "group", separator=": ").alias("group"))
+        figure = plots.accuracy_by_round(grouped) if grouped.height else None
+        staged = stage_resources.lake.staging_dir()
+        results.accuracy.write_parquet(staged / "accuracy.parquet")
+        results.differences.write_parquet(staged / "differences.parquet")
+        figures = {"accuracy_by_round": figure} if figure else {}
+        inline_report = markdown.write_report(staged, VERDICT_NAME, "Verdict", f"# Verdict\n\n{report}", figures)
+        mlflow.log_artifacts(str(staged), artifact_path="verdict")
+        for row in results.differences.iter_rows(named=True):
+            current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}": row["estimate"]})
+        final = stage_resources.lake.publish(staged, context.asset_key)
+    return dg.MaterializeResult(
+        metadata={
+            "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in results.sentences) or "no round evaluated yet"),
+            "report": dg.MetadataValue.md(inline_report),
+            "arms": len(arms),
+            "path": dg.MetadataValue.path(str(final)),
+            **({"accuracy_by_round": png_markdown("accuracy_by_round", figure)} if figure else {}),
+            **({"differences": markdown_table(results.differences, max_rows=None)} if results.differences.height else {}),
+        }
+        | current.metadata
+    )

@@ -1,0 +1,216 @@
+"""Asset checks.
+
+Two kinds: checks the assets that own the data evaluate themselves and report as check results (so a
+failing floor can stop a round before training on garbage), and checks of their own, built here for
+every checkpoint asset, that read the published checkpoint. Checks that guard what runs downstream are
+blocking: when one fails with ERROR severity, Dagster skips the assets downstream of it in that run.
+"""
+
+import dagster as dg
+import polars as pl
+
+from noisy_student_assets.core.layout import EVAL_PROBLEMS
+from noisy_student_assets.core.training.compute import read_compute
+from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors, output_health, smoke_failure
+from noisy_student_assets.defs.assets.metadata import markdown_table
+from noisy_student_assets.defs.config import SmokeConfig
+from resources.compute import GPU_POOL, ComputeResource
+from resources.data_lake import DataLake
+
+PSEUDO_LABEL_QUALITY = "pseudo_label_quality"
+NO_EVAL_REGRESSION = "no_eval_regression"
+EVAL_NOT_DEGENERATE = "eval_not_degenerate"
+FINITE_WEIGHTS = "finite_weights"
+SMOKE_GENERATION = "smoke_generation"
+COMPUTE_MATCHED = "compute_matched"
+
+
+def pseudo_label_quality_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        PSEUDO_LABEL_QUALITY,
+        asset=asset_key,
+        blocking=True,  # the student also refuses labels whose audit records a failed floor
+        description="Blocking: coverage at tau and mean agreement are above their configured floors; below them "
+        "the round's student is not trained.",
+    )
+
+
+def no_eval_regression_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        NO_EVAL_REGRESSION,
+        asset=asset_key,
+        description="Warns when greedy accuracy dropped more than the tolerance below the previous round (or labeled RL).",
+    )
+
+
+def eval_not_degenerate_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    """The check every eval asset reports: its greedy outputs are not degenerate (thresholds in EvalConfig)."""
+    return dg.AssetCheckSpec(
+        EVAL_NOT_DEGENERATE,
+        asset=asset_key,
+        blocking=True,
+        description="Blocking: greedy completions have answers, mostly end by themselves and differ between problems "
+        "(a broken model scores 0.0 by running every completion to the token limit).",
+    )
+
+
+def eval_not_degenerate(asset_key: dg.AssetKey, health: OutputHealth, failure: str | None) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=EVAL_NOT_DEGENERATE,
+        asset_key=asset_key,
+        passed=failure is None,
+        description=failure,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata=health.as_dict(),
+    )
+
+
+def pseudo_label_quality(
+    asset_key: dg.AssetKey,
+    failure: str | None,
+    coverage: float,
+    mean_agreement: float,
+    min_coverage: float,
+    min_agreement: float,
+) -> dg.AssetCheckResult:
+    """ERROR when too few labels survive tau, or the teacher agrees with itself too rarely to trust them
+    (`failure`: why, from `pseudo_labels.label_floor_failure`)."""
+    return dg.AssetCheckResult(
+        check_name=PSEUDO_LABEL_QUALITY,
+        asset_key=asset_key,
+        passed=failure is None,
+        description=failure,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "coverage": coverage,
+            "min_coverage": min_coverage,
+            "mean_agreement": mean_agreement,
+            "min_agreement": min_agreement,
+        },
+    )
+
+
+def no_eval_regression(
+    asset_key: dg.AssetKey, accuracy: float, previous_accuracy: float | None, previous_name: str, tolerance: float
+) -> dg.AssetCheckResult:
+    """WARN when greedy accuracy fell by more than `tolerance` against the previous checkpoint."""
+    passed = previous_accuracy is None or accuracy >= previous_accuracy - tolerance
+    return dg.AssetCheckResult(
+        check_name=NO_EVAL_REGRESSION,
+        asset_key=asset_key,
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "greedy_accuracy": accuracy,
+            "previous": previous_name,
+            "previous_greedy_accuracy": previous_accuracy if previous_accuracy is not None else float("nan"),
+            "tolerance": tolerance,
+        },
+    )
+
+
+def checkpoint_checks(
+    asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
+) -> list[dg.AssetChecksDefinition]:
+    """Blocking checks of the published checkpoint of `asset`: every weight is finite, and a short greedy
+    generation on the first eval prompts yields text that does not all run to the token limit.
+
+    The checkpoint's own asset already refuses to publish non-finite weights; `finite_weights` makes the
+    verdict visible in the UI and catches a checkpoint changed or placed in the lake by other means.
+    """
+    asset = asset_key.to_user_string()
+
+    def checkpoint_dir(context: dg.AssetCheckExecutionContext, data_lake: DataLake):
+        partition = context.partition_key if partitions_def is not None else None
+        path = data_lake.artifact_dir(asset_key, partition)
+        if not (path / "config.json").exists():
+            raise dg.Failure(f"{asset}{f' arm {partition}' if partition else ''} has no checkpoint at {path}")
+        return path
+
+    @dg.asset_check(
+        asset=asset_key,
+        name=FINITE_WEIGHTS,
+        blocking=True,
+        partitions_def=partitions_def,
+        description="Blocking: every tensor of the published checkpoint is finite (no NaN, no inf).",
+    )
+    def finite_weights(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
+        bad, total = non_finite_tensors(checkpoint_dir(context, data_lake))
+        return dg.AssetCheckResult(
+            passed=not bad,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"{len(bad)} of {total} tensors hold NaN or inf: {', '.join(bad[:5])}" if bad else None,
+            metadata={"tensors": total, "non_finite_tensors": len(bad)},
+        )
+
+    @dg.asset_check(
+        asset=asset_key,
+        name=SMOKE_GENERATION,
+        blocking=True,
+        partitions_def=partitions_def,
+        pool=GPU_POOL,
+        additional_ins={"eval_problems": dg.AssetIn(EVAL_PROBLEMS)},
+        description="Blocking: greedy completions of the first eval prompts are not empty and do not all run to the token limit.",
+    )
+    def smoke_generation(
+        context: dg.AssetCheckExecutionContext,
+        config: SmokeConfig,
+        eval_problems: pl.DataFrame,
+        data_lake: DataLake,
+        compute: ComputeResource,
+    ) -> dg.AssetCheckResult:
+        from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
+
+        directory = checkpoint_dir(context, data_lake)
+        with compute.exclusive(context.log.info):
+            completions = generate_samples(
+                directory,
+                eval_problems.head(config.prompts),
+                SamplingSettings(n=1, temperature=0.0, max_new_tokens=config.max_new_tokens),
+                backend="transformers",
+                device=compute.resolved_device,
+                dtype=compute.dtype,
+            )
+        health = output_health(completions)
+        failure = smoke_failure(
+            health, max_empty_rate=config.max_empty_rate, max_truncation_rate=config.max_truncation_rate
+        )
+        return dg.AssetCheckResult(
+            passed=failure is None,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=failure,
+            metadata=health.as_dict()
+            | {"completions": markdown_table(completions.select("problem_id", "finish_reason", "n_tokens", "completion"), max_rows=None)},
+        )
+
+    return [finite_weights, smoke_generation]
+
+
+def compute_matched_check(
+    control_key: dg.AssetKey, student_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition
+) -> dg.AssetChecksDefinition:
+    """ERROR when a control checkpoint's lineage spent other optimizer steps, prompts or completions than
+    the round's student's: the round's gain over it would then not be a gain at equal compute."""
+
+    @dg.asset_check(
+        asset=control_key,
+        name=COMPUTE_MATCHED,
+        partitions_def=partitions_def,
+        additional_deps=[student_key],
+        blocking=True,  # a control eval at other compute would answer a different question than the verdict asks
+        description="Blocking: since the base model, this control spent the same optimizer steps, prompts and completions as "
+        "the round's student (compute.json of both checkpoints).",
+    )
+    def compute_matched(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
+        control = read_compute(data_lake.artifact_dir(control_key, context.partition_key)).total
+        student = read_compute(data_lake.artifact_dir(student_key, context.partition_key)).total
+        mismatches = control.mismatches(student)
+        return dg.AssetCheckResult(
+            passed=not mismatches,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"control vs student: {'; '.join(mismatches)}" if mismatches else None,
+            metadata={f"control/{k}": v for k, v in control.as_dict().items()}
+            | {f"student/{k}": v for k, v in student.as_dict().items()},
+        )
+
+    return compute_matched

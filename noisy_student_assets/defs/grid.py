@@ -1,0 +1,288 @@
+"""An experiment's grid, arms x rounds x controls, from the command line; resumable after a kill.
+
+    python -m noisy_student_assets.grid register experiments/tau.yaml   # its arms become `arm` partitions
+    python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
+    python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
+
+`run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
+like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
+the verdict. What is already materialized and still current is skipped: an asset is redone when it was never
+materialized, when the arm's overrides of its stage changed since (the experiment file was edited), or when
+an input was materialized after it; what is downstream of a redone asset is redone too. A killed grid
+therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
+checkpoints. A check that runs as a step of its own (`finite_weights`, `smoke_generation`,
+`compute_matched`) and never judged its asset's latest materialization, because the grid was killed between
+the two steps, is evaluated alone, without materializing the asset again. The same selection from the UI:
+the `arm_job` (or the assets), *Materialize*, pick the arms: a backfill, which the daemon runs in the same
+order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from noisy_student_assets.core import layout
+
+GRID_TAG = "noisy_student/experiment"
+
+
+def experiment_assets(experiment, rounds: int) -> list[str]:
+    """The per-arm assets an experiment materializes (key paths joined by '/'), in dependency order."""
+    names = [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL]
+    names += [layout.LABELED_RL_EVAL] if experiment.held_out_eval or experiment.rounds else []
+    names += [layout.LABELED_RL_VALIDATION] if experiment.validate_labeled_rl else []
+    for number in range(1, min(experiment.rounds, rounds) + 1):
+        names += layout.round_asset_names(number, experiment.controls)
+    return names
+
+
+def stale_assets(
+    targets: list[str],
+    parents: dict[str, list[str]],
+    materialized_at: dict[str, float | None],
+    recorded_sha: dict[str, str | None],
+    current_sha: dict[str, str | None],
+) -> list[str]:
+    """The targets to (re)materialize, in `targets` order: never materialized, arm overrides changed since,
+    or an input materialized after them; and everything downstream of those within the targets."""
+    stale: set[str] = set()
+    for name in targets:
+        done_at = materialized_at.get(name)
+        newer_input = any((materialized_at.get(parent) or 0.0) > (done_at or 0.0) for parent in parents.get(name, []))
+        if done_at is None or recorded_sha.get(name) != current_sha.get(name) or newer_input or any(parent in stale for parent in parents.get(name, [])):
+            stale.add(name)
+    return [name for name in targets if name in stale]
+
+
+def unevaluated_checks(check_targets: dict, materializations: dict) -> list:
+    """The checks whose latest evaluation did not judge their asset's latest materialization.
+
+    `check_targets` maps each check key to the storage id of the materialization its latest evaluation judged
+    (None: never evaluated); `materializations` maps each asset key to its latest materialization's storage
+    id (None: never materialized, so there is nothing to check yet)."""
+    return [
+        check
+        for check, target in check_targets.items()
+        if materializations.get(check.asset_key) is not None and target != materializations[check.asset_key]
+    ]
+
+
+def _filtered_run_config(run_config: dict, node_names: Iterable[str]) -> dict:
+    """`run_config` with only the ops of this run (Dagster rejects config of ops outside the job)."""
+    names = set(node_names)
+    return run_config | {"ops": {op: value for op, value in run_config.get("ops", {}).items() if op in names}}
+
+
+def materialize_selection(
+    names: Iterable[str],
+    *,
+    partition: str | None,
+    instance,
+    resources: dict,
+    run_config: dict | None = None,
+    tags: dict | None = None,
+    raise_on_error: bool = True,
+):
+    """Materialize the assets `names` ('round_001/generations', ...; a multi-asset's siblings join) of one arm
+    (or of the shared ones) in this process, with the checks of those assets. `run_config` may hold config
+    of any op of the code location: only the selected ones' is passed on."""
+    import dagster as dg
+
+    from noisy_student_assets.definitions import ASSETS_AND_CHECKS, defs
+
+    graph = defs.resolve_asset_graph()
+    keys = dg.AssetSelection.assets(*(dg.AssetKey(n.split("/")) for n in names)).required_multi_asset_neighbors().resolve(graph)
+    nodes = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=keys).graph.node_dict
+    return dg.materialize(
+        ASSETS_AND_CHECKS,
+        selection=list(keys),
+        partition_key=partition,
+        instance=instance,
+        resources=resources,
+        run_config=_filtered_run_config(run_config or {}, nodes),
+        tags=tags,
+        raise_on_error=raise_on_error,
+    )
+
+
+def evaluate_checks(checks: Iterable, *, partition: str | None, instance, resources: dict, run_config: dict | None = None, tags: dict | None = None):
+    """Evaluate the asset checks `checks` (keys of checks that are steps of their own) of one arm, or of the
+    shared assets, against their assets' latest materializations, materializing nothing: as the UI's *Execute
+    checks* runs them, a subset of `arm_job` for an arm's (a run that selects no asset has no partitions of its
+    own) or of the global asset job for the shared ones'."""
+    from noisy_student_assets.definitions import arm_job, defs
+
+    whole = defs.resolve_job_def(arm_job.name) if partition else defs.resolve_implicit_global_asset_job_def()
+    job = whole.get_subset(asset_selection=set(), asset_check_selection=set(checks))
+    return job.execute_in_process(
+        run_config=_filtered_run_config(run_config or {}, job.graph.node_dict),
+        instance=instance,
+        partition_key=partition,
+        resources=resources,
+        tags=tags,
+        raise_on_error=False,
+    )
+
+
+class Grid:
+    """Materializes one experiment's grid against the instance at DAGSTER_HOME."""
+
+    def __init__(self, experiment_path: Path, run_config: dict | None = None) -> None:
+        import dagster as dg
+
+        from noisy_student_assets.core.experiments.arms import default_experiments_dir, load_experiments
+        from noisy_student_assets.definitions import ASSET_CHECKS, defs
+        from noisy_student_assets.defs.partitions import ARMS, ROUNDS
+
+        directory = default_experiments_dir().resolve()
+        if experiment_path.resolve().parent != directory:
+            raise SystemExit(f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code location reads")
+        self.experiment = load_experiments(directory)[experiment_path.stem]
+        if self.experiment.rounds > ROUNDS:
+            raise SystemExit(f"{self.experiment.name} asks for {self.experiment.rounds} rounds; the code location defines {ROUNDS}")
+        self.dg, self.arms_def = dg, ARMS
+        self.graph = defs.resolve_asset_graph()
+        self.check_steps = {key for checks in ASSET_CHECKS for key in checks.check_keys}
+        self.run_config = run_config or {}
+        self.instance = dg.DagsterInstance.get()
+        self.resources = defs.resources
+
+    def register(self) -> list[str]:
+        """Add the experiment's arms to the `arm` partitions; returns the ones that were new."""
+        known = set(self.instance.get_dynamic_partitions(self.arms_def.name))
+        new = [arm for arm in self.experiment.arms if arm not in known]
+        if new:
+            self.instance.add_dynamic_partitions(self.arms_def.name, new)
+        return new
+
+    def run(self, rounds: int | None = None) -> bool:
+        """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
+        experiment's); False if any run failed."""
+        self.register()
+        self._fail_orphaned_runs()
+        ok = self._materialize(self._shared_targets(), None)
+        for arm in self.experiment.all_arms():
+            ok = self._materialize(experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds), arm) and ok
+        return self._materialize([layout.VERDICT], None, always=True) and ok
+
+    def _shared_targets(self) -> list[str]:
+        shared = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
+        return shared + ([layout.BASE_MODEL_EVAL] if self.experiment.held_out_eval else [])
+
+    def _key(self, name: str):
+        return self.dg.AssetKey(name.split("/"))
+
+    def _latest(self, name: str, partition: str | None):
+        from noisy_student_assets.defs.sensors import latest_materialization
+
+        return latest_materialization(self.instance, self._key(name), partition)
+
+    def _materialize(self, targets: list[str], arm, always: bool = False) -> bool:
+        partition = arm.name if arm else None
+        latest = {}
+        parents = {}
+        for name in targets:
+            parents[name] = ["/".join(p.path) for p in self.graph.get(self._key(name)).parent_keys]
+            for parent in [name, *parents[name]]:
+                if parent not in latest:
+                    parent_partition = partition if self.graph.get(self._key(parent)).partitions_def else None
+                    latest[parent] = self._latest(parent, parent_partition)
+        materialized_at = {name: record.timestamp if record else None for name, record in latest.items()}
+        recorded = {name: _metadata_text(record, "arm_overrides_sha") for name, record in latest.items()}
+        current = {
+            name: arm.overrides_sha(stage) if arm and (stage := _metadata_text(latest[name], "arm_stage")) else recorded[name]
+            for name in targets
+        }
+        selected = targets if always else stale_assets(targets, parents, materialized_at, recorded, current)
+        where = f"arm {partition}" if partition else "shared"
+        checked = self._evaluate_unevaluated_checks([name for name in targets if name not in selected], latest, partition, where)
+        if not selected:
+            print(f"[grid] {where}: up to date", flush=True)
+            return checked
+        print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
+        result = materialize_selection(selected, partition=partition, raise_on_error=False, **self._run_settings())
+        return _succeeded(result, where) and checked
+
+    def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str) -> bool:
+        """Run the checks of the assets `names` (not redone in this run) that never judged their latest
+        materialization; False if that run failed."""
+        from noisy_student_assets.defs.sensors import latest_check_targets
+
+        checks = [check for name in names for check in self.graph.get(self._key(name)).check_keys if check in self.check_steps]
+        materializations = {self._key(name): latest[name].storage_id if latest[name] else None for name in names}
+        pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
+        if not pending:
+            return True
+        listed = ", ".join(f"{check.asset_key.to_user_string()}:{check.name}" for check in pending)
+        print(f"[grid] {where}: evaluating checks that never judged their asset's latest materialization: {listed}", flush=True)
+        return _succeeded(evaluate_checks(pending, partition=partition, **self._run_settings()), where)
+
+    def _run_settings(self) -> dict:
+        """What every run of this grid is given: the instance, resources, run config and the experiment's tag."""
+        return {"instance": self.instance, "resources": self.resources, "run_config": self.run_config, "tags": {GRID_TAG: self.experiment.name}}
+
+    def _fail_orphaned_runs(self) -> None:
+        """Runs of this experiment's grid still marked started belong to a grid process that was killed:
+        the lock held for the whole `run` proves none is alive. They are marked failed, so the UI says so, and
+        the `gpu` pool slots their steps held are freed: nothing else frees them, and the resumed run would
+        wait for them forever."""
+        lock_path = layout.default_lake_root() / f".grid-{self.experiment.name}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_path.open("a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as held:
+            raise SystemExit(f"another grid of {self.experiment.name} is running (lock {lock_path})") from held
+        started = self.instance.get_run_records(
+            self.dg.RunsFilter(tags={GRID_TAG: self.experiment.name}, statuses=[self.dg.DagsterRunStatus.STARTED])
+        )
+        for record in started:
+            self.instance.report_run_failed(record.dagster_run, "the grid process running it was killed; the grid resumes it")
+            self.instance.event_log_storage.free_concurrency_slots_for_run(record.dagster_run.run_id)
+
+
+def _succeeded(result, where: str) -> bool:
+    if not result.success:
+        print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
+    return result.success
+
+
+def _metadata_text(record, key: str) -> str | None:
+    if record is None:
+        return None
+    entry = record.asset_materialization.metadata.get(key)
+    return entry.value if entry is not None else None
+
+
+def _load_dotenv() -> None:
+    """Read `.env` (written by `make setup`) as the dagster CLI does, without overriding the environment."""
+    from dotenv import load_dotenv
+
+    load_dotenv(Path.cwd() / ".env", override=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["register", "run"])
+    parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
+    parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
+    parser.add_argument(
+        "--rounds", type=int, default=None,
+        help="run: stop after this round in every arm (default: the file's rounds); e.g. round 1 of every arm first,"
+        " then a run without it adds the rest",
+    )
+    args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 0:
+        parser.error(f"--rounds must be >= 0, got {args.rounds}")
+    _load_dotenv()
+    grid = Grid(args.experiment, json.loads(args.config_json))
+    if args.command == "register":
+        new = grid.register()
+        print(f"{grid.experiment.name}: arms {', '.join(grid.experiment.arms)} ({len(new)} new)")
+        return 0
+    return 0 if grid.run(args.rounds) else 1
+
