@@ -50,6 +50,7 @@ arms: setup
 test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 # The web UI in a real browser: `dagster dev` on 127.0.0.1 driven by Debian's chromium through Playwright

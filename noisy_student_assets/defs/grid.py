@@ -92,7 +92,7 @@ def materialize_selection(
     of any op of the code location: only the selected ones' is passed on."""
     import dagster as dg
 
-    from noisy_student_assets.definitions import ASSETS_AND_CHECKS, defs
+    from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
 
     graph = defs.resolve_asset_graph()
     keys = dg.AssetSelection.assets(*(dg.AssetKey(n.split("/")) for n in names)).required_multi_asset_neighbors().resolve(graph)
@@ -114,9 +114,10 @@ def evaluate_checks(checks: Iterable, *, partition: str | None, instance, resour
     shared assets, against their assets' latest materializations, materializing nothing: as the UI's *Execute
     checks* runs them, a subset of `arm_job` for an arm's (a run that selects no asset has no partitions of its
     own) or of the global asset job for the shared ones'."""
-    from noisy_student_assets.definitions import arm_job, defs
+    from noisy_student_assets.defs.code_location import defs
+    from noisy_student_assets.defs.jobs import ARM_JOB
 
-    whole = defs.resolve_job_def(arm_job.name) if partition else defs.resolve_implicit_global_asset_job_def()
+    whole = defs.resolve_job_def(ARM_JOB) if partition else defs.resolve_implicit_global_asset_job_def()
     job = whole.get_subset(asset_selection=set(), asset_check_selection=set(checks))
     return job.execute_in_process(
         run_config=_filtered_run_config(run_config or {}, job.graph.node_dict),
@@ -135,7 +136,7 @@ class Grid:
         import dagster as dg
 
         from noisy_student_assets.core.experiments.arms import default_experiments_dir, load_experiments
-        from noisy_student_assets.definitions import ASSET_CHECKS, defs
+        from noisy_student_assets.defs.code_location import ASSET_DEFINITIONS, defs
         from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 
         directory = default_experiments_dir().resolve()
@@ -146,7 +147,7 @@ class Grid:
             raise SystemExit(f"{self.experiment.name} asks for {self.experiment.rounds} rounds; the code location defines {ROUNDS}")
         self.dg, self.arms_def = dg, ARMS
         self.graph = defs.resolve_asset_graph()
-        self.check_steps = {key for checks in ASSET_CHECKS for key in checks.check_keys}
+        self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
         self.run_config = run_config or {}
         self.instance = dg.DagsterInstance.get()
         self.resources = defs.resources

@@ -17,6 +17,9 @@ from noisy_student_assets.core.experiments.arms import default_experiments_dir, 
 
 ARMS = dg.DynamicPartitionsDefinition(name="arm")
 
+VERDICT_GROUP = "experiments"
+"""The group of the assets that compare arms (the verdict)."""
+
 ROUNDS = max_rounds(default_experiments_dir())
 """Rounds 1..ROUNDS are defined."""
 

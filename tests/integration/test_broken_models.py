@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.training import grpo as training
-from noisy_student_assets.definitions import ASSETS_AND_CHECKS
+from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
 from tests.lakes import arms_instance, isolated_resources, run_checks

@@ -29,7 +29,7 @@ from resources.compute import GPU_POOL
 from resources.stage_resources import StageResources
 
 
-def round_controls(number: int) -> list:
+def round_controls(number: int) -> dg.Definitions:
     """Round `number`'s control checkpoints, their evaluations and checks."""
     key = partial(round_key, number)
     student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
@@ -113,8 +113,7 @@ def round_controls(number: int) -> list:
     for control_key in checkpoint_key.values():
         checks += [*checkpoint_checks(control_key, partitions_def=ARMS), compute_matched_check(control_key, student_key, ARMS)]
     evals = [checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number)) for c in layout.CONTROLS]
-    return [labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals, *checks]
-
+    return dg.Definitions(assets=[labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals], asset_checks=checks)
 
 
 def _refuse_other_training(current: StageRun) -> None:

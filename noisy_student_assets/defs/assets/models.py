@@ -115,5 +115,8 @@ labeled_rl_eval = checkpoint_eval(dg.AssetKey(layout.LABELED_RL_EVAL), LABELED_R
 labeled_rl_validation = checkpoint_eval(
     dg.AssetKey(layout.LABELED_RL_VALIDATION), LABELED_RL, group=GROUP, problems=layout.VALIDATION_PROBLEMS
 )
-base_model_checks = checkpoint_checks(BASE_MODEL)
-labeled_rl_checkpoint_checks = checkpoint_checks(LABELED_RL, partitions_def=ARMS)
+
+defs = dg.Definitions(
+    assets=[base_model, labeled_rl_checkpoint, base_model_eval, labeled_rl_eval, labeled_rl_validation],
+    asset_checks=[*checkpoint_checks(BASE_MODEL), *checkpoint_checks(LABELED_RL, partitions_def=ARMS)],
+)

@@ -93,3 +93,6 @@ def problem_split(
     split_metadata = {"pool_rows": problem_pool.height, "split_seed": settings.seed} | current.metadata
     for name, table in tables.items():
         yield dg.Output(table, name, metadata=_table_metadata(table) | split_metadata)
+
+
+defs = dg.Definitions(assets=[problem_pool, eval_problems, problem_split])

@@ -1,4 +1,4 @@
-"""One Noisy Student round per arm, as one asset per artifact (made by `round_assets(n)`):
+"""One Noisy Student round per arm, as one asset per artifact (made by `round_definitions(n)`):
 
     teacher ──► round_00n/generations ──► round_00n/pseudo_labels ──► round_00n/student_checkpoint ──► round_00n/eval_report
     (labeled RL, or round n-1's student)                                ▲ teacher, generations,            ▲ audit, labeled-only eval,
@@ -52,7 +52,7 @@ ACCURACY_TABLE = "Accuracy per round and chain"
 round's report extends it)."""
 
 
-def round_assets(number: int) -> list:
+def round_definitions(number: int) -> dg.Definitions:
     """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, eval report."""
     key = partial(round_key, number)
     generations_key, labels_key, student_key, report_key = (
@@ -180,7 +180,10 @@ def round_assets(number: int) -> list:
             current.config.regression_tolerance,
         )
 
-    return [generations, pseudo_labels, student_checkpoint, eval_report, *checkpoint_checks(student_key, partitions_def=ARMS)]
+    return dg.Definitions(
+        assets=[generations, pseudo_labels, student_checkpoint, eval_report],
+        asset_checks=checkpoint_checks(student_key, partitions_def=ARMS),
+    )
 
 
 def train_from_student_init(

@@ -8,17 +8,16 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting import markdown
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.assets.stages import stage
-from noisy_student_assets.defs.partitions import ARMS, ROUNDS, round_key
+from noisy_student_assets.defs.partitions import ARMS, ROUNDS, VERDICT_GROUP, round_key
 from resources.stage_resources import StageResources
 
-GROUP = "experiments"
 VERDICT_NAME = "verdict"
 """`verdict.md` and `verdict.html` (see `markdown.write_report`)."""
 
 
 @dg.asset(
     name=layout.VERDICT,
-    group_name=GROUP,
+    group_name=VERDICT_GROUP,
     deps=[
         dg.AssetKey(layout.BASE_MODEL_EVAL),
         dg.AssetKey(layout.LABELED_RL_EVAL),
@@ -67,3 +66,6 @@ def verdict(
         }
         | current.metadata
     )
+
+
+defs = dg.Definitions(assets=[verdict])

@@ -1,0 +1,40 @@
+"""Jobs over the code location's assets, and the sensor that offers each arm its next round."""
+
+import dagster as dg
+
+from noisy_student_assets.defs.partitions import ARMS, VERDICT_GROUP, round_group
+from noisy_student_assets.defs.sensors import build_next_round_sensor
+
+ARM_JOB = "arm_job"
+
+
+def jobs_and_sensors(assets: dg.Definitions, rounds: int) -> dg.Definitions:
+    """`shared_inputs_job`, `arm_job`, one job per round, `verdict_job` and `next_round_sensor` over `assets`."""
+    shared = dg.AssetSelection.assets(*(a for a in assets.assets if a.partitions_def is None))
+    round_jobs = [
+        dg.define_asset_job(
+            f"{round_group(number)}_job",
+            selection=dg.AssetSelection.groups(round_group(number)),
+            partitions_def=ARMS,
+            description=f"Round {number} of an arm: sample, pseudo-label, train the student and its controls, evaluate.",
+        )
+        for number in range(1, rounds + 1)
+    ]
+    jobs = [
+        dg.define_asset_job(
+            "shared_inputs_job",
+            selection=shared - dg.AssetSelection.groups(VERDICT_GROUP),
+            description="What every arm shares: the problem pool, the held-out eval set, the base model and its evaluation.",
+        ),
+        dg.define_asset_job(
+            ARM_JOB,
+            selection=dg.AssetSelection.all() - shared,
+            partitions_def=ARMS,
+            description="Everything of one arm: its split, labeled RL, every round and every control, with their evaluations.",
+        ),
+        *round_jobs,
+        dg.define_asset_job(
+            "verdict_job", selection=dg.AssetSelection.groups(VERDICT_GROUP), description="The verdict across every registered arm."
+        ),
+    ]
+    return dg.Definitions(jobs=jobs, sensors=[build_next_round_sensor(round_jobs)] if round_jobs else [])
