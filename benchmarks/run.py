@@ -13,9 +13,8 @@ Everything is measured in this one process tree, in one run, with the active pro
    control and both evaluations, with the profile's settings; each stage's own time comes from the assets'
    metadata (sampling, consensus, training, eval seconds), and what the run took beyond them is Dagster + IO
    (parquet and checkpoint writes, weight hashing, MLflow logging, checks, run orchestration);
-5. a GRPO step, phase by phase, from TRL's own timers (logged into the training asset's MLflow run): the
-   round's student as trained (LoRA merged into the weights while the groups are sampled) and the same
-   student trained again with the adapters left unmerged, the way TRL samples by default.
+5. a GRPO step of the round's student, phase by phase, from TRL's own timers (logged into the training
+   asset's MLflow run).
 
 Peak memory is the resident memory of this process and its children (vLLM's workers), sampled every
 50 ms. Results go to `benchmarks/results/<profile>.json` and `.md`.
@@ -112,7 +111,7 @@ STEP_PHASES = {
 }
 """TRL's own timers, which it logs into the active MLflow run (the training asset's) at every step, named
 after the trainer class (`profiling/Time taken: <trainer class>.compute_loss`): matched by their ends, since
-the project's trainer classes (the step guard, merged-LoRA generation) are subclasses with names of their own."""
+the project's trainer classes (the step guard) are subclasses with names of their own."""
 
 
 def phase_metrics(metric_names: list[str]) -> dict[str, str]:
@@ -150,8 +149,8 @@ def run(teacher_steps: int) -> dict:
     from noisy_student_assets.core import grading, layout
     from noisy_student_assets.core.profiles import active_profile
     from noisy_student_assets.core.pseudo_labels.labels import audit_pseudo_labels, vote_pseudo_labels
-    from noisy_student_assets.core.sampling import generate_samples
-    from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig
+    from noisy_student_assets.core.sampling import decoding, generate_samples
+    from noisy_student_assets.core.settings import EvalSettings, PseudoLabelSettings, TeacherSamplingSettings
     from noisy_student_assets.defs.grid import materialize_selection
     from noisy_student_assets.defs.partitions import ARMS
     from resources import lake_resources
@@ -186,7 +185,8 @@ def run(teacher_steps: int) -> dict:
         )
         stages["setup"] = {"seconds": end - start, "peak_memory_gib": memory.peak_gib(start, end)}
 
-        settings = SamplingConfig().to_settings()
+        settings = decoding(TeacherSamplingSettings())
+        device = compute.settings.resolved_device()
         teacher = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
         unlabeled = lake.read_table(dg.AssetKey(layout.UNLABELED_PROBLEMS), ARM)
         problems = unlabeled.select("problem_id", "prompt")
@@ -195,7 +195,7 @@ def run(teacher_steps: int) -> dict:
             print(f"generation: {backend}, {problems.height} problems x {settings.n} samples", flush=True)
             start = time.time()
             generations[backend] = generate_samples(
-                teacher, problems, settings, backend=backend, device=compute.resolved_device, dtype=compute.dtype,
+                teacher, problems, settings, backend=backend, device=device, dtype=compute.dtype,
                 gpu_memory_utilization=compute.memory_share,
             )
             end = time.time()
@@ -211,7 +211,7 @@ def run(teacher_steps: int) -> dict:
         print("consensus + grading over the vLLM samples", flush=True)
         grading.clear_cache()
         start = time.time()
-        labels = vote_pseudo_labels(generations["vllm"], unlabeled, PseudoLabelConfig().tau)
+        labels = vote_pseudo_labels(generations["vllm"], unlabeled, PseudoLabelSettings().tau)
         audit_pseudo_labels(labels, generations["vllm"], unlabeled)
         end = time.time()
         answers = generations["vllm"].height
@@ -225,7 +225,7 @@ def run(teacher_steps: int) -> dict:
 
         print("round 1 through Dagster: the student chain and its labeled-only control", flush=True)
         grading.clear_cache()  # the round samples what was just graded: its consensus must not hit the cache
-        evaluation = {"config": EvalConfig().model_dump()}
+        evaluation = {"config": EvalSettings().model_dump()}
         result, start, end = materialize(
             round_assets, {op: evaluation for op in ("round_001__labeled_only_eval", "round_001__eval_report")}, ARM
         )
@@ -256,21 +256,9 @@ def run(teacher_steps: int) -> dict:
             "peak_memory_gib": memory.peak_gib(start, end),
         }
 
-        print("the same student with unmerged LoRA generation (before/after)", flush=True)
-        unmerged, _, _ = materialize(
-            [round_assets[2]], {"round_001__student_checkpoint": {"config": {"grpo": {"merge_lora_for_generation": False}}}}, ARM
-        )
-        unmerged_metadata = {
-            e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
-            for e in unmerged.get_asset_materialization_events()
-        }[round_assets[2]]
         stages["grpo_step"] = {
-            "merged_lora_generation": step_profile(tracking_uri, student["mlflow_run_id"].value),
-            "unmerged_lora_generation": step_profile(tracking_uri, unmerged_metadata["mlflow_run_id"].value),
-            "completion_tokens": {
-                "merged_lora_generation": student["compute/generated_tokens"].value,
-                "unmerged_lora_generation": unmerged_metadata["compute/generated_tokens"].value,
-            },
+            "phases": step_profile(tracking_uri, student["mlflow_run_id"].value),
+            "completion_tokens": student["compute/generated_tokens"].value,
         }
     results["stages"] = stages
     results["settings"] = {"sampling": settings.as_dict(), "problems": problems.height, "teacher_steps": teacher_steps}
@@ -309,14 +297,11 @@ def markdown(results: dict) -> str:
         "",
         f"A GRPO step of the round's student ({round_['grpo_steps']:.0f} steps; TRL's timers, mean seconds per step):",
         "",
-        "| phase | LoRA unmerged while sampling | LoRA merged while sampling (default) |",
-        "|---|---|---|",
+        "| phase | seconds |",
+        "|---|---|",
     ]
-    for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step"):
-        before, after = step["unmerged_lora_generation"][phase], step["merged_lora_generation"][phase]
-        lines.append(f"| {phase} | {before:.2f} | {after:.2f} |")
-    tokens = step["completion_tokens"]
-    lines.append(f"| completion tokens generated | {tokens['unmerged_lora_generation']:.0f} | {tokens['merged_lora_generation']:.0f} |")
+    lines += [f"| {phase} | {step['phases'][phase]:.2f} |" for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step")]
+    lines.append(f"| completion tokens generated in the run | {step['completion_tokens']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,7 @@
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.experiments import ExperimentFiles
-from resources.io_managers import CheckpointIOManager, ParquetIOManager
+from resources.io_managers import CheckpointIOManager, DirectoryIOManager, EvalIOManager, ParquetIOManager
 from resources.stage_resources import StageResources
 from resources.tracking import MlflowTracking
 
@@ -20,5 +20,7 @@ def lake_resources(lake: DataLake, compute: ComputeResource | None = None, exper
         "compute": compute,
         "io_manager": ParquetIOManager(lake=lake),
         "checkpoint_io_manager": CheckpointIOManager(lake=lake),
+        "eval_io_manager": EvalIOManager(lake=lake),
+        "directory_io_manager": DirectoryIOManager(lake=lake),
         "stage_resources": stage_resources,
     }

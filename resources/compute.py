@@ -1,5 +1,5 @@
-"""The compute every heavy asset runs on. Heavy assets also share the op pool `gpu` (limit 1 in
-dagster.yaml), so two GPU steps never overlap, across runs too."""
+"""The compute every heavy asset runs on: its settings are the core's `ComputeSettings`. Heavy assets also share
+the op pool `gpu` (limit 1 in dagster.yaml), so two GPU steps never overlap, across runs too."""
 
 import fcntl
 import os
@@ -11,25 +11,23 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets.core.profiles import by_profile
+from noisy_student_assets.core.settings import ComputeSettings
+from resources.derived import derived_class
 
 GPU_POOL = "gpu"
 DEVICE_LOCK_ACQUIRED = "acquired the device lock"
 DEVICE_LOCK_RELEASED = "released the device lock"
 
 
-class ComputeResource(dg.ConfigurableResource):
-    """Device, dtype and memory share for generation and training."""
+class ComputeResource(derived_class(ComputeSettings, "ComputeResourceFields", dg.ConfigurableResource)):
+    """Device, precision and memory share for generation and training (`core.settings.ComputeSettings`), and this
+    machine's device lock."""
 
-    device: str = Field(default=by_profile(cpu="cpu", gpu="cuda"), description="cpu | cuda | auto")
-    dtype: str = Field(
-        default=by_profile(cpu="float32", gpu="bfloat16"), description="compute dtype: float32 | bfloat16 | float16"
-    )
-    memory_share: float = Field(
-        default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)"
-    )
-    cpu_threads: int = Field(default=0, ge=0, description="torch CPU threads (0: one per core)")
     lock_dir: str = Field(default=tempfile.gettempdir(), description="where this machine's device lock file lives")
+
+    @property
+    def settings(self) -> ComputeSettings:
+        return ComputeSettings(**self.model_dump(exclude={"lock_dir"}))
 
     @contextmanager
     def exclusive(self, log: Callable[[str], None]) -> Iterator[None]:
@@ -54,16 +52,6 @@ class ComputeResource(dg.ConfigurableResource):
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
                 log(f"{DEVICE_LOCK_RELEASED} {path}")
-
-    @property
-    def resolved_device(self) -> str:
-        import torch  # here, not at import: loading the code location should not wait for torch
-
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("ComputeResource.device is 'cuda' but torch sees no CUDA device (use the cpu profile)")
-        return self.device
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         import torch

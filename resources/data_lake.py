@@ -12,6 +12,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import psutil
+from pydantic import Field
 
 from noisy_student_assets.core import layout
 
@@ -45,7 +46,7 @@ class DataLake(dg.ConfigurableResource):
     """Root directory of all artifacts: `<root>/<asset key path>/<arm>/`, or `<root>/<asset key path>/` for
     the assets every arm shares (see `noisy_student_assets.core.layout`)."""
 
-    root: str = str(layout.default_lake_root())
+    root: str = Field(default=str(layout.default_lake_root()), description="where the artifacts live (NOISY_STUDENT_DATA_LAKE; default ./data_lake)")
 
     @property
     def root_path(self) -> Path:
@@ -105,10 +106,10 @@ class DataLake(dg.ConfigurableResource):
         shutil.copytree(artifact, staged, copy_function=os.link, dirs_exist_ok=True)
         return staged
 
-    def read_sidecar(self, asset_key: dg.AssetKey, partition_key: str | None, name: str) -> str | None:
-        """A small text file published beside an artifact (see `write_table`), or None."""
-        path = self.artifact_dir(asset_key, partition_key) / name
-        return path.read_text() if path.exists() else None
+    def read_sidecars(self, asset_key: dg.AssetKey, partition_key: str | None) -> dict[str, str]:
+        """The small text files published beside a table (see `write_table`), by name."""
+        directory = self.artifact_dir(asset_key, partition_key)
+        return {path.name: path.read_text() for path in sorted(directory.iterdir()) if path.name != TABLE_FILE_NAME}
 
     def write_table(
         self,

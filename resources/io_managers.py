@@ -1,4 +1,5 @@
-"""IO managers: polars tables as parquet, checkpoints as directories; both published atomically."""
+"""IO managers: polars tables as parquet, checkpoints and evaluations as directories; all published atomically.
+What an asset reads of another asset comes through one of these, as a declared input."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
+from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from resources.data_lake import DataLake, LakeTable
 
 
@@ -17,7 +19,7 @@ def _partition_key(context: dg.OutputContext | dg.InputContext) -> str | None:
 
 class ParquetIOManager(dg.ConfigurableIOManager):
     """Stores a `polars.DataFrame` (or a `LakeTable`, with files beside it) at
-    `<lake>/<asset>/<partition>/data.parquet`."""
+    `<lake>/<asset>/<partition>/data.parquet`; an input typed `LakeTable` gets the files beside it too."""
 
     lake: DataLake
 
@@ -26,13 +28,17 @@ class ParquetIOManager(dg.ConfigurableIOManager):
         path = self.lake.write_table(table.frame, context.asset_key, _partition_key(context), table.extra_files)
         context.add_output_metadata({"path": dg.MetadataValue.path(str(path)), "dagster/row_count": table.frame.height})
 
-    def load_input(self, context: dg.InputContext) -> pl.DataFrame:
-        return self.lake.read_table(context.asset_key, _partition_key(context))
+    def load_input(self, context: dg.InputContext) -> pl.DataFrame | LakeTable:
+        partition = _partition_key(context)
+        frame = self.lake.read_table(context.asset_key, partition)
+        if context.dagster_type.typing_type is LakeTable:
+            return LakeTable(frame, self.lake.read_sidecars(context.asset_key, partition))
+        return frame
 
 
-class CheckpointIOManager(dg.ConfigurableIOManager):
-    """Moves a checkpoint directory (a `Path` the asset wrote under `DataLake.staging_dir()`) into
-    `<lake>/<asset>/<partition>/`; downstream assets receive that directory's `Path`, never weights."""
+class DirectoryIOManager(dg.ConfigurableIOManager):
+    """Moves a directory the asset wrote under `DataLake.staging_dir()` into `<lake>/<asset>/<partition>/`;
+    downstream assets receive the published directory's `Path`."""
 
     lake: DataLake
 
@@ -41,9 +47,22 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
         context.add_output_metadata({"path": dg.MetadataValue.path(str(final))})
 
     def load_input(self, context: dg.InputContext) -> Path:
+        return self.lake.artifact_dir(context.asset_key, _partition_key(context))
+
+
+class CheckpointIOManager(DirectoryIOManager):
+    """Checkpoints as directories: downstream assets receive the published directory's `Path`, never weights."""
+
+    def load_input(self, context: dg.InputContext) -> Path:
         path = self.lake.artifact_dir(context.asset_key, _partition_key(context))
         if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"{context.asset_key.to_user_string()} has no checkpoint at {path}: materialize it first"
-            )
+            raise FileNotFoundError(f"{context.asset_key.to_user_string()} has no checkpoint at {path}: materialize it first")
         return path
+
+
+class EvalIOManager(DirectoryIOManager):
+    """Evaluations as directories (`core.reporting.eval_report`): downstream assets receive a `PublishedEval`, or None
+    where the evaluation was never materialized (an asset that needs it says so)."""
+
+    def load_input(self, context: dg.InputContext) -> PublishedEval | None:
+        return read_published_eval(self.lake.artifact_dir(context.asset_key, _partition_key(context)))

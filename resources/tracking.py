@@ -64,7 +64,7 @@ class MlflowTracking(dg.ConfigurableResource):
         description="empty: sqlite:///<data lake>/mlflow.db. A remote store: give it as dg.EnvVar and its credentials "
         "in MLflow's own variables (MLFLOW_TRACKING_TOKEN, _USERNAME, _PASSWORD), never in the URI",
     )
-    experiment_name: str = Field(default="noisy-student")
+    experiment_name: str = Field(default="noisy-student", description="the MLflow experiment every run goes into")
     ui_url: str = Field(
         default="http://127.0.0.1:5000", description="where `mlflow ui` serves this store: Dagster metadata links runs there"
     )

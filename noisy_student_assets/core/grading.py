@@ -3,7 +3,7 @@
 Extraction is plain linear-time string work in this process.  Equivalence is math-verify
 (``verify(parse(gold), parse(answer))``, gold first: verify is not symmetric) in a helper process
 under a hard wall-clock bound, so a check never hangs or raises, in any thread or process; see
-``_math_verify_worker``.  The first check in a process pays the helper's startup (~0.4 s).
+``_math_verify_worker``.  The first check in a process pays the helper's startup.
 """
 
 import re

@@ -187,7 +187,7 @@ def _math500_id(record: Mapping[str, object], split: str, index: int) -> str:
 
 
 def _generate_reasoning_gym(name: str, size: int, seed: int, task_options: Mapping[str, object]) -> pl.DataFrame:
-    import reasoning_gym  # slow import (~2 s); only this kind needs it
+    import reasoning_gym  # a slow import, and only this kind needs it
 
     if not name:
         raise ValueError("reasoning_gym needs a task name (e.g. 'basic_arithmetic')")

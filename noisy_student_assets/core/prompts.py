@@ -39,6 +39,13 @@ def noisy_template(problem_id: str, seed: int) -> int:
     return int.from_bytes(digest[:8], "big") % len(NOISY_TEMPLATES)
 
 
+def student_messages(problem_id: str, prompt: str, system_prompt: str, noise_seed: int | None) -> list[dict[str, str]]:
+    """A training prompt's chat messages: the one format of every stage, or with `noise_seed` the noisy
+    template `noisy_template` picks for the problem and seed."""
+    template = noisy_template(problem_id, noise_seed) if noise_seed is not None else 0
+    return build_messages(prompt, system_prompt, template)
+
+
 def prompt_template(system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> str:
     """The message format with a `{problem}` placeholder, for cache keys and run parameters."""
     return json.dumps(build_messages("{problem}", system_prompt))

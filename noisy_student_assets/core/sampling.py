@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from noisy_student_assets.core.checkpoints import DTYPES
 from noisy_student_assets.core.grading import extract_answer
-from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT, render_prompt
+from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT, prompt_template, render_prompt
+from noisy_student_assets.core.settings import BACKENDS, DTYPES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-BACKENDS = ("vllm", "transformers")
+    from noisy_student_assets.core.settings import ComputeSettings, TeacherSamplingSettings
+
 REQUIRED_COLUMNS = ("problem_id", "prompt")
 
 GENERATION_SCHEMA = pl.Schema(
@@ -66,13 +67,14 @@ ShardCallback = Callable[[int, pl.DataFrame], None]
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How completions are sampled; ``temperature == 0`` means greedy decoding, which needs ``n == 1``."""
+    """The decoding parameters of one generation call (what the stages' settings turn into, as vLLM's
+    ``SamplingParams``); ``temperature == 0`` means greedy decoding, which needs ``n == 1``."""
 
-    n: int = 8
+    n: int
     """Samples per prompt (K)."""
-    temperature: float = 1.0
+    temperature: float
+    max_new_tokens: int
     top_p: float = 1.0
-    max_new_tokens: int = 128
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -201,6 +203,51 @@ def sampling_cache_key(
     if backend == "transformers":
         identity["batch_size"] = batch_size
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def decoding(settings: TeacherSamplingSettings) -> SamplingSettings:
+    """The decoding parameters of the teacher's K samples."""
+    return SamplingSettings(
+        n=settings.k, temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, seed=settings.seed
+    )
+
+
+def teacher_cache_key(teacher_sha256: str, problems: pl.DataFrame, settings: TeacherSamplingSettings) -> str:
+    """The content key of a teacher's samples of `problems` (only the columns sampling reads: the hidden gold
+    must not shape, or even key, the samples)."""
+    from noisy_student_assets.core.problems import fingerprint
+
+    return sampling_cache_key(
+        teacher_sha256, fingerprint(problems.select(*REQUIRED_COLUMNS)), decoding(settings), settings.backend, prompt_template(), settings.batch_size
+    )
+
+
+def sample_teacher(
+    teacher_dir: Path,
+    problems: pl.DataFrame,
+    settings: TeacherSamplingSettings,
+    shards: SampleShards,
+    compute: ComputeSettings,
+    *,
+    progress: Progress | None = None,
+    checkpoint_label: str | None = None,
+) -> tuple[pl.DataFrame, int]:
+    """The sampling stage: the teacher's K samples of every problem (only its id and prompt are read), saved shard
+    by shard into `shards` and resumed from there; the table and the number of problems taken from saved shards."""
+    return generate_samples_resumable(
+        teacher_dir,
+        problems.select(*REQUIRED_COLUMNS),
+        decoding(settings),
+        shards,
+        backend=settings.backend,
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+        shard_size=settings.shard_size,
+        batch_size=settings.batch_size,
+        progress=progress,
+        checkpoint_label=checkpoint_label,
+        gpu_memory_utilization=compute.memory_share,
+    )
 
 
 class SampleShards:

@@ -11,7 +11,7 @@ import polars as pl
 
 from noisy_student_assets.core.layout import EVAL_PROBLEMS
 from noisy_student_assets.core.training.compute import read_compute
-from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors, output_health, smoke_failure
+from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.config import SmokeConfig
 from resources.compute import GPU_POOL, ComputeResource
@@ -159,22 +159,11 @@ def checkpoint_checks(
         data_lake: DataLake,
         compute: ComputeResource,
     ) -> dg.AssetCheckResult:
-        from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
+        from noisy_student_assets.core.evaluation import smoke_test
 
         directory = checkpoint_dir(context, data_lake)
         with compute.exclusive(context.log.info):
-            completions = generate_samples(
-                directory,
-                eval_problems.head(config.prompts),
-                SamplingSettings(n=1, temperature=0.0, max_new_tokens=config.max_new_tokens),
-                backend="transformers",
-                device=compute.resolved_device,
-                dtype=compute.dtype,
-            )
-        health = output_health(completions)
-        failure = smoke_failure(
-            health, max_empty_rate=config.max_empty_rate, max_truncation_rate=config.max_truncation_rate
-        )
+            completions, health, failure = smoke_test(directory, eval_problems, config.to_settings(), compute.settings)
         return dg.AssetCheckResult(
             passed=failure is None,
             severity=dg.AssetCheckSeverity.ERROR,

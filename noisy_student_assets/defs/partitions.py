@@ -4,7 +4,7 @@ Round N's teacher is round N-1's student. Dagster 1.13 accepts an asset that dep
 partition only on time-window partitions, which drew rounds as days of 1900 and hid the teacher edge in
 the UI. Here every round has assets of its own (`round_002/pseudo_labels`), made by a factory, so each
 teacher is an ordinary input edge; arms are a dynamic partition (`arm`) of every per-arm asset, so a
-backfill over arms runs each arm's rounds in dependency order (see README, "Rounds and arms in Dagster").
+backfill over arms runs each arm's rounds in dependency order (see docs/design.md, "Rounds and arms in Dagster").
 
 The number of rounds is fixed when the code location loads: the most rounds any experiment file asks for
 (`experiments.max_rounds`); "Reload definitions" in the UI picks up a raised count.

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
-from noisy_student_assets.core.training import grpo as training
+from noisy_student_assets.core.training import base as trainer_base
+from noisy_student_assets.core.training.modes import grpo as grpo_mode
 from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS
 from resources.data_lake import DataLake
 from resources.tracking import MlflowTracking
@@ -60,12 +61,12 @@ def _materialized(result: dg.ExecuteInJobResult) -> set[str]:
 
 def test_training_that_only_diverges_fails_and_publishes_nothing(lake_copy, monkeypatch) -> None:
     """Every step's gradients are NaN (the asset's GRPO runs with a poisoning callback added)."""
-    train_grpo = training.train_grpo
+    train_grpo = grpo_mode.train_grpo
 
     def poisoned_train_grpo(*args, callbacks=None, **kwargs):
         return train_grpo(*args, callbacks=[*(callbacks or []), PoisonGradients({1, 2, 3, 4})], **kwargs)
 
-    monkeypatch.setattr(training, "train_grpo", poisoned_train_grpo)
+    monkeypatch.setattr(grpo_mode, "train_grpo", poisoned_train_grpo)
     lake = lake_copy()
     shutil.rmtree(lake.artifact_dir(LABELED_RL, ARM))
     config = {
@@ -174,7 +175,7 @@ def unchanged(lake_copy):
 
 def test_the_published_checkpoint_stays_when_a_retrain_diverges(unchanged, monkeypatch) -> None:
     lake, sha = unchanged
-    original = training.save_merged
+    original = trainer_base.save_merged
 
     def save_then_break(model, tokenizer, out_dir):
         original(model, tokenizer, out_dir)
@@ -183,7 +184,7 @@ def test_the_published_checkpoint_stays_when_a_retrain_diverges(unchanged, monke
         tensors[first] = torch.full_like(tensors[first], math.nan)
         save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
 
-    monkeypatch.setattr(training, "save_merged", save_then_break)
+    monkeypatch.setattr(trainer_base, "save_merged", save_then_break)
     config = {"ops": {layout.LABELED_RL: {"config": {"grpo": TINY_GRPO | {"save_steps": 0}}}} | SMOKE}
     result = _run(lake, [LABELED_RL], config)
     assert not result.success

@@ -57,4 +57,4 @@ def test_the_gold_and_random_label_controls_refuse_another_mode(sevens_lake_copy
     result = materialize(lake, selection, config, ARM, raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
-    assert "defined for mode=grpo, reward=hard" in failure.event_specific_data.error.message
+    assert "trains GRPO with the hard reward on its own labels, no counterpart of mode=sft" in failure.event_specific_data.error.message

@@ -5,7 +5,8 @@ from math import comb
 import polars as pl
 import pytest
 
-from noisy_student_assets.core.evaluation import EvalSettings, breakdown, pass_at_k, score_problems, summarize
+from noisy_student_assets.core.evaluation import breakdown, pass_at_k, score_problems, summarize
+from noisy_student_assets.core.settings import EvalSettings
 
 EVAL = pl.DataFrame(
     {
@@ -67,13 +68,13 @@ def test_breakdown_by_subject_and_level() -> None:
 
 def test_settings_reject_k_above_samples() -> None:
     with pytest.raises(ValueError, match=r"within 1\.\.samples=4"):
-        EvalSettings(samples=4, ks=(1, 8))
+        EvalSettings(samples=4, ks=[1, 8])
 
 
 def test_greedy_only_scores_without_samples() -> None:
-    EvalSettings(samples=0, ks=())
+    EvalSettings(samples=0, ks=[])
     with pytest.raises(ValueError, match=r"within 1\.\.samples=0"):
-        EvalSettings(samples=0, ks=(1,))
+        EvalSettings(samples=0, ks=[1])
     scores = score_problems(EVAL, GREEDY, SAMPLED.clear(), ks=())
     assert scores["samples"].to_list() == [0, 0]
     metrics = summarize(scores, ks=())

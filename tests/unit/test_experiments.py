@@ -8,6 +8,7 @@ import pytest
 
 from noisy_student_assets.core.experiments import arms as experiments
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
+from noisy_student_assets.core.settings import LabeledOnlySettings, LabeledRLSettings, PseudoLabelSettings
 from noisy_student_assets.defs.config import (
     EvalConfig,
     LabeledOnlyConfig,
@@ -91,8 +92,8 @@ def test_the_student_variant_fields_reach_the_student_and_its_controls_only() ->
     assert (student.mode, student.agreement_low, student.agreement_high, student.prompt_noise) == ("dpo", 0.5, 0.9, True)
     assert (student.model_dropout, student.grpo.lora_dropout, student.dpo_beta, student.sft_samples_per_problem) == (0.1, 0.1, 0.3, 2)
     assert with_arm(StudentConfig(), Arm(name="y", experiment="e", spec=ArmSpec(reward="vote_share")))[0].reward == "vote_share"
-    assert with_arm(LabeledOnlyConfig(), arm)[0] == LabeledOnlyConfig()  # the control trains as it always does
-    assert with_arm(LabeledRLConfig(), arm)[0] == LabeledRLConfig()
+    assert with_arm(LabeledOnlyConfig(), arm)[0] == LabeledOnlySettings()  # the control trains as it always does
+    assert with_arm(LabeledRLConfig(), arm)[0] == LabeledRLSettings()
     with pytest.raises(ValueError, match="GRPO reward"):
         with_arm(StudentConfig(), Arm(name="z", experiment="e", spec=ArmSpec(mode="sft", reward="vote_share")))
     with pytest.raises(ValueError):
@@ -104,7 +105,7 @@ def test_an_arm_overrules_the_run_config_and_says_so() -> None:
     config, replaced = with_arm(PseudoLabelConfig(tau=0.6, min_coverage=0.2), arm)
     assert (config.tau, config.min_coverage) == (0.8, 0.2) and replaced == ["tau=0.6 -> 0.8"]
     assert with_arm(PseudoLabelConfig(), arm)[1] == []  # a default the arm replaces is not news
-    assert with_arm(PseudoLabelConfig(tau=0.6), None) == (PseudoLabelConfig(tau=0.6), [])
+    assert with_arm(PseudoLabelConfig(tau=0.6), None) == (PseudoLabelSettings(tau=0.6), [])
 
 
 def test_an_arms_stage_fingerprint_changes_only_with_what_it_changes_in_that_stage() -> None:

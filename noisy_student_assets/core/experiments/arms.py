@@ -14,8 +14,8 @@ has its own split, labeled-RL checkpoint, rounds and controls, and the UI and ba
       tau80-seed0: {tau: 0.8, seed: 0}
 
 An arm's overrides win over the run config (launchpad, `--config-json`) for the settings they name; every
-other setting comes from the run config and the profile's defaults. `Arm.overrides(stage)` is the one place
-where an arm field is mapped onto the settings it changes.
+other setting comes from the run config and the profile's defaults. `ARM_FIELDS` is the one place where an arm
+field is mapped onto the settings it changes; each field's type, bounds and help come from those settings.
 """
 
 from __future__ import annotations
@@ -24,15 +24,26 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from noisy_student_assets.core.layout import CONTROLS
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
+from noisy_student_assets.core.settings import (
+    EvalSettings,
+    LabeledOnlySettings,
+    LabeledRLSettings,
+    ProblemSplitSettings,
+    PseudoLabelSettings,
+    Settings,
+    StudentSettings,
+    TeacherSamplingSettings,
+)
 
 EXPERIMENTS_ENV_VAR = "NOISY_STUDENT_EXPERIMENTS"
 EXPERIMENT_SUFFIX = ".yaml"
@@ -40,33 +51,92 @@ EXPERIMENT_SUFFIX = ".yaml"
 PROBLEM_SPLIT, LABELED_RL, SAMPLING, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL = (
     "problem_split", "labeled_rl", "sampling", "pseudo_labels", "student", "labeled_only", "eval",
 )
-STAGES = (PROBLEM_SPLIT, LABELED_RL, SAMPLING, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL)
-"""The settings an arm can change, by the stage that reads them (each stage's `dg.Config` names its stage)."""
+STAGE_SETTINGS: dict[str, type[Settings]] = {
+    PROBLEM_SPLIT: ProblemSplitSettings,
+    LABELED_RL: LabeledRLSettings,
+    SAMPLING: TeacherSamplingSettings,
+    PSEUDO_LABELS: PseudoLabelSettings,
+    STUDENT: StudentSettings,
+    LABELED_ONLY: LabeledOnlySettings,
+    EVAL: EvalSettings,
+}
+"""The settings an arm can change, by the stage that reads them."""
+STAGES = tuple(STAGE_SETTINGS)
 
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class ArmSpec(BaseModel):
-    """The settings an arm overrides; None leaves the stage's own setting."""
+def apply(settings: Mapping, overrides: Mapping) -> dict:
+    """`settings` (nested dicts) with `overrides` written over them, key by key at every depth."""
+    merged = dict(settings)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = apply(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
+
+def overridden(settings: Mapping, overrides: Mapping, defaults: Mapping, prefix: str = "") -> list[str]:
+    """Settings the run config set away from their defaults that `overrides` replace: 'tau=0.8 -> 0.5'."""
+    changed = []
+    for key, value in overrides.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            changed += overridden(settings.get(key, {}), value, defaults.get(key, {}), f"{name}.")
+        elif key in settings and settings[key] != defaults.get(key) and settings[key] != value:
+            changed.append(f"{name}={settings[key]!r} -> {value!r}")
+    return changed
+
+
+@dataclass(frozen=True)
+class ArmField:
+    """An arm field: the settings it sets, as (stage, dotted path) pairs, each value passed through `convert` if
+    given. Its type and bounds are those of the first setting; `help` when it sets several."""
+
+    targets: tuple[tuple[str, str] | tuple[str, str, Callable], ...]
+    help: str = ""
+
+    def setting(self) -> FieldInfo:
+        stage, path = self.targets[0][:2]
+        model: type[BaseModel] = STAGE_SETTINGS[stage]
+        *parents, name = path.split(".")
+        for parent in parents:
+            model = model.model_fields[parent].annotation
+        return model.model_fields[name]
+
+
+def _ks_for(samples: int) -> list[int]:
+    """maj@k and pass@k at 1 and at every sample."""
+    return sorted({1, samples}) if samples else []
+
+
+ARM_FIELDS: dict[str, ArmField] = {
+    "seed": ArmField(
+        ((PROBLEM_SPLIT, "seed"), (LABELED_RL, "grpo.seed"), (SAMPLING, "seed"), (STUDENT, "grpo.seed"), (LABELED_ONLY, "grpo.seed"), (EVAL, "seed")),
+        "labeled/unlabeled split, every GRPO run, the teacher's and the eval's samples",
+    ),
+    "tau": ArmField(((PSEUDO_LABELS, "tau"),)),
+    "k": ArmField(((SAMPLING, "k"),), "teacher samples per unlabeled problem"),
+    "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
+    "student_init": ArmField(((STUDENT, "student_init"),)),
+    "labeled_rl_steps": ArmField(((LABELED_RL, "grpo.max_steps"),), "GRPO steps of labeled RL"),
+    "round_steps": ArmField(((STUDENT, "grpo.max_steps"), (LABELED_ONLY, "grpo.max_steps")), "GRPO steps of each round's student and of each control"),
+    "eval_samples": ArmField(((EVAL, "samples"), (EVAL, "ks", _ks_for)), "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)"),
+    "mode": ArmField(((STUDENT, "mode"),)),
+    "reward": ArmField(((STUDENT, "reward"),)),
+    "agreement_low": ArmField(((STUDENT, "agreement_low"),)),
+    "agreement_high": ArmField(((STUDENT, "agreement_high"),)),
+    "prompt_noise": ArmField(((STUDENT, "prompt_noise"),)),
+    "dropout": ArmField(((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"),
+    "sft_samples_per_problem": ArmField(((STUDENT, "sft_samples_per_problem"),)),
+    "dpo_beta": ArmField(((STUDENT, "dpo_beta"),)),
+}
+"""The experiment vocabulary: each arm field and the stage settings it overrides (the one place they are mapped)."""
+
+
+class _ArmSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    seed: int | None = Field(default=None, description="labeled/unlabeled split, every GRPO run, the teacher's and the eval's samples")
-    tau: float | None = Field(default=None, ge=0, le=1, description="keep a pseudo-label when its agreement >= tau")
-    k: int | None = Field(default=None, ge=1, description="teacher samples per unlabeled problem")
-    temperature: float | None = Field(default=None, ge=0, description="the teacher's sampling temperature")
-    student_init: Literal["teacher", "base_model"] | None = Field(default=None, description="where each round's student starts")
-    labeled_rl_steps: int | None = Field(default=None, ge=1, description="GRPO steps of labeled RL")
-    round_steps: int | None = Field(default=None, ge=1, description="GRPO steps of each round's student and of each control")
-    eval_samples: int | None = Field(default=None, ge=0, description="sampled eval completions per problem (0: greedy only)")
-    mode: Literal["grpo", "sft", "dpo"] | None = Field(default=None, description="how the student trains (student.mode)")
-    reward: Literal["hard", "vote_share"] | None = Field(default=None, description="GRPO's reward on pseudo-labels")
-    agreement_low: float | None = Field(default=None, ge=0, le=1, description="train on kept labels with agreement >= this")
-    agreement_high: float | None = Field(default=None, ge=0, le=1, description="... and <= this")
-    prompt_noise: bool | None = Field(default=None, description="the student's prompts through several templates")
-    dropout: float | None = Field(default=None, ge=0, lt=1, description="the student's model and LoRA dropout")
-    sft_samples_per_problem: int | None = Field(default=None, ge=0, description="sft: distinct agreeing samples per problem")
-    dpo_beta: float | None = Field(default=None, gt=0, description="dpo: DPO's beta")
 
     def over(self, defaults: ArmSpec) -> ArmSpec:
         """This spec with `defaults` filling the fields it leaves unset."""
@@ -74,38 +144,43 @@ class ArmSpec(BaseModel):
 
     def overrides(self, stage: str) -> dict:
         """The nested settings of `stage` that this spec changes (see `apply`)."""
-        if stage not in STAGES:
+        if stage not in STAGE_SETTINGS:
             raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-        grpo = {"seed": self.seed, "max_steps": self.round_steps}
-        student_grpo = grpo | {"lora_dropout": self.dropout}
-        by_stage: dict[str, dict] = {
-            PROBLEM_SPLIT: {"seed": self.seed},
-            LABELED_RL: {"grpo": {"seed": self.seed, "max_steps": self.labeled_rl_steps}},
-            SAMPLING: {"seed": self.seed, "k": self.k, "temperature": self.temperature},
-            PSEUDO_LABELS: {"tau": self.tau},
-            STUDENT: {
-                "student_init": self.student_init,
-                "mode": self.mode,
-                "reward": self.reward,
-                "agreement_low": self.agreement_low,
-                "agreement_high": self.agreement_high,
-                "prompt_noise": self.prompt_noise,
-                "model_dropout": self.dropout,
-                "sft_samples_per_problem": self.sft_samples_per_problem,
-                "dpo_beta": self.dpo_beta,
-                "grpo": student_grpo,
-            },
-            LABELED_ONLY: {"grpo": grpo},
-            EVAL: {
-                "seed": self.seed,
-                "samples": self.eval_samples,
-                "ks": None if self.eval_samples is None else sorted({1, self.eval_samples}) if self.eval_samples else [],
-            },
-        }
-        return _without_none(by_stage[stage])
+        changes: dict = {}
+        for name, field in ARM_FIELDS.items():
+            value = getattr(self, name)
+            for target_stage, path, *convert in field.targets:
+                if value is not None and target_stage == stage:
+                    *parents, leaf = path.split(".")
+                    node = changes
+                    for parent in parents:
+                        node = node.setdefault(parent, {})
+                    node[leaf] = convert[0](value) if convert else value
+        return changes
 
     def without_seed(self) -> ArmSpec:
         return self.model_copy(update={"seed": None})
+
+    @model_validator(mode="after")
+    def _settings_accept_it(self) -> _ArmSpec:
+        """Every stage's settings, with this spec over their defaults, are valid (a mode that is not registered,
+        a reward the mode has no use for, an agreement band upside down)."""
+        for stage, settings in STAGE_SETTINGS.items():
+            settings(**apply(settings().model_dump(), self.overrides(stage)))
+        return self
+
+
+def _arm_spec_class() -> type[_ArmSpec]:
+    """`ArmSpec`: one optional field per `ARM_FIELDS` entry, typed and bounded like the setting it overrides."""
+    fields = {}
+    for name, arm_field in ARM_FIELDS.items():
+        setting = arm_field.setting()
+        bounds = {kind: value for item in setting.metadata for kind in ("ge", "gt", "le", "lt") if (value := getattr(item, kind, None)) is not None}
+        fields[name] = (setting.annotation | None, Field(default=None, description=arm_field.help or setting.description, **bounds))
+    return create_model("ArmSpec", __base__=_ArmSpec, __doc__="The settings an arm overrides; None leaves the stage's own setting.", **fields)
+
+
+ArmSpec = _arm_spec_class()
 
 
 class Experiment(BaseModel):
@@ -175,29 +250,6 @@ class Arm(BaseModel):
         return f"{self.experiment}:{self.spec.without_seed().model_dump_json(exclude_none=True)}"
 
 
-def apply(settings: Mapping, overrides: Mapping) -> dict:
-    """`settings` (nested dicts) with `overrides` written over them, key by key at every depth."""
-    merged = dict(settings)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = apply(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def overridden(settings: Mapping, overrides: Mapping, defaults: Mapping, prefix: str = "") -> list[str]:
-    """Settings the run config set away from their defaults that `overrides` replace: 'tau=0.8 -> 0.5'."""
-    changed = []
-    for key, value in overrides.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            changed += overridden(settings.get(key, {}), value, defaults.get(key, {}), f"{name}.")
-        elif key in settings and settings[key] != defaults.get(key) and settings[key] != value:
-            changed.append(f"{name}={settings[key]!r} -> {value!r}")
-    return changed
-
-
 def default_experiments_dir() -> Path:
     """`NOISY_STUDENT_EXPERIMENTS`, else the repository's `experiments/`."""
     return Path(os.environ.get(EXPERIMENTS_ENV_VAR) or Path(__file__).resolve().parents[3] / "experiments")
@@ -243,15 +295,3 @@ def find_arm(directory: Path, name: str) -> Arm:
 def max_rounds(directory: Path) -> int:
     """The most rounds any experiment asks for: how many rounds the code location defines."""
     return max((experiment.rounds for experiment in load_experiments(directory).values()), default=0)
-
-
-def _without_none(settings: dict) -> dict:
-    cleaned = {}
-    for key, value in settings.items():
-        if isinstance(value, dict):
-            value = _without_none(value)
-            if not value:
-                continue
-        if value is not None:
-            cleaned[key] = value
-    return cleaned

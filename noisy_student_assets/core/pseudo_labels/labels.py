@@ -7,14 +7,21 @@ majority answer over K samples and the confidence is its agreement (self-consist
 as in test-time RL (Zuo et al. 2025, "TTRL").
 """
 
+from __future__ import annotations
+
+import json
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from noisy_student_assets.core.grading import answers_equivalent
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
+
+if TYPE_CHECKING:
+    from noisy_student_assets.core.settings import PseudoLabelSettings
 
 PSEUDO_LABEL_SCHEMA = pl.Schema(
     {
@@ -155,3 +162,36 @@ def label_floor_failure(
     if mean_agreement < min_mean_agreement:
         return f"mean agreement {mean_agreement:.3f} < min_mean_agreement {min_mean_agreement}"
     return None
+
+
+@dataclass(frozen=True)
+class PseudoLabels:
+    """A round's vote, audited: the table, the headline figures, the audit by agreement, and why the labels must
+    not train a student (None when they clear the floors)."""
+
+    labels: pl.DataFrame
+    stats: dict[str, float]
+    buckets: pl.DataFrame
+    floor_failure: str | None
+
+    def sidecars(self, tau: float) -> dict[str, str]:
+        """The small files published beside the table: the audit's figures (with tau and the floor failure, which
+        the student reads before it trains) and the audit by agreement."""
+        return {AUDIT_FILE: json.dumps(self.stats | {"tau": tau, "floor_failure": self.floor_failure}), AUDIT_BUCKETS_FILE: self.buckets.write_json()}
+
+
+def pseudo_label(generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: PseudoLabelSettings) -> PseudoLabels:
+    """The pseudo-label stage: the majority vote over the teacher's samples, kept at tau, audited against the hidden
+    gold (which shapes no label), and judged against the quality floors."""
+    labels = vote_pseudo_labels(generations, unlabeled, settings.tau)
+    audit = audit_pseudo_labels(labels, generations, unlabeled)
+    stats = {
+        "coverage": audit.coverage,
+        "kept": float(labels["kept"].sum()),
+        "mean_agreement": labels["agreement"].mean(),
+        "kept_label_accuracy": audit.kept_label_accuracy if audit.kept_label_accuracy is not None else float("nan"),
+        "all_label_accuracy": audit.all_label_accuracy if audit.all_label_accuracy is not None else float("nan"),
+        "teacher_pass_at_1": audit.teacher_pass_at_1,
+    }
+    failure = label_floor_failure(labels, settings.tau, settings.min_coverage, settings.min_mean_agreement)
+    return PseudoLabels(labels=labels, stats=stats, buckets=audit.buckets, floor_failure=failure)

@@ -20,6 +20,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
+from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
 from noisy_student_assets.core.training.compute import compute_comparison
@@ -29,22 +30,12 @@ ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
 AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1")
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    metrics: dict[str, float]
-    scores: pl.DataFrame
-
-
-def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> Evaluation | None:
+def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
     """An eval asset's published metrics and per-problem scores, or None."""
-    directory = layout.artifact_dir(lake, key_path, arm)
-    if not (directory / layout.METRICS_FILE).exists():
-        return None
-    metrics = json.loads((directory / layout.METRICS_FILE).read_text())["metrics"]
-    return Evaluation(metrics, pl.read_parquet(directory / layout.SCORES_FILE))
+    return read_published_eval(layout.artifact_dir(lake, key_path, arm))
 
 
-def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], Evaluation]:
+def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], PublishedEval]:
     """(round, role) -> evaluation for one arm; round 0 is labeled RL (where every chain starts)."""
     found = {}
     labeled_rl = read_evaluation(lake, layout.LABELED_RL_EVAL, arm)

@@ -17,15 +17,16 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.control_data import gold_revealed, shuffled_pseudo_labels
-from noisy_student_assets.core.training.grpo import HARD_REWARD
-from noisy_student_assets.core.training.student import GRPO_MODE
-from noisy_student_assets.defs.assets.models import BASE_MODEL, HEAVY_RETRY, checkpoint_eval
-from noisy_student_assets.defs.assets.rounds import kept_pseudo_labels, train_from_student_init
-from noisy_student_assets.defs.assets.stages import StageRun, stage, train_checkpoint
+from noisy_student_assets.core.settings import StudentSettings
+from noisy_student_assets.core.training.modes.base import StudentData
+from noisy_student_assets.core.training.modes.registry import student_mode
+from noisy_student_assets.defs.assets.models import checkpoint_eval
+from noisy_student_assets.defs.assets.rounds import BASE_MODEL_INPUT, kept_pseudo_labels, train_from_student_init
+from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, stage, train_checkpoint
 from noisy_student_assets.defs.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.defs.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.defs.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
-from resources.compute import GPU_POOL
+from resources.data_lake import LakeTable
 from resources.stage_resources import StageResources
 
 
@@ -34,13 +35,7 @@ def round_controls(number: int) -> dg.Definitions:
     key = partial(round_key, number)
     student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
     checkpoint_key = {control: key(layout.control_checkpoint(control)) for control in layout.CONTROLS}
-    heavy = {
-        "group_name": round_group(number),
-        "partitions_def": ARMS,
-        "pool": GPU_POOL,
-        "retry_policy": HEAVY_RETRY,
-        "io_manager_key": "checkpoint_io_manager",
-    }
+    heavy = {"group_name": round_group(number), "partitions_def": ARMS, "io_manager_key": "checkpoint_io_manager", **HEAVY}
     teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
     labeled = dg.AssetIn(layout.LABELED_PROBLEMS)
 
@@ -59,13 +54,12 @@ def round_controls(number: int) -> dg.Definitions:
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
-            staged = train_checkpoint(current, init_dir=init, labeled=labeled_problems, pseudo_labeled=None)
+            staged = train_checkpoint(current, init_dir=init, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
         return dg.Output(staged, metadata=current.metadata)
 
     @dg.asset(
         key=checkpoint_key[layout.GOLD_LABEL],
-        ins={"teacher": teacher, "labeled_problems": labeled, "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS)},
-        deps=[BASE_MODEL],
+        ins={"teacher": teacher, "labeled_problems": labeled, "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS), "base_model": BASE_MODEL_INPUT},
         description="Control: the round's GRPO from the student's init on the labeled problems and every unlabeled "
         "problem with its true answer (the upper bound; the only asset trained on the hidden gold).",
         **heavy,
@@ -76,18 +70,18 @@ def round_controls(number: int) -> dg.Definitions:
         teacher: Path,
         labeled_problems: pl.DataFrame,
         unlabeled_problems: pl.DataFrame,
+        base_model: Path,
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
-            _refuse_other_training(current)
+            _refuse_unmatched_training(current, layout.GOLD_LABEL)
             revealed = pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
-            staged = train_from_student_init(current, teacher, revealed, None)
+            staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))
         return dg.Output(staged, metadata=current.metadata)
 
     @dg.asset(
         key=checkpoint_key[layout.RANDOM_LABEL],
-        ins={"teacher": teacher, "labeled_problems": labeled, "pseudo_labels": dg.AssetIn(labels_key)},
-        deps=[BASE_MODEL],
+        ins={"teacher": teacher, "labeled_problems": labeled, "pseudo_labels": dg.AssetIn(labels_key), "base_model": BASE_MODEL_INPUT},
         description="Control: the student's training with the kept pseudo-labels shuffled among the kept problems "
         "(no problem keeps its own label).",
         **heavy,
@@ -97,16 +91,17 @@ def round_controls(number: int) -> dg.Definitions:
         config: StudentConfig,
         teacher: Path,
         labeled_problems: pl.DataFrame,
-        pseudo_labels: pl.DataFrame,
+        pseudo_labels: LakeTable,
+        base_model: Path,
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
-            _refuse_other_training(current)
+            _refuse_unmatched_training(current, layout.RANDOM_LABEL)
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
-            shuffled = shuffled_pseudo_labels(kept, seed=current.config.grpo.seed)
+            shuffled = shuffled_pseudo_labels(kept, seed=current.settings.grpo.seed)
             moved = int((shuffled["pseudo_label"] != kept["pseudo_label"]).sum())
             current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
-            staged = train_from_student_init(current, teacher, labeled_problems, shuffled)
+            staged = train_from_student_init(current, teacher, base_model, StudentData(labeled_problems, shuffled))
         return dg.Output(staged, metadata=current.metadata)
 
     checks = []
@@ -116,13 +111,13 @@ def round_controls(number: int) -> dg.Definitions:
     return dg.Definitions(assets=[labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals], asset_checks=checks)
 
 
-def _refuse_other_training(current: StageRun) -> None:
-    """The gold- and random-label controls train GRPO on 0/1 rewards against their labels: there is no gold or
-    shuffled counterpart of sft rows, dpo pairs or vote shares, so another mode or reward is refused."""
-    config = current.config
-    if config.mode != GRPO_MODE or config.reward != HARD_REWARD:
+def _refuse_unmatched_training(current: StageRun, control: str) -> None:
+    """A control the arm's student mode does not admit (`StudentMode.admits`) would not be the student's training on
+    other labels: it is refused."""
+    settings = current.settings
+    if not student_mode(settings.mode).admits(control, settings):
         raise dg.Failure(
-            f"{'/'.join(current.context.asset_key.path)} is defined for mode={GRPO_MODE}, reward={HARD_REWARD}; this arm "
-            f"trains mode={config.mode}, reward={config.reward}: list only labeled_only under the experiment's controls",
+            f"{'/'.join(current.context.asset_key.path)} trains GRPO with the hard reward on its own labels, no counterpart of "
+            f"mode={settings.mode}, reward={settings.reward}: list only labeled_only under the experiment's controls",
             allow_retries=False,
         )

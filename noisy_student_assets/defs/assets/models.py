@@ -9,15 +9,15 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import materialize_checkpoint
-from noisy_student_assets.defs.assets.stages import evaluate, stage, train_checkpoint
+from noisy_student_assets.core.settings import StudentSettings
+from noisy_student_assets.core.training.modes.base import StudentData
+from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, stage, train_checkpoint
 from noisy_student_assets.defs.checks import checkpoint_checks, eval_not_degenerate_spec
 from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
 from noisy_student_assets.defs.partitions import ARMS
-from resources.compute import GPU_POOL
 from resources.stage_resources import StageResources
 
 GROUP = "models"
-HEAVY_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
 BASE_MODEL = dg.AssetKey(layout.BASE_MODEL)
 LABELED_RL = dg.AssetKey(layout.LABELED_RL)
 
@@ -28,11 +28,12 @@ def base_model(
     config: BaseModelConfig,
     stage_resources: StageResources,
 ) -> dg.Output[Path]:
-    """The starting checkpoint of every arm, as a self-contained safetensors directory with tokenizer and chat template."""
+    """The starting checkpoint of every arm, as a self-contained float32 safetensors directory with tokenizer and chat template."""
     staged = stage_resources.lake.staging_dir()
-    context.log.info(f"Resolving model reference {config.reference!r}")
     with stage(context, config, stage_resources) as current:
-        info = materialize_checkpoint(config.reference, staged, dtype=config.dtype, trust_remote_code=config.trust_remote_code)
+        settings = current.settings
+        context.log.info(f"Resolving model reference {settings.reference!r}")
+        info = materialize_checkpoint(settings.reference, staged, trust_remote_code=settings.trust_remote_code)
     return dg.Output(
         staged,
         metadata={
@@ -51,12 +52,11 @@ def base_model(
     io_manager_key="checkpoint_io_manager",
     group_name=GROUP,
     partitions_def=ARMS,
-    pool=GPU_POOL,
-    retry_policy=HEAVY_RETRY,
     ins={
         "base_model": dg.AssetIn(BASE_MODEL, input_manager_key="checkpoint_io_manager"),
         "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
     },
+    **HEAVY,
 )
 def labeled_rl_checkpoint(
     context: dg.AssetExecutionContext,
@@ -67,7 +67,7 @@ def labeled_rl_checkpoint(
 ) -> dg.Output[Path]:
     """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
     with stage(context, config, stage_resources) as current:
-        staged = train_checkpoint(current, init_dir=base_model, labeled=labeled_problems, pseudo_labeled=None)
+        staged = train_checkpoint(current, init_dir=base_model, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
     return dg.Output(staged, metadata=current.metadata)
 
 
@@ -86,14 +86,14 @@ def checkpoint_eval(
         key=key,
         group_name=group,
         partitions_def=partitions_def,
-        pool=GPU_POOL,
-        retry_policy=HEAVY_RETRY,
+        io_manager_key="eval_io_manager",
         ins={
             "checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager"),
             "problems": dg.AssetIn(problems),
         },
         check_specs=[eval_not_degenerate_spec(key)],
         description=f"`{checkpoint.to_user_string()}` evaluated on {problems} (greedy accuracy, maj@k, pass@k, format rate).",
+        **HEAVY,
     )
     def _eval(
         context: dg.AssetExecutionContext,
@@ -101,10 +101,10 @@ def checkpoint_eval(
         checkpoint_dir: Path,
         problems: pl.DataFrame,
         stage_resources: StageResources,
-    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         with stage(context, config, stage_resources) as current:
-            _, health_check = evaluate(current, checkpoint_dir=checkpoint_dir, eval_problems=problems)
-        yield dg.MaterializeResult(metadata=current.metadata)
+            staged, _, health_check = evaluate(current, checkpoint_dir=checkpoint_dir, eval_problems=problems)
+        yield dg.Output(staged, metadata=current.metadata)
         yield health_check
 
     return _eval

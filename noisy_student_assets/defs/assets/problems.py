@@ -8,16 +8,17 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, drop_overlap, fingerprint, load_problems, split_problems
+from noisy_student_assets.core.settings import ProblemSource
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.assets.stages import stage
-from noisy_student_assets.defs.config import EvalProblemsConfig, ProblemPoolConfig, ProblemSourceConfig, ProblemSplitConfig
+from noisy_student_assets.defs.config import EvalProblemsConfig, ProblemPoolConfig, ProblemSplitConfig
 from noisy_student_assets.defs.partitions import ARMS
 from resources.stage_resources import StageResources
 
 GROUP = "problems"
 
 
-def _table_metadata(frame: pl.DataFrame, source: ProblemSourceConfig | None = None) -> dict:
+def _table_metadata(frame: pl.DataFrame, source: ProblemSource | None = None) -> dict:
     return {
         "dagster/row_count": frame.height,
         "fingerprint": fingerprint(frame),
@@ -32,7 +33,7 @@ def problem_pool(
 ) -> dg.Output[pl.DataFrame]:
     """The training pool every arm draws its labeled, unlabeled and validation problems from."""
     with stage(context, config, stage_resources) as current:
-        source = current.config.resolved_source
+        source = current.settings.resolved_source
         pool = load_problems(**source.load_kwargs())
         current.log_metrics({"rows": pool.height})
     return dg.Output(pool, metadata=_table_metadata(pool, source) | current.metadata)
@@ -48,7 +49,7 @@ def eval_problems(
     """Held-out problems every checkpoint of every arm is evaluated on, minus any prompt of the training
     pool (so no arm's split can contain one, and arms are compared on the same problems)."""
     with stage(context, config, stage_resources) as current:
-        source = current.config.resolved_source
+        source = current.settings.resolved_source
         candidates = load_problems(**source.load_kwargs())
         held_out = drop_overlap(candidates, problem_pool.select("prompt"))
         dropped = candidates.height - held_out.height
@@ -81,7 +82,7 @@ def problem_split(
     stage_resources: StageResources,
 ) -> Iterator[dg.Output]:
     with stage(context, config, stage_resources, name="problem_split") as current:
-        settings = current.config
+        settings = current.settings
         tables = dict(
             zip(
                 (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS),

@@ -1,6 +1,8 @@
 """The verdict across arms: every round of every arm against its compute-matched controls, arms that differ
 only by seed pooled (see `noisy_student_assets.core.reporting.summary`), with the comparison plot; shared by every arm."""
 
+from pathlib import Path
+
 import dagster as dg
 import polars as pl
 
@@ -18,6 +20,7 @@ VERDICT_NAME = "verdict"
 @dg.asset(
     name=layout.VERDICT,
     group_name=VERDICT_GROUP,
+    io_manager_key="directory_io_manager",
     deps=[
         dg.AssetKey(layout.BASE_MODEL_EVAL),
         dg.AssetKey(layout.LABELED_RL_EVAL),
@@ -29,7 +32,7 @@ VERDICT_NAME = "verdict"
 def verdict(
     context: dg.AssetExecutionContext,
     stage_resources: StageResources,
-) -> dg.MaterializeResult:
+) -> dg.Output[Path]:
     import mlflow
 
     from noisy_student_assets.core.reporting import plots
@@ -54,13 +57,12 @@ def verdict(
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
             current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}": row["estimate"]})
-        final = stage_resources.lake.publish(staged, context.asset_key)
-    return dg.MaterializeResult(
+    return dg.Output(
+        staged,
         metadata={
             "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in results.sentences) or "no round evaluated yet"),
             "report": dg.MetadataValue.md(inline_report),
             "arms": len(arms),
-            "path": dg.MetadataValue.path(str(final)),
             **({"accuracy_by_round": png_markdown("accuracy_by_round", figure)} if figure else {}),
             **({"differences": markdown_table(results.differences, max_rows=None)} if results.differences.height else {}),
         }

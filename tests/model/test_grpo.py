@@ -1,0 +1,101 @@
+"""GRPO training: short real TRL/peft runs on a tiny model (no mocks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.training.grpo import build_training_dataset, grpo_config, train_grpo
+from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
+
+
+@pytest.fixture(scope="module")
+def training_set():
+    return build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT)
+
+
+@pytest.fixture(scope="module")
+def lora_run(sevens_model_dir: Path, training_set, tmp_path_factory: pytest.TempPathFactory):
+    """Two LoRA steps, checkpointed every step; the resume test continues from its work dir."""
+    root = tmp_path_factory.mktemp("lora_run")
+    result = train_grpo(sevens_model_dir, training_set, TINY_RUN, root / "merged", work_dir=root / "work")
+    return result, root / "work"
+
+
+def test_lora_run_saves_a_merged_checkpoint_with_new_weights(lora_run, sevens_model_dir: Path):
+    result, _ = lora_run
+    saved = result.checkpoint_dir
+    assert not (saved / "adapter_config.json").exists()
+    assert "peft" not in (saved / "config.json").read_text().lower()
+    assert json.loads((saved / "config.json").read_text())["use_cache"] is True
+    model = AutoModelForCausalLM.from_pretrained(saved)
+    assert not any("lora" in name for name in model.state_dict())
+    initial_template = AutoTokenizer.from_pretrained(sevens_model_dir).chat_template
+    assert AutoTokenizer.from_pretrained(saved).chat_template == initial_template
+    initial, trained = load_file(sevens_model_dir / "model.safetensors"), load_file(saved / "model.safetensors")
+    assert initial.keys() == trained.keys()
+    assert any(not torch.equal(initial[name], trained[name]) for name in initial)
+
+
+def test_lora_run_reports_rewards_and_counts(lora_run):
+    result, _ = lora_run
+    assert (result.n_train_rows, result.n_gold_rows, result.n_pseudo_rows) == (8, 4, 4)
+    step_logs = [entry for entry in result.log_history if "reward" in entry]
+    assert [entry["step"] for entry in step_logs] == [1, 2]
+    assert any(entry["reward_std"] > 0 for entry in step_logs)  # else no advantage, no learning signal
+    assert result.metrics["steps"] == 2 and result.metrics["resumed_from_step"] == 0
+    assert 0.0 <= result.metrics["answer_reward_last_quarter"] <= 1.0
+
+
+def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir: Path, training_set, tmp_path: Path):
+    _, work_dir = lora_run
+    assert [path.name for path in work_dir.glob("checkpoint-*")] == ["checkpoint-2"]
+    result = train_grpo(
+        sevens_model_dir, training_set, TINY_RUN.model_copy(update=dict(max_steps=3)), tmp_path / "merged", work_dir=work_dir
+    )
+    assert result.metrics["resumed_from_step"] == 2 and result.metrics["steps"] == 3
+    assert [entry["step"] for entry in result.log_history if "reward" in entry] == [1, 2, 3]
+    assert (work_dir / "checkpoint-3").is_dir()
+
+
+def test_full_fine_tune_changes_untargeted_weights(sevens_model_dir: Path, training_set, tmp_path: Path):
+    settings = TINY_RUN.model_copy(update=dict(max_steps=1, use_lora=False, save_steps=0))
+    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", work_dir=tmp_path / "work")
+    initial = load_file(sevens_model_dir / "model.safetensors")
+    trained = load_file(result.checkpoint_dir / "model.safetensors")
+    assert not torch.equal(initial["lm_head.weight"], trained["lm_head.weight"])  # LoRA would not touch it
+    assert not list((tmp_path / "work").glob("checkpoint-*"))
+
+
+def test_grpo_trains_on_the_vote_share_reward(sevens_model_dir: Path, tmp_path: Path):
+    shares = pl.DataFrame({"problem_id": [f"pseudo-{i}" for i in range(4)], "vote_shares": '[["7", 0.75], ["8", 0.25]]'})
+    dataset = build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT, vote_shares=shares)
+    settings = TINY_RUN.model_copy(update=dict(max_steps=1, save_steps=0))
+    result = train_grpo(sevens_model_dir, dataset, settings, tmp_path / "merged", work_dir=tmp_path / "work", reward="vote_share")
+    (step,) = [entry for entry in result.log_history if "reward" in entry]
+    assert "rewards/vote_share_reward/mean" in step and 0.0 <= step["rewards/vote_share_reward/mean"] <= 1.0
+    with pytest.raises(ValueError, match="reward 'soft'"):
+        train_grpo(sevens_model_dir, dataset, settings, tmp_path / "other", work_dir=tmp_path / "w", reward="soft")
+
+
+def test_each_step_trains_on_prompts_per_step_groups(tmp_path: Path):
+    settings = GRPOSettings(num_generations=4, prompts_per_step=3, gradient_accumulation_steps=2, format_reward_weight=0.5, save_steps=0)
+    config = grpo_config(settings, tmp_path, device="cpu", dtype="float32", report_to=["none"])
+    assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 12
+    assert config.generation_batch_size == 12 and config.steps_per_generation == 2
+    assert config.reward_weights == [1.0, 0.5]
+    assert config.bf16 is False and config.use_cpu is True and config.save_strategy == "no"
+
+
+@pytest.mark.parametrize(("n_rows", "message"), [(0, "no training rows"), (1, "cannot fill a step of 2 prompts")])
+def test_too_small_a_dataset_is_rejected_before_loading(tmp_path: Path, training_set, n_rows: int, message: str):
+    too_small = training_set.select(range(n_rows))
+    with pytest.raises(ValueError, match=message):
+        train_grpo(tmp_path / "no-model", too_small, TINY_RUN, tmp_path / "out", work_dir=tmp_path / "work")
