@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test ui-test benchmark ui clean-lake
+.PHONY: setup run grid arms test unit ui-test benchmark docs ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -52,6 +52,15 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest
+
+# Seconds, no model load: pure logic and the code location's wiring (tests/unit), and the import contract.
+unit: setup
+	$(BIN)/lint-imports
+	$(BIN)/pytest tests/unit
+
+# The configuration reference, generated from the settings (a test fails when it is out of date).
+docs: setup
+	$(BIN)/python -m noisy_student_assets.defs.reference > docs/configuration.md
 
 # The web UI in a real browser: `dagster dev` on 127.0.0.1 driven by Debian's chromium through Playwright
 # (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`.
