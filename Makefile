@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test benchmark docs ui clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test benchmark docs ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -66,6 +66,15 @@ docs: setup
 # (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`.
 ui-test: setup
 	$(BIN)/pytest -m ui tests/ui
+
+# The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
+# extra goes into the venv first (make run never needs it).
+ray-test: setup $(VENV)/.installed-ray
+	$(BIN)/pytest -m ray tests/ray
+
+$(VENV)/.installed-ray: pyproject.toml
+	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[ray]'
+	touch $@
 
 # Where a round's time and memory go, and a GRPO step's (benchmarks/results/<profile>.json and .md).
 benchmark: setup

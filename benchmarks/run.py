@@ -14,7 +14,10 @@ Everything is measured in this one process tree, in one run, with the active pro
    metadata (sampling, consensus, training, eval seconds), and what the run took beyond them is Dagster + IO
    (parquet and checkpoint writes, weight hashing, MLflow logging, checks, run orchestration);
 5. a GRPO step of the round's student, phase by phase, from TRL's own timers (logged into the training
-   asset's MLflow run).
+   asset's MLflow run);
+6. the same round again with the `subprocess` launcher (each heavy stage a payload process reporting through
+   Dagster Pipes), recomputed from scratch: each stage's seconds against the in-process run, the payloads'
+   start-up (interpreter start to `main`) and their overhead beyond the stage (start-up, imports, Pipes).
 
 Peak memory is the resident memory of this process and its children (vLLM's workers), sampled every
 50 ms. Results go to `benchmarks/results/<profile>.json` and `.md`.
@@ -27,6 +30,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import threading
@@ -154,7 +158,8 @@ def run(teacher_steps: int) -> dict:
     from noisy_student_assets.defs.grid import materialize_selection
     from noisy_student_assets.defs.partitions import ARMS
     from resources import lake_resources
-    from resources.data_lake import DataLake
+    from resources.data_lake import INDEX_DIR_NAME, DataLake
+    from resources.launchers import StageLauncher
 
     lake = DataLake(root=tempfile.mkdtemp(prefix="noisy-student-benchmark-"))
     resources = lake_resources(lake)
@@ -170,9 +175,9 @@ def run(teacher_steps: int) -> dict:
     with dg.instance_for_test() as instance, MemorySampler() as memory:
         instance.add_dynamic_partitions(ARMS.name, [ARM])
 
-        def materialize(names, config, arm=None):
+        def materialize(names, config, arm=None, on=resources):
             started = time.time()
-            result = materialize_selection(names, partition=arm, instance=instance, resources=resources, run_config={"ops": config})
+            result = materialize_selection(names, partition=arm, instance=instance, resources=on, run_config={"ops": config})
             assert result.success, f"materializing {names} failed"
             return result, started, time.time()
 
@@ -226,12 +231,15 @@ def run(teacher_steps: int) -> dict:
         print("round 1 through Dagster: the student chain and its labeled-only control", flush=True)
         grading.clear_cache()  # the round samples what was just graded: its consensus must not hit the cache
         evaluation = {"config": EvalSettings().model_dump()}
-        result, start, end = materialize(
-            round_assets, {op: evaluation for op in ("round_001__labeled_only_eval", "round_001__eval_report")}, ARM
-        )
-        entries = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-        events = {e.dagster_event.asset_key.to_user_string(): e for e in entries}
-        metadata = {name: e.dagster_event.step_materialization_data.materialization.metadata for name, e in events.items()}
+        round_config = {op: evaluation for op in ("round_001__labeled_only_eval", "round_001__eval_report")}
+
+        def round_one(on):
+            result, start, end = materialize(round_assets, round_config, ARM, on)
+            entries = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+            events = {e.dagster_event.asset_key.to_user_string(): e for e in entries}
+            return start, end, events, {name: e.dagster_event.step_materialization_data.materialization.metadata for name, e in events.items()}
+
+        start, end, events, metadata = round_one(resources)
         stage_keys = {
             "sampling": (round_assets[0], "sampling_seconds"),
             "consensus": (round_assets[1], "consensus_seconds"),
@@ -259,6 +267,25 @@ def run(teacher_steps: int) -> dict:
         stages["grpo_step"] = {
             "phases": step_profile(tracking_uri, student["mlflow_run_id"].value),
             "completion_tokens": student["compute/generated_tokens"].value,
+        }
+
+        print("the same round with the subprocess launcher (payload processes, Dagster Pipes), from scratch", flush=True)
+        shutil.rmtree(lake.root_path / INDEX_DIR_NAME)  # nothing may be read back from the in-process round
+        grading.clear_cache()
+        payloads = lake_resources(lake, compute, launcher=StageLauncher(kind="subprocess"))
+        start, end, _, payload_metadata = round_one(payloads)
+        heavy = {name: asset for name, (asset, key) in stage_keys.items() if name != "consensus"}
+        stages["launcher"] = {
+            "round_seconds": {"inprocess": wall, "subprocess": end - start},
+            "stage_seconds": {
+                name: {
+                    "inprocess": metadata[asset][stage_keys[name][1]].value,
+                    "subprocess": payload_metadata[asset][stage_keys[name][1]].value,
+                    "payload_startup": payload_metadata[asset]["payload/startup_seconds"].value,
+                    "payload_overhead": payload_metadata[asset]["payload/overhead_seconds"].value,
+                }
+                for name, asset in heavy.items()
+            },
         }
     results["stages"] = stages
     results["settings"] = {"sampling": settings.as_dict(), "problems": problems.height, "teacher_steps": teacher_steps}
@@ -302,6 +329,25 @@ def markdown(results: dict) -> str:
     ]
     lines += [f"| {phase} | {step['phases'][phase]:.2f} |" for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step")]
     lines.append(f"| completion tokens generated in the run | {step['completion_tokens']:.0f} |")
+    launcher = s["launcher"]
+    overhead = sum(stage["payload_overhead"] for stage in launcher["stage_seconds"].values())
+    lines += [
+        "",
+        "The same round with each heavy stage a payload process (`subprocess` launcher): seconds per stage, and what a",
+        "payload cost beyond its stage (interpreter start, imports, spec and Pipes messages):",
+        "",
+        "| stage | in process | payload | payload start-up | payload overhead |",
+        "|---|---|---|---|---|",
+    ]
+    for name, stage in launcher["stage_seconds"].items():
+        lines.append(
+            f"| {name} | {stage['inprocess']:.1f} | {stage['subprocess']:.1f} | {stage['payload_startup']:.1f} | {stage['payload_overhead']:.1f} |"
+        )
+    rounds = launcher["round_seconds"]
+    lines.append(
+        f"| round | {rounds['inprocess']:.0f} | {rounds['subprocess']:.0f} | | {overhead:.1f} "
+        f"({100 * overhead / rounds['subprocess']:.1f}% of the round) |"
+    )
     return "\n".join(lines) + "\n"
 
 

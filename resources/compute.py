@@ -2,7 +2,6 @@
 the op pool `gpu` (limit 1 in dagster.yaml), so two GPU steps never overlap, across runs too."""
 
 import fcntl
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +53,4 @@ class ComputeResource(derived_class(ComputeSettings, "ComputeResourceFields", dg
                 log(f"{DEVICE_LOCK_RELEASED} {path}")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        import torch
-
-        torch.set_num_threads(self.cpu_threads or os.cpu_count() or 1)
+        self.settings.apply_threads()

@@ -1,10 +1,12 @@
-"""What every asset body uses, as one resource: the lake, the compute, MLflow tracking and the experiment files."""
+"""What every asset body uses, as one resource: the lake, the compute, the stage launcher, MLflow tracking and the
+experiment files."""
 
 import dagster as dg
 
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.experiments import ExperimentFiles
+from resources.launchers import StageLauncher
 from resources.tracking import MlflowTracking
 
 
@@ -13,5 +15,6 @@ class StageResources(dg.ConfigurableResource):
 
     lake: DataLake
     compute: ComputeResource
+    launcher: StageLauncher
     tracking: MlflowTracking
     experiments: ExperimentFiles

@@ -146,8 +146,8 @@ class MlflowTracking(dg.ConfigurableResource):
 
         return mlflow.MlflowClient(self.resolved_tracking_uri)
 
-    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log `metrics` into the active run (see `start_run`) under MLflow-safe names (`metric_name`)."""
         import mlflow
 
-        mlflow.log_metrics({metric_name(name): float(value) for name, value in metrics.items()})
+        mlflow.log_metrics({metric_name(name): float(value) for name, value in metrics.items()}, step=step)

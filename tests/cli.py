@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -38,6 +39,15 @@ class DagsterCli:
             return subprocess.Popen(
                 [DAGSTER, *args], cwd=self.home, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def grid(self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> subprocess.Popen:
+        """`python -m noisy_student_assets.grid run <experiment>` in the background, its output in `log`, in a process
+        group of its own (a test may kill the whole grid)."""
+        with log.open("w") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment), "--config-json", json.dumps(config), *options],
+                cwd=self.home, env=self.env | (env or {}), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
 
     @staticmethod
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:

@@ -4,11 +4,13 @@ SmolLM2's real tokenizer (for tests where the model's skill does not matter)."""
 from __future__ import annotations
 
 import os
+import uuid
 
 # Tests run offline, on the CPU profile, whatever the caller's environment says.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.pop("NOISY_STUDENT_PROFILE", None)
+os.environ["NOISY_STUDENT_RETRY_DELAY_S"] = "0"  # a retried step starts again at once
 
 from pathlib import Path
 
@@ -156,3 +158,20 @@ def sevens_teacher_lake(tmp_path_factory: pytest.TempPathFactory, sevens_model_d
 @pytest.fixture
 def sevens_lake_copy(sevens_teacher_lake: Path, tmp_path: Path):
     return _copier(sevens_teacher_lake, tmp_path)
+
+
+@pytest.fixture
+def fault(monkeypatch):
+    """Inject a fault (tests/payload_faults/sitecustomize.py) into the payloads this test starts; afterwards, no
+    process they started may remain."""
+    from tests.faults import FAULTS_DIR, leftovers
+
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv("NOISY_STUDENT_TEST_MARKER", marker)
+    monkeypatch.setenv("PYTHONPATH", str(FAULTS_DIR))
+
+    def inject(name: str) -> None:
+        monkeypatch.setenv("NOISY_STUDENT_PAYLOAD_FAULT", name)
+
+    yield inject
+    assert leftovers(marker) == []

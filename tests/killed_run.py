@@ -79,11 +79,11 @@ def arrange(fault: str, ready: Path) -> None:
     elif fault == "sampling":
         save_shard = SampleShards.write
 
-        def stop_in_second_shard(shards, set_index, table):
+        def stop_in_second_shard(shards, table):
             if list(shards.directory.glob("shard-*.parquet")):
                 table.write_parquet(shards.directory / "in-flight.parquet.tmp")
                 _stop_here(ready)
-            save_shard(shards, set_index, table)
+            save_shard(shards, table)
 
         SampleShards.write = stop_in_second_shard
     elif fault == "checkpoint-save":

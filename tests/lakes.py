@@ -12,15 +12,17 @@ from noisy_student_assets.defs.partitions import ARMS
 from resources import lake_resources
 from resources.compute import ComputeResource
 from resources.data_lake import DataLake
+from resources.launchers import StageLauncher
 
 TEST_ARMS = ("a", "b")
 """The arms of tests/experiments/tests.yaml."""
 
 
-def isolated_resources(lake: DataLake) -> dict:
+def isolated_resources(lake: DataLake, launcher: str | StageLauncher = "inprocess") -> dict:
     """The code location's resources on `lake`, on the CPU, with a device lock of the lake's own: a test must
     not queue behind (or block) a pipeline running on this machine."""
-    return lake_resources(lake, ComputeResource(device="cpu", dtype="float32", lock_dir=str(lake.root_path)))
+    compute = ComputeResource(device="cpu", dtype="float32", lock_dir=str(lake.root_path))
+    return lake_resources(lake, compute, launcher=launcher if isinstance(launcher, StageLauncher) else StageLauncher(kind=launcher))
 
 
 @contextmanager
@@ -38,9 +40,10 @@ def materialize(
     arm: str | None = None,
     instance: dg.DagsterInstance | None = None,
     raise_on_error: bool = True,
+    launcher: str | StageLauncher = "inprocess",
 ) -> dg.ExecuteInJobResult:
-    """Materialize `names` of one arm (or the shared assets, arm None) into `lake`."""
-    resources = isolated_resources(lake)
+    """Materialize `names` of one arm (or the shared assets, arm None) into `lake`, the heavy stages run by `launcher`."""
+    resources = isolated_resources(lake, launcher)
 
     def run(on: dg.DagsterInstance) -> dg.ExecuteInJobResult:
         return materialize_selection(

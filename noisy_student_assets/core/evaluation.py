@@ -15,7 +15,13 @@ import polars as pl
 from noisy_student_assets.core.grading import answers_equivalent, format_reward
 from noisy_student_assets.core.problems import fingerprint
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
-from noisy_student_assets.core.sampling import Progress, SamplingSettings, generate_sample_sets
+from noisy_student_assets.core.sampling import (
+    Progress,
+    SampleShards,
+    SamplingSettings,
+    generate_sample_sets,
+    generate_sample_sets_resumable,
+)
 
 if TYPE_CHECKING:
     from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, SmokeSettings
@@ -109,35 +115,43 @@ def eval_content_key(weights_sha256: str, eval_problems: pl.DataFrame, settings:
     settings give the same completions, whichever asset or arm asked."""
     generation = settings.model_dump(include=set(settings.GENERATION_FIELDS))
     identity = ["eval", weights_sha256, fingerprint(eval_problems), generation, settings.backend, settings.batch_size]
+    if settings.backend == "transformers":  # its samples follow the batches, which shards cut
+        identity.append(settings.shard_size)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def evaluate_checkpoint(
+def eval_completions(
     checkpoint_dir: Path,
     eval_problems: pl.DataFrame,
     settings: EvalSettings,
     compute: ComputeSettings,
+    shards_dir: Path,
     *,
     progress: Progress | None = None,
-) -> EvalResult:
-    """The evaluation stage: greedy and sampled completions for every eval problem, scored."""
+) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """The evaluation stage's generation: greedy and sampled completions for every eval problem. Finished shards
+    are kept in `shards_dir` (`greedy/`, `sampled/`), so an evaluation killed midway resumes after them; returns
+    both tables and the number of problem passes read back from an earlier attempt's shards."""
     sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
     if settings.samples:
         sample_sets.append(
             SamplingSettings(n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed)
         )
-    greedy, *sampled = generate_sample_sets(
+    shards = [SampleShards(shards_dir / name) for name in ("greedy", "sampled")[: len(sample_sets)]]
+    (greedy, *sampled), resumed = generate_sample_sets_resumable(
         checkpoint_dir,
         eval_problems,
         sample_sets,
+        shards,
         backend=settings.backend,
         device=compute.resolved_device(),
         dtype=compute.dtype,
         batch_size=settings.batch_size,
+        shard_size=settings.shard_size,
         progress=progress,
         gpu_memory_utilization=compute.memory_share,
     )
-    return scored(eval_problems, greedy, sampled[0] if sampled else greedy.clear(), settings)
+    return greedy, sampled[0] if sampled else greedy.clear(), resumed
 
 
 def scored(eval_problems: pl.DataFrame, greedy: pl.DataFrame, sampled: pl.DataFrame, settings: EvalSettings) -> EvalResult:

@@ -14,6 +14,7 @@ checkpoint, its prompt and id, and the settings.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -63,6 +64,8 @@ VLLM_MIN_BATCHED_TOKENS = 4096
 Progress = Callable[[int, int], None]
 ShardCallback = Callable[[int, pl.DataFrame], None]
 """Called with (index in the settings list, table of one finished shard of problems)."""
+ShardDone = Callable[[int, list[int], list[list["Sample"]]], None]
+"""A backend's report of one finished shard: (set index, the problems' indices, their samples)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ def generate_sample_sets(
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     batch_size: int = 16,
     shard_size: int = 64,
+    skip: Sequence[set[str]] | None = None,
     on_shard: ShardCallback | None = None,
     progress: Progress | None = None,
     checkpoint_label: str | None = None,
@@ -138,12 +142,38 @@ def generate_sample_sets(
     Problems go to the backend ``shard_size`` at a time (vLLM batches a shard internally;
     transformers in batches of ``batch_size``). After each shard, ``on_shard`` gets its table (to
     persist it: see ``SampleShards``) and ``progress(problems_done, total)`` is called, counting over
-    all the settings: ``total`` is ``len(problems) * len(settings_list)``.
-    ``gpu_memory_utilization`` only matters for vLLM on a GPU.
+    all the settings: ``total`` is ``len(problems) * len(settings_list)``. ``skip[i]`` holds problem
+    ids that set i leaves out (sampled before: see ``generate_sample_sets_resumable``); they count as
+    done. ``gpu_memory_utilization`` only matters for vLLM on a GPU.
     """
     _validate(problems, backend, dtype)
     if not settings_list:
         raise ValueError("no sampling settings given")
+    problem_ids = problems["problem_id"].cast(pl.Utf8).to_list()
+    skip = skip or [set() for _ in settings_list]
+    jobs = [[index for index, problem_id in enumerate(problem_ids) if problem_id not in skipped] for skipped in skip]
+    total = len(problem_ids) * len(settings_list)
+    progressed = total - sum(map(len, jobs))
+
+    def table(set_index: int, indices: list[int], samples: list[list[Sample]]) -> pl.DataFrame:
+        return _samples_table(
+            [problem_ids[index] for index in indices],
+            samples,
+            checkpoint=checkpoint_label or str(checkpoint_dir),
+            backend=backend,
+            sampling=json.dumps(settings_list[set_index].as_dict(), sort_keys=True),
+        )
+
+    def shard_done(set_index: int, indices: list[int], samples: list[list[Sample]]) -> None:
+        nonlocal progressed
+        progressed += len(samples)
+        if on_shard is not None:
+            on_shard(set_index, table(set_index, indices, samples))
+        if progress is not None:
+            progress(progressed, total)
+
+    if not any(jobs):  # every set was sampled before: no model to load
+        return [table(set_index, [], []) for set_index in range(len(settings_list))]
     from transformers import AutoTokenizer  # torch/transformers load here, not when the config imports us
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
@@ -151,34 +181,15 @@ def generate_sample_sets(
         tokenizer(render_prompt(tokenizer, problem, system_prompt), add_special_tokens=False).input_ids
         for problem in problems["prompt"].to_list()
     ]
-    problem_ids = problems["problem_id"].cast(pl.Utf8).to_list()
-    total = len(prompt_ids) * len(settings_list)
-
-    def table(set_index: int, start: int, samples: list[list[Sample]]) -> pl.DataFrame:
-        return _samples_table(
-            problem_ids[start : start + len(samples)],
-            samples,
-            checkpoint=checkpoint_label or str(checkpoint_dir),
-            backend=backend,
-            sampling=json.dumps(settings_list[set_index].as_dict(), sort_keys=True),
-        )
-
-    def shard_done(set_index: int, start: int, samples: list[list[Sample]]) -> None:
-        if on_shard is not None:
-            on_shard(set_index, table(set_index, start, samples))
-        if progress is not None:
-            progress(len(prompt_ids) * set_index + start + len(samples), total)
-
     if backend == "vllm":
         sample_sets = _sample_with_vllm(
-            checkpoint_dir, problem_ids, prompt_ids, settings_list, device, dtype, shard_size, shard_done,
-            gpu_memory_utilization,
+            checkpoint_dir, problem_ids, prompt_ids, jobs, settings_list, device, dtype, shard_size, shard_done, gpu_memory_utilization
         )
     else:
         sample_sets = _sample_with_transformers(
-            checkpoint_dir, tokenizer, prompt_ids, settings_list, device, dtype, shard_size, batch_size, shard_done
+            checkpoint_dir, tokenizer, prompt_ids, jobs, settings_list, device, dtype, shard_size, batch_size, shard_done
         )
-    return [table(set_index, 0, samples) for set_index, samples in enumerate(sample_sets)]
+    return [table(set_index, jobs[set_index], samples) for set_index, samples in enumerate(sample_sets)]
 
 
 def sampling_cache_key(
@@ -250,6 +261,14 @@ def sample_teacher(
     )
 
 
+def problem_parts(problems: pl.DataFrame, parts: int) -> list[pl.DataFrame]:
+    """`problems` cut into at most `parts` contiguous slices of near-equal size (one sampling payload each), which
+    concatenated give `problems` back. vLLM seeds each problem's samples from the settings' seed and the problem's
+    id alone, so the samples do not depend on the cut."""
+    bounds = [round(index * problems.height / parts) for index in range(parts + 1)]
+    return [problems.slice(start, end - start) for start, end in itertools.pairwise(bounds) if end > start]
+
+
 class SampleShards:
     """The finished shards of one sampling run, on disk, so that a run killed midway resumes from the
     problems already sampled instead of from zero.
@@ -270,7 +289,7 @@ class SampleShards:
         files = sorted(self.directory.glob("shard-*.parquet"))
         return pl.concat([pl.read_parquet(f) for f in files]) if files else GENERATION_SCHEMA.to_frame()
 
-    def write(self, _set_index: int, table: pl.DataFrame) -> None:
+    def write(self, table: pl.DataFrame) -> None:
         final = self.directory / f"shard-{len(list(self.directory.glob('shard-*.parquet'))):05d}.parquet"
         partial = final.with_name(final.name + ".tmp")
         table.write_parquet(partial)
@@ -280,21 +299,31 @@ class SampleShards:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def generate_sample_sets_resumable(
+    checkpoint_dir: Path, problems: pl.DataFrame, settings_list: Sequence[SamplingSettings], shards: Sequence[SampleShards], **options
+) -> tuple[list[pl.DataFrame], int]:
+    """``generate_sample_sets``, saving every finished shard of set i into ``shards[i]`` and sampling only the
+    problems that an earlier, interrupted call has not saved there. Returns the tables (problem order, then
+    ``sample_index``) and the number of problem passes taken from saved shards."""
+    done = [set_shards.load() for set_shards in shards]
+    skip = [set(table["problem_id"]) for table in done]
+    new = generate_sample_sets(
+        checkpoint_dir, problems, settings_list, skip=skip, on_shard=lambda set_index, table: shards[set_index].write(table), **options
+    )
+    order = problems.select(pl.col("problem_id").cast(pl.Utf8)).with_row_index("problem_order")
+    tables = [
+        pl.concat([before, after]).join(order, on="problem_id").sort("problem_order", "sample_index").drop("problem_order")
+        for before, after in zip(done, new, strict=True)
+    ]
+    return tables, sum(map(len, skip))
+
+
 def generate_samples_resumable(
     checkpoint_dir: Path, problems: pl.DataFrame, settings: SamplingSettings, shards: SampleShards, **options
 ) -> tuple[pl.DataFrame, int]:
-    """``generate_samples``, saving every finished shard into ``shards`` and sampling only the problems
-    that an earlier, interrupted call has not saved there. Returns the table (problem order, then
-    ``sample_index``) and the number of problems taken from saved shards."""
-    done = shards.load()
-    done_ids = done["problem_id"].unique()
-    todo = problems.filter(~pl.col("problem_id").cast(pl.Utf8).is_in(done_ids.implode()))
-    parts = [done]
-    if not todo.is_empty():
-        parts.append(generate_samples(checkpoint_dir, todo, settings, on_shard=shards.write, **options))
-    order = problems.select(pl.col("problem_id").cast(pl.Utf8)).with_row_index("problem_order")
-    table = pl.concat(parts).join(order, on="problem_id").sort("problem_order", "sample_index").drop("problem_order")
-    return table, done_ids.len()
+    """``generate_sample_sets_resumable`` of one set: the table and the number of problems taken from saved shards."""
+    (table,), resumed = generate_sample_sets_resumable(checkpoint_dir, problems, [settings], [shards], **options)
+    return table, resumed
 
 
 def _validate(problems: pl.DataFrame, backend: str, dtype: str) -> None:
@@ -338,12 +367,13 @@ def _sample_with_transformers(
     checkpoint_dir: Path,
     tokenizer: PreTrainedTokenizerBase,
     prompt_ids: list[list[int]],
+    jobs: list[list[int]],
     settings_list: Sequence[SamplingSettings],
     device: str,
     dtype: str,
     shard_size: int,
     batch_size: int,
-    shard_done: Callable[[int, int, list[list[Sample]]], None],
+    shard_done: ShardDone,
 ) -> list[list[list[Sample]]]:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -364,9 +394,9 @@ def _sample_with_transformers(
         for set_index, settings in enumerate(settings_list):
             torch.manual_seed(settings.seed)
             samples: list[list[Sample]] = []
-            for shard in _chunks(prompt_ids, shard_size):
+            for shard in _chunks(jobs[set_index], shard_size):
                 shard_samples: list[list[Sample]] = []
-                for batch in _chunks(shard, batch_size):
+                for batch in _chunks([prompt_ids[index] for index in shard], batch_size):
                     inputs = tokenizer.pad(
                         {"input_ids": batch}, padding=True, padding_side="left", return_tensors="pt"
                     ).to(device)  # left: generation continues from the right end of every row
@@ -379,7 +409,7 @@ def _sample_with_transformers(
                     generated = output[:, inputs["input_ids"].shape[1] :].tolist()
                     decoded = [_decode_generated(tokenizer, ids, stop_ids) for ids in generated]
                     shard_samples.extend(_chunks(decoded, settings.n))  # rows come grouped by prompt
-                shard_done(set_index, len(samples), shard_samples)
+                shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
     return sample_sets
@@ -414,11 +444,12 @@ def _sample_with_vllm(
     checkpoint_dir: Path,
     problem_ids: list[str],
     prompt_ids: list[list[int]],
+    jobs: list[list[int]],
     settings_list: Sequence[SamplingSettings],
     device: str,
     dtype: str,
     shard_size: int,
-    shard_done: Callable[[int, int, list[list[Sample]]], None],
+    shard_done: ShardDone,
     gpu_memory_utilization: float,
 ) -> list[list[list[Sample]]]:
     on_cpu = device == "cpu"
@@ -439,19 +470,16 @@ def _sample_with_vllm(
     sample_sets: list[list[list[Sample]]] = []
     try:
         for set_index, settings in enumerate(settings_list):
-            requests = [
-                ({"prompt_token_ids": ids}, _vllm_sampling_params(settings, problem_id))
-                for problem_id, ids in zip(problem_ids, prompt_ids, strict=True)
-            ]
             samples: list[list[Sample]] = []
-            for shard in _chunks(requests, shard_size):
-                prompts, params = zip(*shard, strict=True)
-                outputs = llm.generate(list(prompts), list(params), use_tqdm=False)
+            for shard in _chunks(jobs[set_index], shard_size):
+                prompts = [{"prompt_token_ids": prompt_ids[index]} for index in shard]
+                params = [_vllm_sampling_params(settings, problem_ids[index]) for index in shard]
+                outputs = llm.generate(prompts, params, use_tqdm=False)
                 shard_samples = [
                     [Sample(c.text, len(c.token_ids), c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)]
                     for o in outputs
                 ]
-                shard_done(set_index, len(samples), shard_samples)
+                shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
     finally:

@@ -46,6 +46,9 @@ BACKENDS = ("vllm", "transformers")
 Backend = Literal["vllm", "transformers"]
 DTYPES = ("float32", "bfloat16", "float16")
 Dtype = Literal["float32", "bfloat16", "float16"]
+Launcher = Literal["inprocess", "subprocess", "ray"]
+"""Where a heavy stage runs: in the Dagster step's process, as a payload process of its own, or as a payload submitted to a
+Ray cluster (`resources/launchers.py`)."""
 HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 """TRL 1.16 loss aggregations usable with token-level importance sampling ("luspo" needs sequence-level).
@@ -192,6 +195,36 @@ class ComputeSettings(Settings):
             raise RuntimeError("the compute device is 'cuda' but torch sees no CUDA device (use the cpu profile)")
         return self.device
 
+    def apply_threads(self, processes: int = 1) -> None:
+        """torch's CPU threads in this process: the machine's (or `cpu_threads`), shared among `processes` ranks."""
+        import os
+
+        import torch
+
+        torch.set_num_threads(max(1, (self.cpu_threads or os.cpu_count() or 1) // processes))
+
+
+class LauncherSettings(Settings):
+    """Where the heavy stages run (the `launcher` resource, `resources/launchers.py`; an experiment's `launcher`)."""
+
+    kind: Launcher = Field(
+        default=by_profile(cpu="inprocess", gpu="inprocess"),
+        description="inprocess: in the Dagster step's process | subprocess: a payload process per stage, through Dagster Pipes "
+        "(needed for a training stage's grpo.processes > 1) | ray: a payload per stage submitted to a Ray cluster",
+    )
+    ray_address: str = Field(default="", description="kind=ray: the cluster's dashboard address, http://<head>:8265 (empty: RAY_ADDRESS)")
+    gpus_per_process: float = Field(
+        default=by_profile(cpu=0.0, gpu=1.0),
+        ge=0,
+        description="kind=ray: GPUs a payload asks of Ray per process (a training stage on N processes asks N times as many)",
+    )
+    cpus_per_process: float = Field(default=1.0, ge=0, description="kind=ray: CPUs a payload asks of Ray per process")
+    sampling_shards: int = Field(
+        default=1,
+        ge=1,
+        description="payloads a round's K-sample generation is split into (at once on Ray); vllm backend only: the samples do not depend on it",
+    )
+
 
 # --- training --------------------------------------------------------------------------------------------
 
@@ -219,6 +252,9 @@ class GRPOSettings(Settings):
         default=1, ge=1, description="micro-batches a step's completions are split into (memory only: the step's batch is unchanged)"
     )
     seed: int = Field(default=0, description="the run's seed (arm field `seed`)")
+    processes: int = Field(
+        default=1, ge=1, description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's completions"
+    )
     # LoRA (Hu et al. 2021), merged into the weights after training
     use_lora: bool = Field(default=by_profile(cpu=True, gpu=False), description="LoRA adapters; false: fine-tune every weight")
     lora_r: int = Field(default=16, ge=1, description="LoRA rank")
@@ -252,9 +288,9 @@ class GRPOSettings(Settings):
             raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
-        if self.completions_per_step % self.gradient_accumulation_steps:
+        if self.completions_per_step % (self.gradient_accumulation_steps * self.processes):
             raise ValueError(
-                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
+                f"gradient_accumulation_steps x processes ({self.gradient_accumulation_steps} x {self.processes}) must divide the "
                 f"{self.completions_per_step} completions of a step (prompts_per_step * num_generations)"
             )
         return self
@@ -361,6 +397,9 @@ class EvalSettings(Settings):
     ks: list[int] = Field(default=by_profile(cpu=[], gpu=[1, 4, 8]), description="k values of maj@k and pass@k (each <= samples)")
     seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
     batch_size: int = Field(default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)")
+    shard_size: int = Field(
+        default=by_profile(cpu=64, gpu=256), ge=1, description="problems per saved shard of completions: a killed eval resumes after the last one"
+    )
     regression_tolerance: float = Field(
         default=0.02, ge=0, description="eval_report warns when greedy accuracy drops more than this vs the previous round"
     )

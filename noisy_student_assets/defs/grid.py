@@ -20,12 +20,18 @@ order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
+import multiprocessing
+import os
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import get_args
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.settings import Launcher, LauncherSettings
 
 GRID_TAG = "noisy_student/experiment"
 
@@ -132,7 +138,8 @@ def evaluate_checks(checks: Iterable, *, partition: str | None, instance, resour
 class Grid:
     """Materializes one experiment's grid against the instance at DAGSTER_HOME."""
 
-    def __init__(self, experiment_path: Path, run_config: dict | None = None) -> None:
+    def __init__(self, experiment_path: Path, run_config: dict | None = None, launcher: str | None = None) -> None:
+        self.path, self.launcher_override = experiment_path, launcher
         import dagster as dg
 
         from noisy_student_assets.core.experiments.arms import default_experiments_dir, load_experiments
@@ -150,7 +157,7 @@ class Grid:
         self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
         self.run_config = run_config or {}
         self.instance = dg.DagsterInstance.get()
-        self.resources = defs.resources
+        self.resources = with_launcher(defs.resources, self.experiment.launcher, launcher)
 
     def register(self) -> list[str]:
         """Add the experiment's arms to the `arm` partitions; returns the ones that were new."""
@@ -160,15 +167,36 @@ class Grid:
             self.instance.add_dynamic_partitions(self.arms_def.name, new)
         return new
 
-    def run(self, rounds: int | None = None) -> bool:
+    @property
+    def launcher_kind(self) -> str:
+        return self.resources["stage_resources"].launcher.kind
+
+    def run(self, rounds: int | None = None, parallel_arms: int = 1) -> bool:
         """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
-        experiment's); False if any run failed."""
+        experiment's), `parallel_arms` arms at a time; False if any run failed."""
         self.register()
         self._fail_orphaned_runs()
-        ok = self._materialize(self._shared_targets(), None)
-        for arm in self.experiment.all_arms():
-            ok = self._materialize(experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds), arm) and ok
-        return self._materialize([layout.VERDICT], None, always=True) and ok
+        # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
+        self._set_gpu_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
+        try:
+            ok = self._materialize(self._shared_targets(), None)
+            targets = experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds)
+            arms = self.experiment.all_arms()
+            if parallel_arms == 1:
+                for arm in arms:
+                    ok = self._materialize(targets, arm) and ok
+            else:
+                jobs = [(self.path, self.run_config, self.launcher_override, targets, arm.name) for arm in arms]
+                with ProcessPoolExecutor(max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    ok = all(pool.map(_materialize_arm, jobs)) and ok
+            return self._materialize([layout.VERDICT], None, always=True) and ok
+        finally:
+            self._set_gpu_pool_limit(1)
+
+    def _set_gpu_pool_limit(self, limit: int) -> None:
+        from resources.compute import GPU_POOL
+
+        self.instance.event_log_storage.set_concurrency_slots(GPU_POOL, limit)
 
     def _shared_targets(self) -> list[str]:
         shared = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
@@ -246,6 +274,29 @@ class Grid:
             self.instance.event_log_storage.free_concurrency_slots_for_run(record.dagster_run.run_id)
 
 
+def _materialize_arm(job: tuple) -> bool:
+    """One arm's part of a grid run, in a process of its own (`--parallel-arms`)."""
+    path, run_config, launcher, targets, arm_name = job
+    grid = Grid(path, run_config, launcher)
+    return grid._materialize(targets, next(arm for arm in grid.experiment.all_arms() if arm.name == arm_name))
+
+
+def with_launcher(resources: dict, settings: LauncherSettings | None, kind: str | None = None) -> dict:
+    """`resources` with the stage launcher `settings` describe (None: the resource's), its kind replaced by `kind`."""
+    if settings is None and kind is None:
+        return resources
+    from resources.launchers import StageLauncher
+    from resources.stage_resources import StageResources
+
+    stage = resources["stage_resources"]
+    fields = (settings or LauncherSettings(**stage.launcher.model_dump())).model_dump() | ({"kind": kind} if kind else {})
+    return resources | {
+        "stage_resources": StageResources(
+            lake=stage.lake, compute=stage.compute, launcher=StageLauncher(**fields), tracking=stage.tracking, experiments=stage.experiments
+        )
+    }
+
+
 def _succeeded(result, where: str) -> bool:
     if not result.success:
         print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
@@ -271,19 +322,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["register", "run"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
     parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
+    parser.add_argument("--launcher", choices=get_args(Launcher), help="where the heavy stages run (default: the experiment file's, else the resource's)")
     parser.add_argument(
         "--rounds", type=int, default=None,
         help="run: stop after this round in every arm (default: the file's rounds); e.g. round 1 of every arm first,"
         " then a run without it adds the rest",
     )
+    parser.add_argument("--parallel-arms", type=int, default=1, help="run: arms materialized at once (their heavy steps overlap only on Ray)")
+    parser.add_argument(
+        "--ray-gpus", type=int, default=None,
+        help="ray launcher without RAY_ADDRESS: GPUs the grid's own local cluster declares (default: those torch sees);"
+        " more than the machine has only tries Ray's placement",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 0:
         parser.error(f"--rounds must be >= 0, got {args.rounds}")
+    if args.parallel_arms < 1:
+        parser.error(f"--parallel-arms must be >= 1, got {args.parallel_arms}")
     _load_dotenv()
-    grid = Grid(args.experiment, json.loads(args.config_json))
+    grid = Grid(args.experiment, json.loads(args.config_json), args.launcher)
     if args.command == "register":
         new = grid.register()
         print(f"{grid.experiment.name}: arms {', '.join(grid.experiment.arms)} ({len(new)} new)")
         return 0
-    return 0 if grid.run(args.rounds) else 1
+    with _ray_cluster_if_needed(grid, args.ray_gpus):
+        return 0 if grid.run(args.rounds, args.parallel_arms) else 1
+
+
+@contextlib.contextmanager
+def _ray_cluster_if_needed(grid: Grid, gpus: int | None):
+    """Under the ray launcher with no cluster named (RAY_ADDRESS, launcher.ray_address), a local cluster of this
+    machine's CPUs for the grid's duration, stopped after it."""
+    launcher = grid.resources["stage_resources"].launcher
+    if grid.launcher_kind != "ray" or launcher.ray_address or os.environ.get("RAY_ADDRESS"):
+        yield
+        return
+    import torch
+
+    from resources.ray_cluster import local_ray_cluster
+
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    with local_ray_cluster(num_cpus=os.cpu_count() or 1, num_gpus=gpus) as head:
+        address = head.address
+        print(f"[grid] started a local Ray cluster at {address} ({os.cpu_count()} CPUs, {gpus} GPUs); it stops with the grid", flush=True)
+        os.environ["RAY_ADDRESS"] = address
+        try:
+            yield
+        finally:
+            del os.environ["RAY_ADDRESS"]
 

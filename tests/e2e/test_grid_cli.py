@@ -27,14 +27,6 @@ EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "grid.yaml"
 ARM = "g"
 
 
-def _grid(cli: DagsterCli, config: dict, log: Path, *options: str) -> subprocess.Popen:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config), *options],
-            cwd=cli.home, env=cli.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-
 def _materializing(log: Path) -> str:
     (line,) = [line for line in log.read_text().splitlines() if line.startswith(f"[grid] arm {ARM}: materializing")]
     return line
@@ -61,7 +53,7 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     monkeypatch.chdir(dagster_cli.home)  # dagster.yaml's storage paths are relative to the working directory
     with dg.DagsterInstance.from_config(str(dagster_cli.home)):
         pass  # its SQLite storage is created here, not by this test and the grid at once (a race of two schema migrations)
-    first = _grid(dagster_cli, config, tmp_path / "first.log")
+    first = dagster_cli.grid(EXPERIMENT, config, tmp_path / "first.log")
     labeled_rl = dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM])
     deadline = time.monotonic() + 600
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
@@ -74,7 +66,7 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
         unjudged = _labeled_rl_checks_unjudged(instance)  # the kill came right after the materialization: its checks' steps were next
 
-    second = _grid(dagster_cli, config, tmp_path / "second.log", "--rounds", "0")
+    second = dagster_cli.grid(EXPERIMENT, config, tmp_path / "second.log", "--rounds", "0")
     assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-3000:]
     resumed = _materializing(tmp_path / "second.log")
     assert f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
@@ -85,7 +77,7 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     checked = [line for line in (tmp_path / "second.log").read_text().splitlines() if "evaluating checks" in line]
     assert all(f"{layout.LABELED_RL}:{name}" in "".join(checked) for name in unjudged), checked
 
-    rest = _grid(dagster_cli, config, tmp_path / "rest.log")
+    rest = dagster_cli.grid(EXPERIMENT, config, tmp_path / "rest.log")
     assert rest.wait(timeout=900) == 0, (tmp_path / "rest.log").read_text()[-3000:]
     added = _materializing(tmp_path / "rest.log")
     assert "round_001/eval_report" in added and layout.LABELED_RL not in added, "without --rounds the run adds round 1 only"

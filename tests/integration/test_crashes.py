@@ -14,6 +14,7 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.sampling import GENERATION_SCHEMA
+from noisy_student_assets.defs.assets.stages import PROBLEMS_FILE
 from resources.data_lake import STAGING_DIR_NAME, WORK_DIR_NAME, DataLake
 from tests.killed_run import ARM, TRAINING_STEPS, materialization
 from tests.killed_run import kill_at as kill_at_fault
@@ -70,7 +71,7 @@ def test_killed_while_writing_generations(lake: DataLake, kill_at, rerun) -> Non
 def test_killed_while_sampling_resumes_from_the_saved_shards(lake: DataLake, kill_at, rerun) -> None:
     kill_at("sampling", lake)
     shards = list(lake.root_path.joinpath(WORK_DIR_NAME, *GENERATIONS.path, ARM).glob("*/*"))
-    assert sorted(p.name for p in shards) == ["in-flight.parquet.tmp", "shard-00000.parquet"]
+    assert sorted(p.name for p in shards) == ["in-flight.parquet.tmp", PROBLEMS_FILE, "shard-00000.parquet"]
 
     result = rerun("sampling", lake)
     assert metadata_of(result, GENERATIONS_NAME)["resumed_problems"].value == 2  # one shard of 2 problems

@@ -212,11 +212,11 @@ class ShardWriterKilled(Exception):
 class KilledAfterFirstShard(SampleShards):
     """Saves one shard, then dies the way a killed writer would: mid-way through its next file."""
 
-    def write(self, set_index: int, table: pl.DataFrame) -> None:
+    def write(self, table: pl.DataFrame) -> None:
         if list(self.directory.glob("shard-*.parquet")):
             (self.directory / "shard-00001.parquet.tmp").write_bytes(b"PAR1 half a file")
             raise ShardWriterKilled
-        super().write(set_index, table)
+        super().write(table)
 
 
 def test_interrupted_sampling_resumes_after_the_saved_shards(tiny_model_dir, tmp_path, transformers_run):
@@ -227,18 +227,13 @@ def test_interrupted_sampling_resumes_after_the_saved_shards(tiny_model_dir, tmp
     samples, resumed = generate_samples_resumable(
         tiny_model_dir, PROBLEMS, SAMPLING, SampleShards(tmp_path), progress=lambda *r: reports.append(r), **options
     )
-    assert resumed == 2 and reports[-1] == (3, 3)  # only the 3 unsaved problems were sampled again
+    assert resumed == 2 and reports == [(4, 5), (5, 5)]  # only the 3 unsaved problems were sampled again, 2 at a time
     assert samples.schema == GENERATION_SCHEMA
     assert samples["problem_id"].to_list() == [p for p in PROBLEMS["problem_id"] for _ in range(SAMPLING.n)]
     assert samples["sample_index"].to_list() == list(range(SAMPLING.n)) * PROBLEMS.height
     first_shard = transformers_run[0].head(2 * SAMPLING.n)
     assert samples.head(2 * SAMPLING.n).equals(first_shard)
     assert not list(tmp_path.glob("*.tmp")), "the killed writer's partial file is deleted"
-
-
-# --- cache key ------------------------------------------------------------------------------------
-
-
 
 
 def test_transformers_pads_a_batch_for_a_tokenizer_without_a_pad_token(tiny_model_dir: Path, tmp_path: Path):

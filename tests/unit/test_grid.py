@@ -5,7 +5,8 @@ from __future__ import annotations
 import dagster as dg
 
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
-from noisy_student_assets.defs.grid import experiment_assets, stale_assets, unevaluated_checks
+from noisy_student_assets.core.settings import LauncherSettings
+from noisy_student_assets.defs.grid import experiment_assets, stale_assets, unevaluated_checks, with_launcher
 
 TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
 PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}
@@ -50,3 +51,18 @@ def test_a_check_is_evaluated_again_only_when_it_did_not_judge_the_latest_materi
     targets = {judged: 7, killed_before: None, stale: 3, nothing_yet: None}
     assert unevaluated_checks(targets, {student: 7, control: 9, report: None}) == [killed_before, stale]
     assert unevaluated_checks({judged: 7}, {student: 7}) == []
+
+
+def test_an_experiment_names_its_launcher_by_kind_or_by_its_fields_and_the_command_line_replaces_the_kind() -> None:
+    from resources import lake_resources
+    from resources.data_lake import DataLake
+
+    by_kind = Experiment(name="e", arms={"a": ArmSpec()}, launcher="subprocess")
+    by_fields = Experiment(name="e", arms={"a": ArmSpec()}, launcher={"kind": "ray", "gpus_per_process": 1, "sampling_shards": 3})
+    assert by_kind.launcher == LauncherSettings(kind="subprocess")
+    resources = lake_resources(DataLake(root="/tmp/unused"))
+    ray = with_launcher(resources, by_fields.launcher)["stage_resources"].launcher
+    assert (ray.kind, ray.gpus_per_process, ray.sampling_shards) == ("ray", 1.0, 3)
+    inprocess = with_launcher(resources, by_fields.launcher, "inprocess")["stage_resources"].launcher
+    assert (inprocess.kind, inprocess.sampling_shards) == ("inprocess", 3)
+    assert with_launcher(resources, None) is resources

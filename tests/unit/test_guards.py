@@ -1,5 +1,5 @@
 """The guards against broken models without a model: the step guard on a hand-made step, the non-finite weight
-scan, and the degenerate-output verdicts (tests/model/test_guards.py poisons real TRL GRPO runs)."""
+scan, and the degenerate-output verdicts (tests/model/test_guards_in_grpo.py poisons real TRL GRPO runs)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
-"""Sampling without a model: the decoding parameters' validation and the samples' content key
-(tests/model/test_generation.py samples with both backends)."""
+"""Sampling without a model: the decoding parameters' validation, the samples' content key and the cut of a
+round's problems into sampling payloads (tests/model/test_generation.py samples with both backends)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import polars as pl
 import pytest
 
 from noisy_student_assets.core.sampling import (
     SamplingSettings,
+    problem_parts,
     sampling_cache_key,
 )
 
@@ -47,3 +49,11 @@ def test_sampling_cache_key_is_stable_and_sensitive_to_every_input():
     assert sampling_cache_key(**base, batch_size=64) == key
     transformers = base | {"backend": "transformers"}
     assert sampling_cache_key(**transformers, batch_size=64) != sampling_cache_key(**transformers, batch_size=16)
+
+
+@pytest.mark.parametrize(("rows", "parts", "sizes"), [(7, 3, [2, 3, 2]), (6, 3, [2, 2, 2]), (2, 3, [1, 1]), (5, 1, [5])])
+def test_problem_parts_are_contiguous_near_equal_and_give_the_problems_back(rows: int, parts: int, sizes: list[int]) -> None:
+    problems = pl.DataFrame({"problem_id": [f"p{i}" for i in range(rows)], "prompt": ["?"] * rows})
+    cut = problem_parts(problems, parts)
+    assert [part.height for part in cut] == sizes
+    assert pl.concat(cut).equals(problems)

@@ -38,6 +38,7 @@ from noisy_student_assets.core.settings import (
     EvalSettings,
     LabeledOnlySettings,
     LabeledRLSettings,
+    LauncherSettings,
     ProblemSplitSettings,
     PseudoLabelSettings,
     Settings,
@@ -196,8 +197,18 @@ class Experiment(BaseModel):
     held_out_eval: bool = Field(
         default=True, description="evaluate labeled RL on the held-out set (false in tuning experiments, which must not see it)"
     )
+    launcher: LauncherSettings | None = Field(
+        default=None,
+        description="where the grid runs this experiment's heavy stages: a kind (inprocess, subprocess, ray) or the launcher's "
+        "fields (null: the launcher resource's)",
+    )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
+
+    @field_validator("launcher", mode="before")
+    @classmethod
+    def _launcher_kind(cls, launcher):
+        return {"kind": launcher} if isinstance(launcher, str) else launcher
 
     @field_validator("controls")
     @classmethod

@@ -60,13 +60,13 @@ def check_step_fits(dataset: datasets.Dataset, per_step: int, what: str) -> None
 
 def trainer_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str]) -> dict:
     """The TrainingArguments every trainer's TRL config shares: `per_step` rows an optimizer step (split over the
-    accumulation steps), mixed precision when `dtype` (the compute precision) is bfloat16 or float16 over float32
+    accumulation steps and the processes, so that a step trains the same rows on any number), mixed precision when `dtype` (the compute precision) is bfloat16 or float16 over float32
     weights, checkpoints into `work_dir` every `save_steps` (only the latest is kept: resuming needs no other, and
     full fine-tune checkpoints hold optimiser state)."""
     return dict(
         output_dir=str(work_dir),
         max_steps=settings.max_steps,
-        per_device_train_batch_size=per_step // settings.gradient_accumulation_steps,
+        per_device_train_batch_size=per_step // (settings.gradient_accumulation_steps * settings.processes),
         gradient_accumulation_steps=settings.gradient_accumulation_steps,
         learning_rate=settings.learning_rate,
         seed=settings.seed,
@@ -160,13 +160,14 @@ def fit(
     resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
     resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0
     train_output = trainer.train(resume_from_checkpoint=resume_from)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    init_config = AutoConfig.from_pretrained(init_checkpoint)
-    for name in DROPOUT_ATTRIBUTES:  # the noise was the student's: the checkpoint (a teacher next) has the init's
-        if hasattr(init_config, name):
-            setattr(model.config, name, getattr(init_config, name))
-    save_merged(model, tokenizer, out_dir)
-    assert_finite_checkpoint(out_dir, f"{what} from {init_checkpoint}")
+    if trainer.accelerator.is_main_process:  # one writer of the checkpoint when several processes train
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        init_config = AutoConfig.from_pretrained(init_checkpoint)
+        for name in DROPOUT_ATTRIBUTES:  # the noise was the student's: the checkpoint (a teacher next) has the init's
+            if hasattr(init_config, name):
+                setattr(model.config, name, getattr(init_config, name))
+        save_merged(model, tokenizer, out_dir)
+        assert_finite_checkpoint(out_dir, f"{what} from {init_checkpoint}")
     log_history = list(trainer.state.log_history)
     metrics = _final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step, logged)
     return TrainingResult(

@@ -76,6 +76,8 @@ def train_dpo(
     if settings.completions_per_step % 2:
         raise ValueError(f"a DPO step trains on pairs: {settings.completions_per_step} completions a step is odd")
     pairs_per_step = settings.completions_per_step // 2
+    if pairs_per_step % (settings.gradient_accumulation_steps * settings.processes):
+        raise ValueError(f"{pairs_per_step} pairs a step cannot be split over {settings.gradient_accumulation_steps * settings.processes} micro-batches")
     check_step_fits(dataset, pairs_per_step, "pairs")
     model, tokenizer = load_policy(init_checkpoint, model_dropout)
     args = DPOConfig(**in_order_args(settings, pairs_per_step, work_dir, device, dtype, report_to), beta=beta, max_length=None)

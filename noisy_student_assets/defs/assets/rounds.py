@@ -10,6 +10,7 @@ the vote's settings. Samples are also reused across arms: a sampling run with th
 weights, problems, settings, prompt format) is read back, not repeated.
 """
 
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, A
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table
-from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, evaluate, stage, train_checkpoint
+from noisy_student_assets.defs.assets.stages import HEAVY, PROBLEMS_FILE, StageRun, evaluate, stage, train_checkpoint
 from noisy_student_assets.defs.checks import (
     checkpoint_checks,
     eval_not_degenerate_spec,
@@ -222,7 +223,8 @@ def kept_pseudo_labels(current: StageRun, labels: LakeTable, labels_key: dg.Asse
 def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTable:
     """The teacher's K samples per problem (the sampling stage, `core.sampling.sample_teacher`), read back from
     any published sampling run with the same content key."""
-    from noisy_student_assets.core.sampling import SampleShards, decoding, sample_teacher, teacher_cache_key
+    from noisy_student_assets.core.sampling import decoding, problem_parts, teacher_cache_key
+    from noisy_student_assets.payloads.specs import SampleSpec
 
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
     teacher_sha = weights_sha256(teacher)
@@ -237,23 +239,41 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
     else:
         context.log.info(f"Sampling {settings.k} answers for {unlabeled.height} problems from {teacher}")
         # Shards of an attempt killed midway (same cache key) are kept; this attempt samples the rest.
-        shards = SampleShards(lake.work_dir(context.asset_key, current.partition, cache_key[:16]))
-        with compute.exclusive(context.log.info), current.timed("sampling_seconds"):
-            generations, resumed = sample_teacher(
-                teacher,
-                unlabeled,
-                settings,
-                shards,
-                compute.settings,
-                progress=lambda done, total: context.log.info(f"sampled {done}/{total} problems"),
-                checkpoint_label=teacher_label,
+        work_dir = lake.work_dir(context.asset_key, current.partition, cache_key[:16])
+        output = lake.staging_dir()
+        # Only the columns sampling reads: the hidden gold must not reach the payload.
+        parts = problem_parts(unlabeled.select("problem_id", "prompt"), current.resources.launcher.sampling_shards)
+        if len(parts) > 1 and settings.backend != "vllm":
+            raise dg.Failure(
+                f"launcher.sampling_shards={len(parts)} needs the vllm backend: transformers' samples depend on the batch a problem is in",
+                allow_retries=False,
             )
+        specs = []
+        for index, part in enumerate(parts):
+            part_dir = work_dir / f"part-{index:03d}-of-{len(parts):03d}" if len(parts) > 1 else work_dir
+            part_dir.mkdir(parents=True, exist_ok=True)
+            part.write_parquet(part_dir / PROBLEMS_FILE)
+            specs.append(
+                SampleSpec(
+                    teacher_dir=str(teacher), problems=str(part_dir / PROBLEMS_FILE), settings=settings, checkpoint_label=teacher_label,
+                    compute=compute.settings, work_dir=str(part_dir), output=str(output / f"part-{index:03d}.parquet"),
+                )
+            )  # fmt: skip
+        with current.resources.launcher.device_held(compute, context.log.info), current.timed("sampling_seconds"):
+            ran = current.resources.launcher.run_all(context, specs)
+        if len(ran) == 1:
+            current.metadata |= ran[0].metadata
+        else:
+            current.metadata["payload/parts"] = dg.MetadataValue.json([part.metadata for part in ran])
+        resumed = sum(part.result["resumed_problems"] for part in ran)
+        generations = pl.concat([pl.read_parquet(spec.output) for spec in specs])
+        shutil.rmtree(output, ignore_errors=True)
         stats["resumed_problems"] = float(resumed)
         if resumed:
             context.log.info(f"Resumed {resumed}/{unlabeled.height} problems from the shards of an interrupted attempt")
         else:  # tokens/s of an attempt that resumed would count tokens sampled by the one before
             stats["generated_tokens_per_second"] = generations["n_tokens"].sum() / current.metadata["sampling_seconds"]
-        shards.clear()
+        shutil.rmtree(work_dir, ignore_errors=True)
     stats |= {
         "samples": generations.height,
         "answer_rate": generations["answer"].is_not_null().mean(),

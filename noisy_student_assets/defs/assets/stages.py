@@ -6,6 +6,8 @@ The ML libraries and mlflow are imported inside the functions so that loading th
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +22,15 @@ import polars as pl
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.problems import fingerprint
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras, deltas, metadata_key, write_eval_artifact
+from noisy_student_assets.core.reporting.eval_report import (
+    GREEDY_FILE,
+    SAMPLED_FILE,
+    PublishedEval,
+    ReportExtras,
+    deltas,
+    metadata_key,
+    write_eval_artifact,
+)
 from noisy_student_assets.core.settings import Settings, StudentSettings, resolved
 from noisy_student_assets.core.training.base import GOLD, PSEUDO
 from noisy_student_assets.core.training.compute import read_compute, record_compute
@@ -32,9 +42,14 @@ from resources.compute import GPU_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
 
-HEAVY = {"pool": GPU_POOL, "retry_policy": dg.RetryPolicy(max_retries=1, delay=10)}
+RETRY_DELAY_S = float(os.environ.get("NOISY_STUDENT_RETRY_DELAY_S", "10"))
+"""Seconds before a failed heavy step's retry (a moment for a dead device or payload to be cleaned up; the tests
+set 0)."""
+HEAVY = {"pool": GPU_POOL, "retry_policy": dg.RetryPolicy(max_retries=1, delay=RETRY_DELAY_S)}
 """What every heavy asset (sampling, training, evaluation) is declared with: the `gpu` pool, and one retry, which
 resumes from the stage's shards or TRL checkpoints."""
+DATASET_FILE, PROBLEMS_FILE = "dataset.json", "problems.parquet"
+"""What a payload reads from a stage's work dir: the training rows, the problems to sample or evaluate."""
 
 
 @dataclass
@@ -105,18 +120,6 @@ def stage(
         }
 
 
-def _dagster_log_callback(context: dg.AssetExecutionContext):
-    """A TrainerCallback that writes TRL's step logs (loss, reward, ...) into the Dagster run log."""
-    from transformers import TrainerCallback
-
-    class DagsterLogCallback(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            shown = {k: round(v, 4) for k, v in (logs or {}).items() if isinstance(v, float)}
-            context.log.info(f"step {state.global_step}/{state.max_steps}: {shown}")
-
-    return DagsterLogCallback()
-
-
 def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, settings: StudentSettings) -> Path:
     """Train from `init_dir` (the training stage, `core.training.student`) into a staged checkpoint directory,
     for the checkpoint IO manager to publish; metadata goes into `current.metadata`. Labeled RL and the
@@ -128,7 +131,9 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
     fail the asset before anything is published.
     """
-    from noisy_student_assets.core.training.student import train_student, training_fingerprint, training_set
+    from noisy_student_assets.core.training.compute import TrainingCompute
+    from noisy_student_assets.core.training.student import training_fingerprint, training_set
+    from noisy_student_assets.payloads.specs import TrainSpec
 
     context, lake, compute = current.context, current.lake, current.resources.compute
     dataset = training_set(settings, data)
@@ -142,18 +147,25 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
         result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
     else:
         work_dir = lake.work_dir(context.asset_key, current.partition, run_fingerprint[:16])
+        work_dir.mkdir(parents=True, exist_ok=True)
+        (work_dir / DATASET_FILE).write_text(json.dumps(dataset.to_list()))
         staged = lake.staging_dir()
         context.log.info(f"{settings.mode} from {init_dir} on {len(dataset)} rows for {settings.grpo.max_steps} steps")
-        with compute.exclusive(context.log.info), current.timed("training_seconds"):
-            result, spent = train_student(
-                settings, init_dir, dataset, staged,
-                work_dir=work_dir, compute=compute.settings, report_to=["mlflow"], callbacks=[_dagster_log_callback(context)], warn=context.log.warning,
-            )
-        record_compute(staged, spent, init_dir)
+        spec = TrainSpec(
+            init_dir=str(init_dir), dataset=str(work_dir / DATASET_FILE), settings=settings, compute=compute.settings,
+            work_dir=str(work_dir), output_dir=str(staged),
+        )
+        with current.resources.launcher.device_held(compute, context.log.info), current.timed("training_seconds"):
+            ran = current.resources.launcher.run(context, spec)
+        current.metadata |= ran.metadata
+        for step, logs in ran.steps:  # TRL's step logs of a payload, which writes to no tracking store itself
+            current.resources.tracking.log_metrics(logs, step=step)
+        metrics = ran.result["metrics"]
+        record_compute(staged, TrainingCompute(**ran.result["compute"]), init_dir)
         (staged / CONTENT_KEY_FILE).write_text(run_fingerprint)
-        current.log_metrics({f"final/{k}": v for k, v in result.metrics.items()})
+        current.log_metrics({f"final/{k}": v for k, v in metrics.items()})
         shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
-        result_metadata = {k: float(v) for k, v in result.metrics.items()}
+        result_metadata = {k: float(v) for k, v in metrics.items()}
     sources = list(dataset["label_source"]) if "label_source" in dataset.column_names else [PSEUDO] * len(dataset)
     spent = read_compute(staged)
     compute_metrics = {f"compute/{k}": v for k, v in spent.own.as_dict().items()} | {f"compute/total_{k}": v for k, v in spent.total.as_dict().items()}
@@ -193,28 +205,40 @@ def evaluate(
     """
     import mlflow
 
-    from noisy_student_assets.core.evaluation import eval_content_key, evaluate_checkpoint, scored
+    from noisy_student_assets.core.evaluation import eval_content_key, scored
     from noisy_student_assets.core.reporting.eval_report import read_published_eval
     from noisy_student_assets.core.training.guards import output_health
+    from noisy_student_assets.payloads.specs import EvalSpec
 
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
     # An eval of bit-identical weights on the same problems with the same settings (another arm's labeled RL,
     # say) is read back instead of generated again; the report around it is still this asset's own.
     eval_key = eval_content_key(weights_sha256(checkpoint_dir), eval_problems, settings)
     published = lake.recall(eval_key)
+    staged = lake.staging_dir()
     if published is not None:
         context.log.info(f"Reusing the completions of {published}: same weights, eval problems and settings")
-        result = scored(eval_problems, *read_published_eval(published).completions(), settings)
+        greedy, sampled = read_published_eval(published).completions()
         current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
     else:
-        with compute.exclusive(context.log.info), current.timed("eval_seconds"):
-            result = evaluate_checkpoint(
-                checkpoint_dir,
-                eval_problems,
-                settings,
-                compute.settings,
-                progress=lambda done, total: context.log.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
-            )
+        # Shards of an attempt killed midway (same eval key) are kept; this attempt generates the rest.
+        work_dir = lake.work_dir(context.asset_key, current.partition, eval_key[:16])
+        problems_file = work_dir / PROBLEMS_FILE
+        work_dir.mkdir(parents=True, exist_ok=True)
+        eval_problems.write_parquet(problems_file)
+        spec = EvalSpec(
+            checkpoint_dir=str(checkpoint_dir), problems=str(problems_file), settings=settings, compute=compute.settings,
+            work_dir=str(work_dir), output_dir=str(staged),
+        )
+        with current.resources.launcher.device_held(compute, context.log.info), current.timed("eval_seconds"):
+            ran = current.resources.launcher.run(context, spec)
+        current.metadata |= ran.metadata
+        if ran.result["resumed_passes"]:
+            context.log.info(f"Resumed {ran.result['resumed_passes']} problem passes from the shards of an interrupted attempt")
+            current.metadata["resumed_problem_passes"] = float(ran.result["resumed_passes"])
+        greedy, sampled = pl.read_parquet(staged / GREEDY_FILE), pl.read_parquet(staged / SAMPLED_FILE)
+        shutil.rmtree(work_dir, ignore_errors=True)
+    result = scored(eval_problems, greedy, sampled, settings)
     health = output_health(result.greedy)
     spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
     metrics = dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
@@ -223,7 +247,6 @@ def evaluate(
     added = extras(metrics, result.scores) if extras else ReportExtras()
     metrics |= added.metrics
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
-    staged = lake.staging_dir()
     (staged / CONTENT_KEY_FILE).write_text(eval_key)
     inline_report, _ = write_eval_artifact(
         staged, title=title, result=result, metrics=metrics, extras=added, checkpoint=checkpoint_dir, eval_problems_fingerprint=fingerprint(eval_problems)

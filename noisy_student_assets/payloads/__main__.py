@@ -1,0 +1,94 @@
+"""`python -m noisy_student_assets.payloads <spec.json>`: one heavy stage, reporting through Dagster Pipes.
+
+Under torchrun (a training stage's `grpo.processes` > 1) every rank trains; rank 0 alone talks to Pipes, and
+writes the checkpoint (`training.base.fit`). Any failure ends the process with a non-zero code: a Pipes step
+whose payload never opened its context would otherwise pass for a success (dagster issue 17868). The error is
+also sent as a message, so the step's failure names the payload's own cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import ClassVar
+
+import psutil
+
+from noisy_student_assets.payloads.specs import StageSpec
+from noisy_student_assets.payloads.stages import ERROR, RESULT, STEP, TIMING, run, step_line
+
+
+class PipesReporter:
+    report_to: ClassVar[list[str]] = ["none"]
+
+    def __init__(self, pipes) -> None:
+        self.pipes = pipes
+
+    def info(self, message: str) -> None:
+        self.pipes.log.info(message)
+
+    def warning(self, message: str) -> None:
+        self.pipes.log.warning(message)
+
+    def step(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        self.pipes.log.info(step_line(step, max_steps, logs))
+        self.pipes.report_custom_message({STEP: step, "logs": logs})
+
+
+class RankReporter:
+    """What a rank other than 0 says: to its own stderr, which torchrun prefixes with the rank."""
+
+    report_to: ClassVar[list[str]] = ["none"]
+
+    def info(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    warning = info
+
+    def step(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        return None
+
+
+def main(argv: list[str]) -> int:
+    begun = time.time()
+    started = psutil.Process().create_time()  # the interpreter's start: what launching the payload cost before main
+    spec = StageSpec.model_validate_json(Path(argv[0]).read_text()).spec
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != spec.processes:
+        print(f"stage {spec.stage}: launched on {world} processes, its spec asks for {spec.processes}", file=sys.stderr)
+        return 2
+    spec.compute.apply_threads(world)
+    if int(os.environ.get("RANK", "0")) > 0:
+        run(spec, RankReporter())
+        return 0
+    from dagster_pipes import open_dagster_pipes
+
+    with open_dagster_pipes() as pipes:
+        try:
+            result = run(spec, PipesReporter(pipes))
+        except BaseException as error:
+            pipes.report_custom_message({ERROR: f"{type(error).__name__}: {error}"})
+            with contextlib.suppress(Exception):
+                pipes.log.error(traceback.format_exc())
+            raise
+        finished = time.time()
+        timing = {
+            "startup_seconds": begun - started,
+            "stage_seconds": finished - begun,
+            "started_at": begun,
+            "finished_at": finished,
+            # Where it ran: the devices Ray (or the user) gave the payload.
+            "host": socket.gethostname(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+        pipes.report_custom_message({RESULT: result | {TIMING: timing}})
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import the main module
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,64 @@
+"""What a payload is given (no Dagster here): a spec per heavy stage, written as JSON by the orchestrator and read
+back by the payload. Every path is one the payload's machine sees (on a cluster: a shared filesystem)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, StudentSettings, TeacherSamplingSettings
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute: ComputeSettings
+    work_dir: str
+    """Resumable state of this run (sample shards, TRL checkpoints): a retry of the same run finds it there."""
+
+    @property
+    def processes(self) -> int:
+        return 1
+
+
+class SampleSpec(_Spec):
+    """The teacher's K samples of each problem, written to `output` (parquet)."""
+
+    stage: Literal["sample"] = "sample"
+    teacher_dir: str
+    problems: str
+    settings: TeacherSamplingSettings
+    checkpoint_label: str
+    output: str
+
+
+class TrainSpec(_Spec):
+    """A training run from `init_dir` on the rows of `dataset` (JSON, as the orchestrator fingerprinted them), the
+    merged checkpoint written into `output_dir`."""
+
+    stage: Literal["train"] = "train"
+    init_dir: str
+    dataset: str
+    settings: StudentSettings
+    output_dir: str
+
+    @property
+    def processes(self) -> int:
+        return self.settings.grpo.processes
+
+
+class EvalSpec(_Spec):
+    """An evaluation's greedy and sampled completions, written into `output_dir` (`greedy.parquet`, `sampled.parquet`)."""
+
+    stage: Literal["evaluate"] = "evaluate"
+    checkpoint_dir: str
+    problems: str
+    settings: EvalSettings
+    output_dir: str
+
+
+class StageSpec(BaseModel):
+    """Any stage's spec, told apart by `stage`."""
+
+    spec: Annotated[SampleSpec | TrainSpec | EvalSpec, Field(discriminator="stage")]

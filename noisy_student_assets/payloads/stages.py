@@ -1,0 +1,110 @@
+"""The heavy stages a payload runs (no Dagster here): each calls one core function, writes its output where the
+spec says and returns a small JSON-ready result. A `Reporter` carries logs and TRL's step metrics out: into the
+Dagster run log directly (in process) or through Dagster Pipes (`__main__`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import polars as pl
+
+from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
+from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, TrainSpec
+
+ERROR, RESULT, STEP = "error", "result", "step"
+"""The keys of the custom messages a payload sends through Pipes: its failure, its result, one step's logs."""
+TIMING = "timing"
+"""In a payload's result: seconds from the interpreter's start to `main` (`startup_seconds`) and in the stage
+(`stage_seconds`), when the stage began and ended (`started_at`, `finished_at`), the host and its CUDA_VISIBLE_DEVICES."""
+
+
+class Reporter(Protocol):
+    report_to: Sequence[str]
+    """transformers' logging integrations of a trainer ("mlflow" in process; "none" where step metrics travel as
+    messages, for the orchestrator alone writes to the tracking store)."""
+
+    def info(self, message: str) -> None: ...
+
+    def warning(self, message: str) -> None: ...
+
+    def step(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        """TRL's logs of one optimizer step."""
+
+
+def step_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
+    return f"step {step}/{max_steps}: {({k: round(v, 4) for k, v in logs.items()})}"
+
+
+def _step_callback(reporter: Reporter):
+    """A TrainerCallback passing TRL's step logs (loss, reward, timers, ...) to `reporter`."""
+    from transformers import TrainerCallback
+
+    class StepReporter(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            reporter.step(state.global_step, state.max_steps, {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)})
+
+    return StepReporter()
+
+
+def sample(spec: SampleSpec, reporter: Reporter) -> dict:
+    from noisy_student_assets.core.sampling import SampleShards, sample_teacher
+
+    generations, resumed = sample_teacher(
+        Path(spec.teacher_dir),
+        pl.read_parquet(spec.problems),
+        spec.settings,
+        SampleShards(Path(spec.work_dir)),
+        spec.compute,
+        progress=lambda done, total: reporter.info(f"sampled {done}/{total} problems"),
+        checkpoint_label=spec.checkpoint_label,
+    )
+    generations.write_parquet(spec.output)
+    return {"resumed_problems": resumed}
+
+
+def train(spec: TrainSpec, reporter: Reporter) -> dict:
+    import datasets
+
+    from noisy_student_assets.core.training.student import train_student
+
+    dataset = datasets.Dataset.from_list(json.loads(Path(spec.dataset).read_text()))
+    result, spent = train_student(
+        spec.settings,
+        Path(spec.init_dir),
+        dataset,
+        Path(spec.output_dir),
+        work_dir=Path(spec.work_dir),
+        compute=spec.compute,
+        report_to=list(reporter.report_to),
+        callbacks=[_step_callback(reporter)],
+        warn=reporter.warning,
+    )
+    return {"metrics": result.metrics, "compute": spent.as_dict()}
+
+
+def evaluate(spec: EvalSpec, reporter: Reporter) -> dict:
+    from noisy_student_assets.core.evaluation import eval_completions
+
+    greedy, sampled, resumed = eval_completions(
+        Path(spec.checkpoint_dir),
+        pl.read_parquet(spec.problems),
+        spec.settings,
+        spec.compute,
+        Path(spec.work_dir),
+        progress=lambda done, total: reporter.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
+    )
+    output = Path(spec.output_dir)
+    greedy.write_parquet(output / GREEDY_FILE)
+    sampled.write_parquet(output / SAMPLED_FILE)
+    return {"resumed_passes": resumed}
+
+
+STAGES = {"sample": sample, "train": train, "evaluate": evaluate}
+
+
+def run(spec: SampleSpec | TrainSpec | EvalSpec, reporter: Reporter) -> dict:
+    """Run the stage `spec` names."""
+    return STAGES[spec.stage](spec, reporter)

@@ -1,0 +1,81 @@
+"""Faults for the payload tests, injected into the payload processes the launcher starts (this directory goes on
+their PYTHONPATH, and Python imports `sitecustomize` at start-up). `NOISY_STUDENT_PAYLOAD_FAULT` names one:
+
+- `nonfinite`: every training step's gradients are NaN (`tests/poison.py`): the step guard stops training;
+- `kill-after-checkpoint`: a training process SIGKILLs itself once it saved checkpoint-1, on the first attempt only
+  (a retry finds checkpoint-1 and resumes); `kill-rank-1-after-checkpoint`: the same, in torchrun's rank 1 alone;
+- `kill-after-shard`: an evaluation SIGKILLs itself once it saved its first shard of completions, on the first attempt.
+"""
+
+import importlib.abc
+import importlib.machinery
+import os
+import signal
+import sys
+
+FAULT = os.environ.get("NOISY_STUDENT_PAYLOAD_FAULT", "")
+
+
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _patch_fit(module) -> None:
+    fit = module.fit
+
+    def fit_with_fault(trainer_class, trainer_kwargs, *args, callbacks=None, work_dir, **kwargs):
+        from pathlib import Path
+
+        first_attempt = not list(Path(work_dir).glob("checkpoint-*"))
+        if FAULT == "nonfinite":
+            from tests.poison import PoisonGradients
+
+            callbacks = [*(callbacks or []), PoisonGradients(set(range(1, 100)))]
+        elif FAULT.startswith("kill-") and first_attempt and (FAULT == "kill-after-checkpoint" or os.environ.get("RANK") == "1"):
+            save = trainer_class._save_checkpoint
+
+            class KilledAfterCheckpoint(trainer_class):
+                def _save_checkpoint(self, model, trial):
+                    save(self, model, trial)
+                    if self.state.global_step == 1:
+                        _kill_self()
+
+            trainer_class = KilledAfterCheckpoint
+        return fit(trainer_class, trainer_kwargs, *args, callbacks=callbacks, work_dir=work_dir, **kwargs)
+
+    module.fit = fit_with_fault
+
+
+def _patch_shards(module) -> None:
+    write = module.SampleShards.write
+    first_attempt = {}
+
+    def write_then_die(shards, table):
+        first = first_attempt.setdefault(shards.directory, not list(shards.directory.glob("shard-*.parquet")))
+        write(shards, table)
+        if first:
+            _kill_self()
+
+    module.SampleShards.write = write_then_die
+
+
+PATCHES = {"noisy_student_assets.core.training.base": _patch_fit, "noisy_student_assets.core.sampling": _patch_shards}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in PATCHES or (name.endswith("sampling") and FAULT != "kill-after-shard"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            PATCHES[name](module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+if FAULT and "noisy_student_assets" not in sys.modules:
+    sys.meta_path.insert(0, _PatchOnImport())

@@ -1,0 +1,22 @@
+"""The launcher's pure parts: the payload's command line, and a dead rank told from torchrun's report."""
+
+from pathlib import Path
+
+from resources.launchers import _dead_ranks, payload_command
+
+
+def test_one_process_runs_the_payload_module_and_several_run_it_under_torchrun() -> None:
+    one = payload_command(Path("/w/spec.json"), 1)
+    assert one[1:] == ["-m", "noisy_student_assets.payloads", "/w/spec.json"]
+    two = payload_command(Path("/w/spec.json"), 2)
+    assert two[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"] and two[-1] == "/w/spec.json"
+
+
+def test_a_rank_torchrun_reports_dead_is_named_with_its_signal_or_code() -> None:
+    tail = [
+        "noise\n",
+        "E1125 07:00:18.474000 15287 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 15294) of binary: python\n",
+        "E1125 07:00:18.474000 15287 api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 15293) of binary: python\n",
+    ]
+    assert _dead_ranks(tail) == ["rank 1 was killed by SIGKILL", "rank 0 exited with code 3"]
+    assert _dead_ranks(["all fine\n"]) == []
