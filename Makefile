@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test benchmark docs ui clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test ray-arms-test benchmark docs ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -51,7 +51,9 @@ test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest
+	@# Two workers, a test file each at a time: the suite is mostly single-threaded Python (process starts,
+	@# Dagster's event log), so two files at once use the second core.
+	$(BIN)/pytest -n 2 --dist loadfile
 
 # Seconds, no model load: pure logic and the code location's wiring (tests/unit), and the import contract.
 unit: setup
@@ -68,9 +70,13 @@ ui-test: setup
 	$(BIN)/pytest -m ui tests/ui
 
 # The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
-# extra goes into the venv first (make run never needs it).
+# extra goes into the venv first (make run never needs it). ray-arms-test: two arms at once on Ray against the
+# same arms one after another in process (about 5 minutes more; not in CI's 25 minutes).
 ray-test: setup $(VENV)/.installed-ray
-	$(BIN)/pytest -m ray tests/ray
+	$(BIN)/pytest -m "ray and not ray_arms" tests/ray
+
+ray-arms-test: setup $(VENV)/.installed-ray
+	$(BIN)/pytest -m ray_arms tests/ray
 
 $(VENV)/.installed-ray: pyproject.toml
 	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[ray]'

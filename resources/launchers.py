@@ -244,7 +244,7 @@ def _run_on_ray(context: dg.AssetExecutionContext, specs: Sequence, launcher: St
     for spec, session, job_id in jobs:
         info = client.get_job_info(job_id)
         found = RAY_EXIT_CODE.search(info.message or "")
-        returncode = 0 if info.status.value == "SUCCEEDED" else int(found["code"]) if found else 1
+        returncode = 0 if info.status.value == "SUCCEEDED" else _shell_returncode(int(found["code"])) if found else 1
         causes = [] if found or returncode == 0 else [f"the Ray job {job_id} ended {info.status.value}: {info.message}"]
         results.append(
             _outcome(
@@ -254,6 +254,11 @@ def _run_on_ray(context: dg.AssetExecutionContext, specs: Sequence, launcher: St
             )
         )  # fmt: skip
     return results
+
+
+def _shell_returncode(code: int) -> int:
+    """Ray runs the entrypoint through a shell, which reports a child killed by signal N as 128 + N."""
+    return -(code - 128) if code > 128 and (code - 128) in signal.Signals._value2member_map_ else code
 
 
 def _forwarded_env() -> dict[str, str]:

@@ -1,5 +1,5 @@
 """The grid on the suite's Ray cluster: two arms with `--parallel-arms 2` run their heavy steps at once on distinct
-GPUs and give what the same arms give run one after another in process; a grid killed while a Ray job runs
+GPUs and give what the same arms give run one after another in process; a grid killed while a Ray job trains
 resumes without two jobs ever writing one stage's work dir, and publishes each artifact once."""
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def two_grids(tiny_model_dir, tmp_path_factory, ray_address) -> dict[str, Dagste
     return grids
 
 
+@pytest.mark.ray_arms
 def test_two_arms_on_ray_run_at_once_on_distinct_gpus(two_grids) -> None:
     with instance_of(two_grids["parallel"]) as instance:
         metadata = {(arm, name): latest_metadata(instance, name, arm) for arm in ARMS for name in HEAVY}
@@ -82,6 +83,7 @@ def test_two_arms_on_ray_run_at_once_on_distinct_gpus(two_grids) -> None:
     assert all(mine["payload/cuda_visible_devices"] != theirs["payload/cuda_visible_devices"] for mine, theirs in overlapping)
 
 
+@pytest.mark.ray_arms
 def test_two_arms_on_ray_give_what_they_give_one_after_another_in_process(two_grids) -> None:
     lakes = [cli.lake for cli in (two_grids["sequential"], two_grids["parallel"])]
     for arm in ARMS:
@@ -107,18 +109,21 @@ def test_a_grid_killed_while_a_ray_job_runs_resumes_without_a_second_writer(tiny
         pass
     config = tiny_config(tiny_model_dir, rounds=1)
     env = {"RAY_ADDRESS": ray_address}
-    first = cli.grid(ONE_ARM, config, tmp_path / "first.log", "--launcher", "ray", env=env)
+    # Labeled RL alone (--rounds 0): the grid is killed while its training job runs.
+    first = cli.grid(ONE_ARM, config, tmp_path / "first.log", "--launcher", "ray", "--rounds", "0", env=env)
+    training = f"/{layout.LABELED_RL}/"
     deadline = time.monotonic() + 600
-    while not (running := [j for j in client.list_jobs() if j.submission_id not in earlier and "/round_001/" in j.metadata.get(RAY_WORK_DIR, "") and j.status == JobStatus.RUNNING]):
+    while not (running := [j for j in client.list_jobs() if j.submission_id not in earlier and training in j.metadata.get(RAY_WORK_DIR, "") and j.status == JobStatus.RUNNING]):
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "no Ray job of round 1 ran within 10 minutes"
-        time.sleep(0.5)
+        assert time.monotonic() < deadline, "labeled RL's Ray job did not run within 10 minutes"
+        time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     (orphan,) = running
     assert client.get_job_status(orphan.submission_id) == JobStatus.RUNNING, "the grid's death does not stop its Ray job"
 
-    run_grid(cli, ONE_ARM, config, tmp_path / "second.log", "--launcher", "ray", env=env)
+    run_grid(cli, ONE_ARM, config, tmp_path / "second.log", "--launcher", "ray", "--rounds", "0", env=env)
+    assert "stopping Ray job" in (tmp_path / "second.log").read_text() or client.get_job_status(orphan.submission_id) == JobStatus.SUCCEEDED
     jobs = [job for job in client.list_jobs() if job.submission_id not in earlier]
     by_work_dir: dict[str, list] = {}
     for job in jobs:
@@ -128,6 +133,6 @@ def test_a_grid_killed_while_a_ray_job_runs_resumes_without_a_second_writer(tiny
         assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans)), f"two jobs wrote {work_dir} at once"
     assert client.get_job_status(orphan.submission_id) in (JobStatus.STOPPED, JobStatus.SUCCEEDED)
     with instance_of(cli) as instance:
-        for name in HEAVY:
+        for name in (layout.LABELED_RL, layout.LABELED_RL_EVAL):
             records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(name.split("/")), asset_partitions=["g"]), limit=5).records
             assert len(records) == 1, f"{name} was published {len(records)} times"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from resources.launchers import _dead_ranks, payload_command
+from resources.launchers import _dead_ranks, _shell_returncode, payload_command
 
 
 def test_one_process_runs_the_payload_module_and_several_run_it_under_torchrun() -> None:
@@ -20,3 +20,8 @@ def test_a_rank_torchrun_reports_dead_is_named_with_its_signal_or_code() -> None
     ]
     assert _dead_ranks(tail) == ["rank 1 was killed by SIGKILL", "rank 0 exited with code 3"]
     assert _dead_ranks(["all fine\n"]) == []
+
+
+def test_a_ray_job_s_shell_exit_code_of_128_plus_n_is_signal_n() -> None:
+    assert _shell_returncode(137) == -9 and _shell_returncode(143) == -15
+    assert _shell_returncode(1) == 1 and _shell_returncode(0) == 0

@@ -25,8 +25,11 @@ def test_a_clear_gain_has_an_interval_above_zero_and_says_so() -> None:
     difference = paired_difference(treatment, control, **NAMES)
     assert difference.low > 0 and difference.outcome == "better"
     assert difference.low < difference.estimate < difference.high
-    assert difference.sentence().startswith(f"round 2 beats its labeled-only control: +{difference.estimate:.3f}")
-    assert "1 seed x 300 eval problems" in difference.sentence()
+    assert difference.sentence().startswith(f"round 2 is ahead of its labeled-only control on one seed: +{difference.estimate:.3f}")
+    assert "over 300 eval problems; 1 seed, so the interval says nothing about seed-to-seed variation" in difference.sentence()
+    assert "beats" not in difference.sentence()
+    two_seeds = paired_difference(np.vstack([treatment, treatment]), np.vstack([control, control]), **NAMES)
+    assert two_seeds.sentence().startswith("round 2 beats its labeled-only control") and "2 seeds x 300 eval problems" in two_seeds.sentence()
     assert paired_difference(control, treatment, **NAMES).outcome == "worse"
 
 

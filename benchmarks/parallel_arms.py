@@ -1,0 +1,62 @@
+"""Wall time of two arms (experiments/parallel_arms.yaml): one after another in process, then both at once on a
+local Ray cluster declaring 2 GPUs (`grid run --launcher ray --parallel-arms 2 --ray-gpus 2`), each from an empty
+instance and lake. On Ray each payload asks for 1 CPU and uses 1 torch thread; in process a stage uses both cores.
+
+    .venv/bin/python benchmarks/parallel_arms.py    # writes benchmarks/results/parallel_arms.json and docs/parallel-arms.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = REPO / "experiments" / "parallel_arms.yaml"
+RUNS = {
+    "one after another, in process": ["--launcher", "inprocess"],
+    "--parallel-arms 2 on Ray (2 declared GPUs)": ["--launcher", "ray", "--parallel-arms", "2", "--ray-gpus", "2"],
+}
+
+
+def run_grid(options: list[str]) -> float:
+    home = Path(tempfile.mkdtemp(prefix="noisy-student-parallel-arms-"))
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env = os.environ | {"DAGSTER_HOME": str(home), "NOISY_STUDENT_DATA_LAKE": str(home / "data_lake")}
+    env.pop("RAY_ADDRESS", None)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), *options], cwd=home, env=env, check=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    seconds = {name: run_grid(options) for name, options in RUNS.items()}
+    results = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "cores": os.cpu_count(), "wall_seconds": seconds}
+    (REPO / "benchmarks" / "results" / "parallel_arms.json").write_text(json.dumps(results, indent=2))
+    figure, axis = plt.subplots(figsize=(7, 2.4))
+    names = list(seconds)
+    axis.barh(names, [seconds[name] / 60 for name in names], color=["#888888", "#3b75af"])
+    for row, name in enumerate(names):
+        axis.text(seconds[name] / 60, row, f" {seconds[name] / 60:.1f} min", va="center")
+    axis.set_xlabel("wall minutes, 2 arms x 1 round (SmolLM2-135M, cpu profile, 2-step GRPO)")
+    axis.set_title(f"{os.cpu_count()}-core CPU machine, no GPU; {results['date']}, commit {commit}", fontsize=9)
+    axis.invert_yaxis()
+    axis.set_xlim(0, max(seconds.values()) / 60 * 1.25)
+    figure.tight_layout()
+    figure.savefig(REPO / "docs" / "parallel-arms.png", dpi=120)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
