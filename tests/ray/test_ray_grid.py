@@ -45,8 +45,14 @@ def latest_metadata(instance: dg.DagsterInstance, name: str, arm: str) -> dict:
     return {key: value.value for key, value in record.asset_materialization.metadata.items()}
 
 
+def own_device_lock(cli: DagsterCli) -> dict:
+    """The grid's environment with a temporary directory of its own, where its device lock lives: its in-process
+    checks must not queue behind another test's heavy steps (the lock is per machine)."""
+    return {"TMPDIR": str(cli.home)}
+
+
 def run_grid(cli: DagsterCli, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> None:
-    grid = cli.grid(experiment, config, log, *options, env=env)
+    grid = cli.grid(experiment, config, log, *options, env=own_device_lock(cli) | (env or {}))
     assert grid.wait(timeout=1500) == 0, log.read_text()[-4000:]
 
 
@@ -110,7 +116,7 @@ def test_a_grid_killed_while_a_ray_job_runs_resumes_without_a_second_writer(tiny
     config = tiny_config(tiny_model_dir, rounds=1)
     env = {"RAY_ADDRESS": ray_address}
     # Labeled RL alone (--rounds 0): the grid is killed while its training job runs.
-    first = cli.grid(ONE_ARM, config, tmp_path / "first.log", "--launcher", "ray", "--rounds", "0", env=env)
+    first = cli.grid(ONE_ARM, config, tmp_path / "first.log", "--launcher", "ray", "--rounds", "0", env=own_device_lock(cli) | env)
     training = f"/{layout.LABELED_RL}/"
     deadline = time.monotonic() + 600
     while not (running := [j for j in client.list_jobs() if j.submission_id not in earlier and training in j.metadata.get(RAY_WORK_DIR, "") and j.status == JobStatus.RUNNING]):
