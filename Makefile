@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test ray-arms-test benchmark docs ui clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test ray-slow-test benchmark docs ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -70,13 +70,14 @@ ui-test: setup
 	$(BIN)/pytest -m ui tests/ui
 
 # The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
-# extra goes into the venv first (make run never needs it). ray-arms-test: two arms at once on Ray against the
-# same arms one after another in process (about 5 minutes more; not in CI's 25 minutes).
+# extra goes into the venv first (make run never needs it). ray-slow-test: the Ray tests of a minute or more (two
+# arms at once against the same arms in process, sampling in 3 Ray jobs, a grid killed mid-job; about 10 minutes,
+# so not in CI's 25).
 ray-test: setup $(VENV)/.installed-ray
-	$(BIN)/pytest -m "ray and not ray_arms" tests/ray
+	$(BIN)/pytest -m "ray and not ray_slow" tests/ray
 
-ray-arms-test: setup $(VENV)/.installed-ray
-	$(BIN)/pytest -m ray_arms tests/ray
+ray-slow-test: setup $(VENV)/.installed-ray
+	$(BIN)/pytest -m ray_slow tests/ray
 
 $(VENV)/.installed-ray: pyproject.toml
 	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[ray]'
