@@ -83,6 +83,7 @@ def test_a_payload_that_raises_fails_its_step_with_its_own_error(sevens_lake_cop
     assert not lake.artifact_dir(dg.AssetKey(STUDENT.split("/")), ARM).exists()
 
 
+@pytest.mark.long
 def test_a_step_guard_abort_in_a_payload_fails_its_step_and_publishes_nothing(sevens_lake_copy, sevens_model_dir, fault) -> None:
     lake = fresh(sevens_lake_copy)
     fault("nonfinite")
@@ -104,6 +105,7 @@ def test_a_killed_training_payload_fails_its_attempt_and_the_retry_resumes(seven
     assert metadata_of(result, layout.LABELED_RL)["resumed_from_step"].value == 1.0
 
 
+@pytest.mark.long
 def test_a_rank_that_dies_fails_the_attempt_and_the_retry_resumes_on_two_ranks(sevens_lake_copy, sevens_model_dir, fault) -> None:
     lake = fresh(sevens_lake_copy)
     fault("kill-rank-1-after-checkpoint")
@@ -115,6 +117,7 @@ def test_a_rank_that_dies_fails_the_attempt_and_the_retry_resumes_on_two_ranks(s
     assert metadata["resumed_from_step"].value == 1.0 and metadata["compute/optimizer_steps"].value == 2
 
 
+@pytest.mark.long
 def test_an_evaluation_killed_midway_resumes_from_its_shards_with_the_same_scores(sevens_lake_copy, sevens_model_dir, fault) -> None:
     greedy = {"backend": "transformers", "max_new_tokens": 8, "samples": 0, "ks": [], "shard_size": 2,
               "min_answer_rate": 0.0, "max_truncation_rate": 1.0, "max_identical_share": 1.0}

@@ -70,7 +70,7 @@ def two_grids(tiny_model_dir, tmp_path_factory, ray_address) -> dict[str, Dagste
     return grids
 
 
-@pytest.mark.ray_slow
+@pytest.mark.long
 def test_two_arms_on_ray_run_at_once_on_distinct_gpus(two_grids) -> None:
     with instance_of(two_grids["parallel"]) as instance:
         metadata = {(arm, name): latest_metadata(instance, name, arm) for arm in ARMS for name in HEAVY}
@@ -89,7 +89,7 @@ def test_two_arms_on_ray_run_at_once_on_distinct_gpus(two_grids) -> None:
     assert all(mine["payload/cuda_visible_devices"] != theirs["payload/cuda_visible_devices"] for mine, theirs in overlapping)
 
 
-@pytest.mark.ray_slow
+@pytest.mark.long
 def test_two_arms_on_ray_give_what_they_give_one_after_another_in_process(two_grids) -> None:
     lakes = [cli.lake for cli in (two_grids["sequential"], two_grids["parallel"])]
     for arm in ARMS:
@@ -103,7 +103,7 @@ def test_two_arms_on_ray_give_what_they_give_one_after_another_in_process(two_gr
         assert verdicts[0].equals(verdicts[1]), table
 
 
-@pytest.mark.ray_slow
+@pytest.mark.long
 def test_a_grid_killed_while_a_ray_job_runs_resumes_without_a_second_writer(tiny_model_dir, tmp_path, ray_address) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
