@@ -44,26 +44,22 @@ class Difference:
     def sentence(self) -> str:
         """The result in one plain sentence. On one seed it says so: its interval is over eval problems alone and
         says nothing about seed-to-seed variation, so a gain there is not read as settled."""
-        if self.seeds > 1:
-            reading = {
-                "better": f"{self.treatment} beats {self.control}",
-                "worse": f"{self.treatment} loses to {self.control}",
-                "no difference": f"{self.treatment} is not distinguishable from {self.control}",
-            }[self.outcome]
-            return (
-                f"{reading}: {self.estimate:+.3f} greedy accuracy ({self.confidence:.0%} CI {self.low:+.3f} to "
-                f"{self.high:+.3f}; {self.seeds} seeds x {self.problems} eval problems, paired bootstrap)."
-            )
+        one_seed = self.seeds == 1
         reading = {
-            "better": f"{self.treatment} is ahead of {self.control} on one seed",
-            "worse": f"{self.treatment} is behind {self.control} on one seed",
-            "no difference": f"{self.treatment} is not distinguishable from {self.control} on one seed",
+            "better": f"{self.treatment} {'is ahead of' if one_seed else 'beats'} {self.control}",
+            "worse": f"{self.treatment} {'is behind' if one_seed else 'loses to'} {self.control}",
+            "no difference": f"{self.treatment} is not distinguishable from {self.control}",
         }[self.outcome]
-        return (
-            f"{reading}: {self.estimate:+.3f} greedy accuracy ({self.confidence:.0%} CI {self.low:+.3f} to "
-            f"{self.high:+.3f} over {self.problems} eval problems; 1 seed, so the interval says nothing about "
-            "seed-to-seed variation: not a settled difference)."
-        )
+        interval = f"{self.confidence:.0%} CI {self.low:+.3f} to {self.high:+.3f}"
+        if one_seed:
+            reading += " on one seed"
+            detail = (
+                f"{interval} over {self.problems} eval problems; 1 seed, so the interval says nothing about "
+                "seed-to-seed variation: not a settled difference"
+            )
+        else:
+            detail = f"{interval}; {self.seeds} seeds x {self.problems} eval problems, paired bootstrap"
+        return f"{reading}: {self.estimate:+.3f} greedy accuracy ({detail})."
 
     def as_dict(self) -> dict:
         return asdict(self) | {"outcome": self.outcome}
