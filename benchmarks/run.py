@@ -191,7 +191,6 @@ def run(teacher_steps: int) -> dict:
         stages["setup"] = {"seconds": end - start, "peak_memory_gib": memory.peak_gib(start, end)}
 
         settings = decoding(TeacherSamplingSettings())
-        device = compute.settings.resolved_device()
         teacher = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
         unlabeled = lake.read_table(dg.AssetKey(layout.UNLABELED_PROBLEMS), ARM)
         problems = unlabeled.select("problem_id", "prompt")
@@ -199,10 +198,7 @@ def run(teacher_steps: int) -> dict:
         for backend in ("vllm", "transformers"):
             print(f"generation: {backend}, {problems.height} problems x {settings.n} samples", flush=True)
             start = time.time()
-            generations[backend] = generate_samples(
-                teacher, problems, settings, backend=backend, device=device, dtype=compute.dtype,
-                gpu_memory_utilization=compute.memory_share,
-            )
+            generations[backend] = generate_samples(teacher, problems, settings, backend=backend, **compute.settings.generation_options())
             end = time.time()
             tokens = int(generations[backend]["n_tokens"].sum())
             stages[f"generation_{backend}"] = {

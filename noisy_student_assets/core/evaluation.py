@@ -144,12 +144,10 @@ def eval_completions(
         sample_sets,
         shards,
         backend=settings.backend,
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
         batch_size=settings.batch_size,
         shard_size=settings.shard_size,
         progress=progress,
-        gpu_memory_utilization=compute.memory_share,
+        **compute.generation_options(),
     )
     return greedy, sampled[0] if sampled else greedy.clear(), resumed
 
@@ -170,8 +168,7 @@ def smoke_test(checkpoint_dir: Path, eval_problems: pl.DataFrame, settings: Smok
         eval_problems.head(settings.prompts),
         [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens)],
         backend="transformers",
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
+        **compute.generation_options(),
     )[0]
     health = output_health(completions)
     return completions, health, smoke_failure(health, max_empty_rate=settings.max_empty_rate, max_truncation_rate=settings.max_truncation_rate)

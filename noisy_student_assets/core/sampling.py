@@ -251,13 +251,11 @@ def sample_teacher(
         decoding(settings),
         shards,
         backend=settings.backend,
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
         shard_size=settings.shard_size,
         batch_size=settings.batch_size,
         progress=progress,
         checkpoint_label=checkpoint_label,
-        gpu_memory_utilization=compute.memory_share,
+        **compute.generation_options(),
     )
 
 

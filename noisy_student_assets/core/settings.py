@@ -195,6 +195,10 @@ class ComputeSettings(Settings):
             raise RuntimeError("the compute device is 'cuda' but torch sees no CUDA device (use the cpu profile)")
         return self.device
 
+    def generation_options(self) -> dict:
+        """What `sampling.generate_sample_sets` takes of these settings: the device, the dtype, vLLM's memory share."""
+        return {"device": self.resolved_device(), "dtype": self.dtype, "gpu_memory_utilization": self.memory_share}
+
     def apply_threads(self, processes: int = 1) -> None:
         """torch's CPU threads in this process: the machine's (or `cpu_threads`), shared among `processes` ranks."""
         import os
