@@ -11,22 +11,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from noisy_student_assets.core.pseudo_labels.student_data import dpo_pairs, sft_rows
 from noisy_student_assets.core.settings import GRPOSettings
-from noisy_student_assets.core.training.dpo import build_dpo_dataset, train_dpo
+from noisy_student_assets.core.training.dpo import train_dpo
 from noisy_student_assets.core.training.guards import non_finite_tensors
-from noisy_student_assets.core.training.sft import build_sft_dataset, train_sft
-from tests.training_data import TINY_SUPERVISED, votes
-
-
-@pytest.fixture(scope="module")
-def sft_set():
-    return build_sft_dataset(sft_rows(*votes(), group_size=TINY_SUPERVISED.num_generations), "", seed=0)
-
-
-@pytest.fixture(scope="module")
-def dpo_set():
-    return build_dpo_dataset(dpo_pairs(*votes(), pairs_per_problem=TINY_SUPERVISED.num_generations // 2), "", seed=0)
+from noisy_student_assets.core.training.sft import train_sft
+from tests.training_data import TINY_SUPERVISED
 
 
 def train(mode: str, model_dir: Path, dataset, settings: GRPOSettings, root: Path, **kwargs):

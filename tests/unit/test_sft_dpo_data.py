@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import polars as pl
-import pytest
 
 from noisy_student_assets.core.prompts import build_messages
-from noisy_student_assets.core.pseudo_labels.student_data import dpo_pairs, sft_rows
-from noisy_student_assets.core.training.dpo import build_dpo_dataset
+from noisy_student_assets.core.pseudo_labels.student_data import sft_rows
 from noisy_student_assets.core.training.sft import build_sft_dataset
-from tests.training_data import TINY_SUPERVISED, votes
-
-
-@pytest.fixture(scope="module")
-def sft_set():
-    return build_sft_dataset(sft_rows(*votes(), group_size=TINY_SUPERVISED.num_generations), "", seed=0)
-
-
-@pytest.fixture(scope="module")
-def dpo_set():
-    return build_dpo_dataset(dpo_pairs(*votes(), pairs_per_problem=TINY_SUPERVISED.num_generations // 2), "", seed=0)
+from tests.training_data import votes
 
 
 def test_training_sets_keep_each_problem_s_group_together_in_a_seeded_order() -> None:
