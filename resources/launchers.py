@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
+import psutil
 
 from noisy_student_assets.core.settings import LauncherSettings
 from noisy_student_assets.payloads import stages
@@ -130,6 +131,8 @@ def _write_spec(spec) -> Path:
 
 def _run_payload(context: dg.AssetExecutionContext, spec) -> StageResult:
     spec_path = _write_spec(spec)
+    pid_file = Path(spec.work_dir) / f"{spec.stage}-payload.pid"
+    _stop_earlier_payload(pid_file, context.log)
     launched = time.perf_counter()
     with dg.open_pipes_session(
         context=context, context_injector=dg.PipesTempFileContextInjector(), message_reader=dg.PipesTempFileMessageReader()
@@ -143,6 +146,7 @@ def _run_payload(context: dg.AssetExecutionContext, spec) -> StageResult:
             text=True,
             start_new_session=True,
         )
+        pid_file.write_text(f"{process.pid} {psutil.Process(process.pid).create_time()}")
         tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         rank_failures: list[str] = []
         forward = threading.Thread(target=_forward_stderr, args=(process.stderr, tail, rank_failures), daemon=True)
@@ -151,6 +155,7 @@ def _run_payload(context: dg.AssetExecutionContext, spec) -> StageResult:
             returncode = process.wait()
         finally:
             _stop_group(process)
+            pid_file.unlink(missing_ok=True)
             forward.join(timeout=TERMINATION_GRACE_S)
     return _outcome(
         spec, session.get_custom_messages(), returncode, launched,
@@ -281,6 +286,42 @@ def _stop_earlier_jobs(client, work_dirs: set[str], log) -> None:
         log.warning(f"stopping Ray job {job.submission_id}, left running in {job.metadata[RAY_WORK_DIR]} by an earlier attempt; this one resumes from its shards")
         client.stop_job(job.submission_id)
     _wait_for_jobs(client, [job.submission_id for job in earlier])
+
+
+def _stop_earlier_payload(pid_file: Path, log) -> None:
+    """Stop the payload an earlier attempt of this stage left running in its work dir: a payload runs in a session of
+    its own, so it outlives a Dagster process that was SIGKILLed. The retry resumes from the shards and TRL
+    checkpoints that payload saved; two payloads must not write one work dir."""
+    try:
+        pid, created = pid_file.read_text().split()
+        group = int(pid)
+    except (FileNotFoundError, ValueError):
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        if psutil.Process(group).create_time() != float(created):
+            return  # the pid names another process now, so the payload's group is gone (a group id is not reused while it has members)
+    if not _group_members(group):
+        return
+    log.warning(f"stopping payload process group {group}, left running in {pid_file.parent} by an earlier attempt; this one resumes from its shards")
+    for stop, grace in ((signal.SIGTERM, TERMINATION_GRACE_S), (signal.SIGKILL, TERMINATION_GRACE_S)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, stop)
+        deadline = time.monotonic() + grace
+        while _group_members(group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _group_members(group):
+            return
+    raise dg.Failure(f"the payload process group {group} left running in {pid_file.parent} by an earlier attempt did not stop")
+
+
+def _group_members(group: int) -> list[psutil.Process]:
+    """The live (not zombie) processes of a process group."""
+    members = []
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process)
+    return members
 
 
 def _signal_name(returncode: int) -> str:

@@ -8,7 +8,9 @@ fault it writes `<ready file>` and waits forever, as a process does in the insta
 - `checkpoint-save`: half of the trained checkpoint's safetensors file written;
 - `training`: the first resumable TRL checkpoint of labeled RL (GRPO) saved, the second step under way;
 - `training-sft`, `training-dpo`: the same in round 1's student trained in that mode (on a lake whose
-  teacher answers, `sevens_lake_copy`: a random model's samples agree on nothing to train on).
+  teacher answers, `sevens_lake_copy`: a random model's samples agree on nothing to train on);
+- `payload-training`: labeled RL trained by a payload process (`subprocess` launcher) that saved its first TRL
+  checkpoint and hangs there (`tests/payload_faults`): killing this process leaves the payload running.
 
 `kill_at` (for the tests) runs this until the fault and SIGKILLs it there.
 
@@ -36,7 +38,8 @@ from tests.tiny_configs import TINY_GRPO, op, round_names, tiny_config, with_op_
 TRAINING_STEPS = 3
 ARM = "a"
 STUDENT_MODE_FAULTS = {"training-sft": "sft", "training-dpo": "dpo"}
-FAULTS = ("generations-write", "sampling", "checkpoint-save", "training", *STUDENT_MODE_FAULTS)
+PAYLOAD_FAULT = "payload-training"
+FAULTS = ("generations-write", "sampling", "checkpoint-save", "training", *STUDENT_MODE_FAULTS, PAYLOAD_FAULT)
 FAULT_TIMEOUT_S = 600
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +99,10 @@ def arrange(fault: str, ready: Path) -> None:
             _half_write(Path(filename), safetensors.torch.save(tensors, metadata=metadata), ready)
 
         transformers.modeling_utils.safe_save_file = stop_in_weights
+    elif fault == PAYLOAD_FAULT:
+        from tests.faults import FAULTS_DIR
+
+        os.environ |= {"NOISY_STUDENT_PAYLOAD_FAULT": "hang-after-checkpoint", "NOISY_STUDENT_PAYLOAD_READY": str(ready), "PYTHONPATH": str(FAULTS_DIR)}
     elif fault == "training" or fault in STUDENT_MODE_FAULTS:
         import trl
 
@@ -136,7 +143,7 @@ def kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
 
 def main(fault: str, lake_root: str, ready: str, model_dir: str) -> None:
     arrange(fault, Path(ready))
-    materialize(DataLake(root=lake_root), *materialization(fault, model_dir))
+    materialize(DataLake(root=lake_root), *materialization(fault, model_dir), launcher="subprocess" if fault == PAYLOAD_FAULT else "inprocess")
     raise SystemExit(f"{fault}: the run finished without reaching its fault")
 
 

@@ -5,6 +5,7 @@ the cause, nothing is published, the retry resumes, and no process is left behin
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.training.compute import MATCHED_FIELDS, read_compute
 from resources.data_lake import INDEX_DIR_NAME, DataLake
 from resources.tracking import MlflowTracking
-from tests.faults import failures, fresh, retries
+from tests.faults import failures, fresh, leftovers, retries
+from tests.killed_run import PAYLOAD_FAULT, kill_at, materialization
 from tests.lakes import arms_instance, materialize, metadata_of
 from tests.tiny_configs import TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
 
@@ -102,6 +104,20 @@ def test_a_killed_training_payload_fails_its_attempt_and_the_retry_resumes(seven
     result = materialize(lake, [layout.LABELED_RL], config, ARM, launcher="subprocess")
     (retried,) = retries(result, layout.LABELED_RL)
     assert "stage train failed: the payload was killed by SIGKILL" in retried
+    assert metadata_of(result, layout.LABELED_RL)["resumed_from_step"].value == 1.0
+
+
+def test_a_payload_left_running_by_a_killed_dagster_process_is_stopped_before_the_retry(lake_copy, tiny_model_dir, fault) -> None:
+    lake = fresh(lake_copy)
+    kill_at(PAYLOAD_FAULT, lake, tiny_model_dir)  # SIGKILLs the Dagster process's group; the payload has a session of its own
+    marker = os.environ["NOISY_STUDENT_TEST_MARKER"]
+    assert leftovers(marker), "the payload outlives its killed Dagster process"
+    selection, config, arm = materialization(PAYLOAD_FAULT, str(tiny_model_dir))
+    with arms_instance() as instance:
+        result = materialize(lake, selection, config, arm, instance, launcher="subprocess")
+        messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any(message.startswith("stopping payload process group") for message in messages)
+    assert leftovers(marker) == []
     assert metadata_of(result, layout.LABELED_RL)["resumed_from_step"].value == 1.0
 
 

@@ -4,6 +4,8 @@ their PYTHONPATH, and Python imports `sitecustomize` at start-up). `NOISY_STUDEN
 - `nonfinite`: every training step's gradients are NaN (`tests/poison.py`): the step guard stops training;
 - `kill-after-checkpoint`: a training process SIGKILLs itself once it saved checkpoint-1, on the first attempt only
   (a retry finds checkpoint-1 and resumes); `kill-rank-1-after-checkpoint`: the same, in torchrun's rank 1 alone;
+- `hang-after-checkpoint`: a training process that saved checkpoint-1 on its first attempt writes the file
+  `NOISY_STUDENT_PAYLOAD_READY` names and waits forever, a payload still at work when its Dagster process is killed;
 - `kill-after-shard`: an evaluation SIGKILLs itself once it saved its first shard of completions, on the first attempt.
 """
 
@@ -20,6 +22,17 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _hang() -> None:
+    import threading
+    from pathlib import Path
+
+    Path(os.environ["NOISY_STUDENT_PAYLOAD_READY"]).write_text("checkpoint-1 saved")
+    threading.Event().wait()
+
+
+AFTER_CHECKPOINT = {"kill-after-checkpoint": _kill_self, "kill-rank-1-after-checkpoint": _kill_self, "hang-after-checkpoint": _hang}
+
+
 def _patch_fit(module) -> None:
     fit = module.fit
 
@@ -31,16 +44,16 @@ def _patch_fit(module) -> None:
             from tests.poison import PoisonGradients
 
             callbacks = [*(callbacks or []), PoisonGradients(set(range(1, 100)))]
-        elif FAULT.startswith("kill-") and first_attempt and (FAULT == "kill-after-checkpoint" or os.environ.get("RANK") == "1"):
+        elif FAULT in AFTER_CHECKPOINT and first_attempt and (FAULT != "kill-rank-1-after-checkpoint" or os.environ.get("RANK") == "1"):
             save = trainer_class._save_checkpoint
 
-            class KilledAfterCheckpoint(trainer_class):
+            class StoppedAfterCheckpoint(trainer_class):
                 def _save_checkpoint(self, model, trial):
                     save(self, model, trial)
                     if self.state.global_step == 1:
-                        _kill_self()
+                        AFTER_CHECKPOINT[FAULT]()
 
-            trainer_class = KilledAfterCheckpoint
+            trainer_class = StoppedAfterCheckpoint
         return fit(trainer_class, trainer_kwargs, *args, callbacks=callbacks, work_dir=work_dir, **kwargs)
 
     module.fit = fit_with_fault
