@@ -184,7 +184,7 @@ class ComputeSettings(Settings):
         description="compute precision of generation and training (bfloat16/float16: mixed precision over float32 weights)",
     )
     memory_share: float = Field(default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)")
-    cpu_threads: int = Field(default=0, ge=0, description="torch CPU threads (0: one per core)")
+    cpu_threads: int = Field(default=0, ge=0, description="CPU threads of torch and of vLLM's CPU engine (0: one per core)")
 
     def resolved_device(self) -> str:
         import torch  # here, not at import: loading the code location should not wait for torch
@@ -200,12 +200,17 @@ class ComputeSettings(Settings):
         return {"device": self.resolved_device(), "dtype": self.dtype, "gpu_memory_utilization": self.memory_share}
 
     def apply_threads(self, processes: int = 1) -> None:
-        """torch's CPU threads in this process: the machine's (or `cpu_threads`), shared among `processes` ranks."""
+        """torch's CPU threads in this process: the machine's (or `cpu_threads`), shared among `processes` ranks. With
+        `cpu_threads` set, the vLLM engines this process starts get as many: vLLM on CPU otherwise binds a thread to
+        every core it may use, whatever torch was told."""
         import os
 
         import torch
 
-        torch.set_num_threads(max(1, (self.cpu_threads or os.cpu_count() or 1) // processes))
+        threads = max(1, (self.cpu_threads or os.cpu_count() or 1) // processes)
+        torch.set_num_threads(threads)
+        if self.cpu_threads:  # the engine is a spawned process: it reads OMP_NUM_THREADS when it imports torch
+            os.environ |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
 
 
 class LauncherSettings(Settings):

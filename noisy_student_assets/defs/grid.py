@@ -157,7 +157,7 @@ class Grid:
         self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
         self.run_config = run_config or {}
         self.instance = dg.DagsterInstance.get()
-        self.resources = with_launcher(defs.resources, self.experiment.launcher, launcher)
+        self.resources = with_experiment_resources(self.experiment, launcher)
 
     def register(self) -> list[str]:
         """Add the experiment's arms to the `arm` partitions; returns the ones that were new."""
@@ -281,19 +281,25 @@ def _materialize_arm(job: tuple) -> bool:
     return grid._materialize(targets, next(arm for arm in grid.experiment.all_arms() if arm.name == arm_name))
 
 
-def with_launcher(resources: dict, settings: LauncherSettings | None, kind: str | None = None) -> dict:
-    """`resources` with the stage launcher `settings` describe (None: the resource's), its kind replaced by `kind`."""
-    if settings is None and kind is None:
-        return resources
+def with_experiment_resources(experiment, kind: str | None = None) -> dict:
+    """The code location's resources with the experiment's launcher and compute (each None: the resource's), the
+    launcher's kind replaced by `kind` (the command line's)."""
+    from noisy_student_assets.defs.code_location import defs
+    from resources.compute import ComputeResource
     from resources.launchers import StageLauncher
     from resources.stage_resources import StageResources
 
+    resources = defs.resources
+    if experiment.launcher is None and experiment.compute is None and kind is None:
+        return resources
     stage = resources["stage_resources"]
-    fields = (settings or LauncherSettings(**stage.launcher.model_dump())).model_dump() | ({"kind": kind} if kind else {})
+    launcher = (experiment.launcher or LauncherSettings(**stage.launcher.model_dump())).model_dump() | ({"kind": kind} if kind else {})
+    compute = ComputeResource(**experiment.compute.model_dump(), lock_dir=stage.compute.lock_dir) if experiment.compute else stage.compute
     return resources | {
+        "compute": compute,
         "stage_resources": StageResources(
-            lake=stage.lake, compute=stage.compute, launcher=StageLauncher(**fields), tracking=stage.tracking, experiments=stage.experiments
-        )
+            lake=stage.lake, compute=compute, launcher=StageLauncher(**launcher), tracking=stage.tracking, experiments=stage.experiments
+        ),
     }
 
 

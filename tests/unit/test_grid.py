@@ -5,8 +5,8 @@ from __future__ import annotations
 import dagster as dg
 
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
-from noisy_student_assets.core.settings import LauncherSettings
-from noisy_student_assets.defs.grid import experiment_assets, stale_assets, unevaluated_checks, with_launcher
+from noisy_student_assets.core.settings import ComputeSettings, LauncherSettings
+from noisy_student_assets.defs.grid import experiment_assets, stale_assets, unevaluated_checks, with_experiment_resources
 
 TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
 PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}
@@ -54,15 +54,40 @@ def test_a_check_is_evaluated_again_only_when_it_did_not_judge_the_latest_materi
 
 
 def test_an_experiment_names_its_launcher_by_kind_or_by_its_fields_and_the_command_line_replaces_the_kind() -> None:
-    from resources import lake_resources
-    from resources.data_lake import DataLake
+    from noisy_student_assets.defs.code_location import defs
 
     by_kind = Experiment(name="e", arms={"a": ArmSpec()}, launcher="subprocess")
     by_fields = Experiment(name="e", arms={"a": ArmSpec()}, launcher={"kind": "ray", "gpus_per_process": 1, "sampling_shards": 3})
     assert by_kind.launcher == LauncherSettings(kind="subprocess")
-    resources = lake_resources(DataLake(root="/tmp/unused"))
-    ray = with_launcher(resources, by_fields.launcher)["stage_resources"].launcher
+    ray = with_experiment_resources(by_fields)["stage_resources"].launcher
     assert (ray.kind, ray.gpus_per_process, ray.sampling_shards) == ("ray", 1.0, 3)
-    inprocess = with_launcher(resources, by_fields.launcher, "inprocess")["stage_resources"].launcher
+    inprocess = with_experiment_resources(by_fields, "inprocess")["stage_resources"].launcher
     assert (inprocess.kind, inprocess.sampling_shards) == ("inprocess", 3)
-    assert with_launcher(resources, None) is resources
+    assert with_experiment_resources(Experiment(name="e", arms={"a": ArmSpec()})) is defs.resources
+
+
+def test_an_experiment_s_compute_reaches_every_stage_and_the_checks() -> None:
+    one_thread = Experiment(name="e", arms={"a": ArmSpec()}, compute={"cpu_threads": 1})
+    resources = with_experiment_resources(one_thread)
+    assert resources["compute"].cpu_threads == resources["stage_resources"].compute.cpu_threads == 1
+    assert resources["compute"].settings == ComputeSettings(cpu_threads=1)
+    assert resources["stage_resources"].launcher.kind == "inprocess"
+
+
+def test_cpu_threads_reach_torch_and_vllm_s_cpu_engine(monkeypatch) -> None:
+    import os
+
+    import torch
+
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(name, "")  # recorded, so that what apply_threads sets is undone after the test
+        monkeypatch.delenv(name)
+    threads = torch.get_num_threads()
+    try:
+        ComputeSettings().apply_threads()
+        assert "OMP_NUM_THREADS" not in os.environ, "by default vLLM binds a thread to each core it may use"
+        ComputeSettings(cpu_threads=2).apply_threads(processes=2)
+        assert torch.get_num_threads() == 1
+        assert (os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
+    finally:
+        torch.set_num_threads(threads)

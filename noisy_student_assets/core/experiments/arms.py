@@ -35,6 +35,7 @@ from pydantic.fields import FieldInfo
 from noisy_student_assets.core.layout import CONTROLS
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
 from noisy_student_assets.core.settings import (
+    ComputeSettings,
     EvalSettings,
     LabeledOnlySettings,
     LabeledRLSettings,
@@ -201,6 +202,9 @@ class Experiment(BaseModel):
         default=None,
         description="where the grid runs this experiment's heavy stages: a kind (inprocess, subprocess, ray) or the launcher's "
         "fields (null: the launcher resource's)",
+    )
+    compute: ComputeSettings | None = Field(
+        default=None, description="the compute the grid runs this experiment's heavy stages with: the compute resource's fields (null: the resource's)"
     )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
