@@ -70,9 +70,9 @@ ui-test: setup
 	$(BIN)/pytest -m ui tests/ui
 
 # The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
-# extra goes into the venv first (make run never needs it). long-test: the tests of a minute or more that CI's 25
-# minutes cannot hold (payload faults: a step guard's abort, a rank killed, an eval killed; on Ray: two arms at
-# once against the same arms in process, sampling in 3 Ray jobs, a grid killed mid-job); about 15 minutes.
+# extra goes into the venv first (make run never needs it); CI runs it. long-test: the tests of a minute or more
+# that CI's 25 minutes cannot hold (payload faults: a step guard's abort, a rank killed, an eval killed; on Ray:
+# two arms at once against the same arms in process), about 10 minutes.
 ray-test: setup $(VENV)/.installed-ray
 	$(BIN)/pytest -m "ray and not long" tests/ray
 

@@ -103,7 +103,6 @@ def test_two_arms_on_ray_give_what_they_give_one_after_another_in_process(two_gr
         assert verdicts[0].equals(verdicts[1]), table
 
 
-@pytest.mark.long
 def test_a_grid_killed_while_a_ray_job_runs_resumes_without_a_second_writer(tiny_model_dir, tmp_path, ray_address) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 

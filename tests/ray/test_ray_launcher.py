@@ -55,7 +55,6 @@ def test_an_unreachable_cluster_fails_naming_its_address(sevens_lake_copy, seven
     assert f"stage train failed: the Ray cluster at {address} is not reachable" in failure
 
 
-@pytest.mark.long
 def test_sampling_in_three_ray_jobs_gives_the_table_of_one_in_process_run(sevens_lake_copy, sevens_model_dir, ray_address) -> None:
     config = with_op_config(tiny_config(sevens_model_dir), op(layout.round_prefix(1), layout.GENERATIONS), backend="vllm")
     generations = round_names(1, layout.GENERATIONS)
