@@ -4,7 +4,7 @@ from resources.compute import ComputeResource
 from resources.data_lake import DataLake
 from resources.experiments import ExperimentFiles
 from resources.io_managers import CheckpointIOManager, DirectoryIOManager, EvalIOManager, ParquetIOManager
-from resources.launchers import StageLauncher
+from resources.launchers import StageLauncher, code_location_launcher
 from resources.stage_resources import StageResources
 from resources.tracking import MlflowTracking
 
@@ -18,7 +18,7 @@ def lake_resources(
     stage_resources = StageResources(
         lake=lake,
         compute=compute,
-        launcher=launcher or StageLauncher(),
+        launcher=launcher or code_location_launcher(),
         tracking=MlflowTracking(lake=lake),
         experiments=experiments or ExperimentFiles(),
     )

@@ -36,6 +36,9 @@ from noisy_student_assets.payloads.stages import ERROR, RESULT, STEP, TIMING, st
 from resources.compute import ComputeResource
 from resources.derived import derived_class
 
+LAUNCHER_ENV_VAR = "NOISY_STUDENT_LAUNCHER"
+"""The code location's launcher kind (the runs the UI, the CLI and the daemon launch), where a deployment sets it;
+unset: the profile's. The grid's `--launcher` and an experiment's `launcher:` still win for the grid's runs."""
 PAYLOAD_MODULE = "noisy_student_assets.payloads"
 TERMINATION_GRACE_S = 20
 RAY_EXIT_CODE = re.compile(r"failed with exit code (?P<code>-?\d+)")
@@ -113,6 +116,12 @@ class StageLauncher(derived_class(LauncherSettings, "StageLauncherFields", dg.Co
     def ray_asks(self, spec) -> dict[str, float]:
         """What a payload asks of Ray: CPUs and GPUs for each of its processes."""
         return {"CPU": self.cpus_per_process * spec.processes, "GPU": self.gpus_per_process * spec.processes}
+
+
+def code_location_launcher() -> StageLauncher:
+    """The launcher of the code location's runs: `NOISY_STUDENT_LAUNCHER`'s kind, else the profile's."""
+    kind = os.environ.get(LAUNCHER_ENV_VAR, "").strip()
+    return StageLauncher(kind=kind) if kind else StageLauncher()
 
 
 def payload_command(spec_path: Path, processes: int) -> list[str]:

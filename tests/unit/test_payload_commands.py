@@ -1,8 +1,11 @@
-"""The launcher's pure parts: the payload's command line, and a dead rank told from torchrun's report."""
+"""The launcher's pure parts: the payload's command line, a dead rank told from torchrun's report, and the code
+location's launcher."""
 
 from pathlib import Path
 
-from resources.launchers import _dead_ranks, _shell_returncode, payload_command
+from resources import lake_resources
+from resources.data_lake import DataLake
+from resources.launchers import LAUNCHER_ENV_VAR, _dead_ranks, _shell_returncode, payload_command
 
 
 def test_one_process_runs_the_payload_module_and_several_run_it_under_torchrun() -> None:
@@ -25,3 +28,11 @@ def test_a_rank_torchrun_reports_dead_is_named_with_its_signal_or_code() -> None
 def test_a_ray_job_s_shell_exit_code_of_128_plus_n_is_signal_n() -> None:
     assert _shell_returncode(137) == -9 and _shell_returncode(143) == -15
     assert _shell_returncode(1) == 1 and _shell_returncode(0) == 0
+
+
+def test_a_deployment_sets_the_code_location_s_launcher_through_the_environment(monkeypatch) -> None:
+    lake = DataLake(root="/tmp/unused")
+    monkeypatch.delenv(LAUNCHER_ENV_VAR, raising=False)
+    assert lake_resources(lake)["stage_resources"].launcher.kind == "inprocess"
+    monkeypatch.setenv(LAUNCHER_ENV_VAR, "ray")
+    assert lake_resources(lake)["stage_resources"].launcher.kind == "ray"
