@@ -53,7 +53,7 @@ test: setup
 	$(BIN)/lint-imports
 	@# Two workers, a test file each at a time: the suite is mostly single-threaded Python (process starts,
 	@# Dagster's event log), so two files at once use the second core.
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile --durations=20
 
 # Seconds, no model load: pure logic and the code location's wiring (tests/unit), and the import contract.
 unit: setup
@@ -74,7 +74,7 @@ ui-test: setup
 # that CI's 25 minutes cannot hold (payload faults: a step guard's abort, a rank killed, an eval killed; on Ray:
 # two arms at once against the same arms in process), about 10 minutes.
 ray-test: setup $(VENV)/.installed-ray
-	$(BIN)/pytest -m "ray and not long" tests/ray
+	$(BIN)/pytest -m "ray and not long" --durations=10 tests/ray
 
 long-test: setup $(VENV)/.installed-ray
 	$(BIN)/pytest -m long
