@@ -118,10 +118,12 @@ def split_problems(
 
     The order is a seeded sha256 of each problem_id, so a split depends only on the ids and the seed: it is the
     same across runs, machines and library versions, and independent of the input row order. Labeled problems
-    come first in that order, then unlabeled, then validation, so adding validation problems changes neither
-    of the others. The unlabeled frame has no gold_answer column; its gold moves to HIDDEN_GOLD_COLUMN (last)
-    so training cannot read it. Validation problems keep their gold: settings are chosen on them, never on
-    the held-out eval set, and nothing trains on them.
+    come first in that order, then unlabeled; validation problems are the last of it, so that the validation set
+    depends on its size and the seed alone (arms that differ in n_labeled or n_unlabeled are chosen on the same
+    problems) and adding validation problems changes neither of the others. The unlabeled frame has no
+    gold_answer column; its gold moves to HIDDEN_GOLD_COLUMN (last) so training cannot read it. Validation
+    problems keep their gold: settings are chosen on them, never on the held-out eval set, and nothing trains
+    on them.
     """
     if n_labeled < 1 or n_unlabeled < 1 or n_validation < 0:
         raise ValueError(
@@ -134,11 +136,11 @@ def split_problems(
             f" but the table has only {problems.height}"
         )
     draw_key = pl.Series([hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest() for pid in problems["problem_id"]])
-    drawn = problems.select(PROBLEM_SCHEMA.names()).sort(draw_key).head(needed)
+    ordered = problems.select(PROBLEM_SCHEMA.names()).sort(draw_key)
     unlabeled = (
-        drawn.slice(n_labeled, n_unlabeled).rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
+        ordered.slice(n_labeled, n_unlabeled).rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
     )
-    return drawn.head(n_labeled), unlabeled, drawn.slice(n_labeled + n_unlabeled)
+    return ordered.head(n_labeled), unlabeled, ordered.tail(n_validation)
 
 
 def drop_overlap(problems: pl.DataFrame, reference: pl.DataFrame) -> pl.DataFrame:

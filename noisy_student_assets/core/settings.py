@@ -336,6 +336,11 @@ class StudentSettings(Settings):
     )
     agreement_low: float = Field(default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this")
     agreement_high: float = Field(default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)")
+    pseudo_only: bool = Field(
+        default=False,
+        description="grpo: train on the kept pseudo-labeled problems alone, without the labeled ones (the gold- and random-label "
+        "controls likewise: the unlabeled problems alone); the labeled-only control is unchanged",
+    )
     prompt_noise: bool = Field(default=False, description="render each student prompt through one of several templates (input noise)")
     model_dropout: float = Field(default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)")
     sft_samples_per_problem: int = Field(default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group")

@@ -13,6 +13,7 @@ from noisy_student_assets.defs.config import (
     EvalConfig,
     LabeledOnlyConfig,
     LabeledRLConfig,
+    ProblemSplitConfig,
     PseudoLabelConfig,
     SamplingConfig,
     StudentConfig,
@@ -98,6 +99,18 @@ def test_the_student_variant_fields_reach_the_student_and_its_controls_only() ->
         with_arm(StudentConfig(), Arm(name="z", experiment="e", spec=ArmSpec(mode="sft", reward="vote_share")))
     with pytest.raises(ValueError):
         ArmSpec(mode="ppo")
+
+
+def test_the_data_size_fields_reach_the_split_and_every_round_s_training() -> None:
+    arm = Arm(name="x", experiment="e", spec=ArmSpec(n_labeled=16, n_unlabeled=512, prompts_per_step=8, pseudo_only=True))
+    split = with_arm(ProblemSplitConfig(), arm)[0]
+    assert (split.n_labeled, split.n_unlabeled, split.n_validation) == (16, 512, ProblemSplitConfig().n_validation)
+    student = with_arm(StudentConfig(), arm)[0]
+    control = with_arm(LabeledOnlyConfig(), arm)[0]
+    assert student.grpo.prompts_per_step == control.grpo.prompts_per_step == 8 and student.pseudo_only
+    assert with_arm(LabeledRLConfig(), arm)[0] == LabeledRLSettings()  # labeled RL is chosen on validation, apart
+    with pytest.raises(ValueError):
+        ArmSpec(n_labeled=0)
 
 
 def test_an_arm_overrules_the_run_config_and_says_so() -> None:

@@ -280,6 +280,18 @@ def test_validation_problems_keep_their_gold_and_leave_the_other_sets_as_they_we
     assert without.equals(labeled) and unlabeled_without.equals(unlabeled) and empty.height == 0
 
 
+def test_the_validation_draw_depends_on_its_size_and_the_seed_alone():
+    problems = small_table(30)
+    _, _, validation = split_problems(problems, 5, 10, seed=7, n_validation=8)
+    for n_labeled, n_unlabeled in ((1, 1), (12, 3), (2, 20)):
+        labeled, unlabeled, same = split_problems(problems, n_labeled, n_unlabeled, seed=7, n_validation=8)
+        assert same.equals(validation), (n_labeled, n_unlabeled)
+        assert (labeled.height, unlabeled.height) == (n_labeled, n_unlabeled)
+        assert not set(validation["problem_id"]) & (set(labeled["problem_id"]) | set(unlabeled["problem_id"]))
+    _, _, other_seed = split_problems(problems, 5, 10, seed=8, n_validation=8)
+    assert other_seed["problem_id"].to_list() != validation["problem_id"].to_list()
+
+
 def test_split_rejects_impossible_sizes():
     problems = small_table(10)
     with pytest.raises(ValueError, match=r"6 labeled \+ 5 unlabeled \+ 0 validation = 11 problems, but the table has only 10"):

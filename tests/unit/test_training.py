@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core.prompts import NOISY_TEMPLATES, build_messages, prompt_template
+from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.settings import GRPOSettings
 from noisy_student_assets.core.training.grpo import (
     answer_reward,
@@ -36,6 +37,12 @@ def test_dataset_mixes_every_labeled_and_pseudo_labeled_row():
     assert {row["label_source"] for pid, row in rows.items() if pid.startswith("gold")} == {"gold"}
     assert {row["label_source"] for pid, row in rows.items() if pid.startswith("pseudo")} == {"pseudo"}
     assert rows["gold-2"]["prompt"] == build_messages("What is 2 + 7 - 2?", SYSTEM_PROMPT)
+
+
+def test_a_pseudo_only_student_trains_on_the_pseudo_labeled_rows_alone():
+    dataset = build_training_dataset(labeled_rows(labeled_frame(3), pseudo_only=True), pseudo_frame(5), SYSTEM_PROMPT)
+    assert sorted(dataset["problem_id"]) == [f"pseudo-{i}" for i in range(5)] and set(dataset["label_source"]) == {"pseudo"}
+    assert labeled_rows(labeled_frame(3), pseudo_only=False).equals(labeled_frame(3))
 
 
 def test_targets_are_gold_answers_and_pseudo_labels():

@@ -118,12 +118,18 @@ ARM_FIELDS: dict[str, ArmField] = {
         ((PROBLEM_SPLIT, "seed"), (LABELED_RL, "grpo.seed"), (SAMPLING, "seed"), (STUDENT, "grpo.seed"), (LABELED_ONLY, "grpo.seed"), (EVAL, "seed")),
         "labeled/unlabeled split, every GRPO run, the teacher's and the eval's samples",
     ),
+    "n_labeled": ArmField(((PROBLEM_SPLIT, "n_labeled"),)),
+    "n_unlabeled": ArmField(((PROBLEM_SPLIT, "n_unlabeled"),)),
     "tau": ArmField(((PSEUDO_LABELS, "tau"),)),
     "k": ArmField(((SAMPLING, "k"),), "teacher samples per unlabeled problem"),
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
     "student_init": ArmField(((STUDENT, "student_init"),)),
     "labeled_rl_steps": ArmField(((LABELED_RL, "grpo.max_steps"),), "GRPO steps of labeled RL"),
     "round_steps": ArmField(((STUDENT, "grpo.max_steps"), (LABELED_ONLY, "grpo.max_steps")), "GRPO steps of each round's student and of each control"),
+    "prompts_per_step": ArmField(
+        ((STUDENT, "grpo.prompts_per_step"), (LABELED_ONLY, "grpo.prompts_per_step")), "prompts per GRPO step of each round's student and of each control"
+    ),
+    "pseudo_only": ArmField(((STUDENT, "pseudo_only"),)),
     "eval_samples": ArmField(((EVAL, "samples"), (EVAL, "ks", _ks_for)), "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)"),
     "mode": ArmField(((STUDENT, "mode"),)),
     "reward": ArmField(((STUDENT, "reward"),)),

@@ -32,6 +32,12 @@ DPO_PAIR_SCHEMA = pl.Schema({"problem_id": pl.Utf8, "prompt": pl.Utf8, "chosen":
 VOTE_SHARE_SCHEMA = pl.Schema({"problem_id": pl.Utf8, "vote_shares": pl.Utf8})
 
 
+def labeled_rows(labeled: pl.DataFrame, pseudo_only: bool) -> pl.DataFrame:
+    """The labeled problems a round's student (and its gold- and random-label controls) trains on beside its other
+    rows: all of them, or none with `pseudo_only` (training on pseudo-labels alone, as SRT and TTRL do)."""
+    return labeled.clear() if pseudo_only else labeled
+
+
 def in_agreement_band(labels: pl.DataFrame, low: float, high: float) -> pl.DataFrame:
     """The rows of `labels` whose agreement is within [low, high]."""
     if not 0.0 <= low <= high <= 1.0:

@@ -17,6 +17,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.control_data import gold_revealed, shuffled_pseudo_labels
+from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.settings import StudentSettings
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.core.training.modes.registry import student_mode
@@ -75,7 +76,8 @@ def round_controls(number: int) -> dg.Definitions:
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
             _refuse_unmatched_training(current, layout.GOLD_LABEL)
-            revealed = pl.concat([labeled_problems.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
+            labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
+            revealed = pl.concat([labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
             staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))
         return dg.Output(staged, metadata=current.metadata)
 
@@ -101,7 +103,8 @@ def round_controls(number: int) -> dg.Definitions:
             shuffled = shuffled_pseudo_labels(kept, seed=current.settings.grpo.seed)
             moved = int((shuffled["pseudo_label"] != kept["pseudo_label"]).sum())
             current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
-            staged = train_from_student_init(current, teacher, base_model, StudentData(labeled_problems, shuffled))
+            labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
+            staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, shuffled))
         return dg.Output(staged, metadata=current.metadata)
 
     checks = []

@@ -20,6 +20,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE
+from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table
@@ -122,7 +123,8 @@ def round_definitions(number: int) -> dg.Definitions:
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
-            staged = train_from_student_init(current, teacher, base_model, StudentData(labeled_problems, kept, generations))
+            labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
+            staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, kept, generations))
         return dg.Output(staged, metadata=current.metadata | {"teacher": dg.MetadataValue.path(str(teacher))})
 
     labeled_only_eval_key = key(layout.control_eval(layout.LABELED_ONLY))
