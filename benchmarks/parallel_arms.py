@@ -2,7 +2,7 @@
 local Ray cluster declaring 2 GPUs (`grid run --launcher ray --parallel-arms 2 --ray-gpus 2`), each from an empty
 instance and lake. Both runs give every heavy stage one thread (the experiment's `compute: {cpu_threads: 1}`): one
 arm at a time leaves a core idle, two at once can use both. The runs are shortened alike (the run config below: 60
-eval candidates, 16 unlabeled problems; the experiment's 2-step trainings): a timing, not a result.
+eval candidates, 16 unlabeled problems; the experiment's 1-step trainings): a timing, not a result.
 
     .venv/bin/python benchmarks/parallel_arms.py    # writes benchmarks/results/parallel_arms.json and docs/parallel-arms.png
 """
