@@ -1,6 +1,6 @@
 """Round 1's GRPO student of `make run` trained again on 1 and on 2 torchrun processes (gloo), each as a payload of
-the `subprocess` launcher, at the same compute: wall time of each, their `compute.json`, and whether
-`compute_matched` passes against the lake's one-process labeled-only control.
+the `subprocess` launcher, at the same compute: wall time of each, their `compute.json`, the student's checks and
+whether the lake's one-process labeled-only control passes `compute_matched` against it.
 
     make run    # first: the lake with round 1's pseudo-labels and labeled-only control
     .venv/bin/python benchmarks/training_processes.py [LAKE]    # writes benchmarks/results/training_processes.json
@@ -30,7 +30,8 @@ def train_student(lake_root: Path, processes: int) -> dict:
 
     from noisy_student_assets.core import layout
     from noisy_student_assets.core.training.compute import MATCHED_FIELDS, read_compute
-    from noisy_student_assets.defs.grid import materialize_selection
+    from noisy_student_assets.defs.checks import COMPUTE_MATCHED
+    from noisy_student_assets.defs.grid import evaluate_checks, materialize_selection
     from noisy_student_assets.defs.partitions import ARMS
     from resources import lake_resources
     from resources.data_lake import INDEX_DIR_NAME, DataLake
@@ -40,6 +41,8 @@ def train_student(lake_root: Path, processes: int) -> dict:
     shutil.copytree(lake_root, copy, ignore=shutil.ignore_patterns(".dagster", INDEX_DIR_NAME, "mlflow*"))
     lake = DataLake(root=str(copy))
     student = layout.round_asset(1, layout.STUDENT)
+    control = dg.AssetKey(layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)))
+    resources = lake_resources(lake, launcher=StageLauncher(kind="subprocess"))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(ARMS.name, [ARM])
         started = time.perf_counter()
@@ -47,14 +50,16 @@ def train_student(lake_root: Path, processes: int) -> dict:
             ["/".join(student)],
             partition=ARM,
             instance=instance,
-            resources=lake_resources(lake, launcher=StageLauncher(kind="subprocess")),
+            resources=resources,
             run_config={"ops": {"__".join(student): {"config": {"grpo": {"processes": processes}}}}},
         )
         wall = time.perf_counter() - started
-    assert result.success, f"training on {processes} processes failed"
+        assert result.success, f"training on {processes} processes failed"
+        # The labeled-only control's check, against the new student (it is a check of the control's asset).
+        matched = evaluate_checks([dg.AssetCheckKey(control, COMPUTE_MATCHED)], partition=ARM, instance=instance, resources=resources)
     (event,) = result.get_asset_materialization_events()
     metadata = event.step_materialization_data.materialization.metadata
-    checks = {check.check_name: check.passed for check in result.get_asset_check_evaluations()}
+    checks = {check.check_name: check.passed for check in [*result.get_asset_check_evaluations(), *matched.get_asset_check_evaluations()]}
     compute = read_compute(lake.artifact_dir(dg.AssetKey(student), ARM)).own
     shutil.rmtree(copy.parent)
     return {
