@@ -19,7 +19,7 @@ from noisy_student_assets.core import layout
 STAGING_DIR_NAME = ".staging"
 WORK_DIR_NAME = ".work"
 INDEX_DIR_NAME = ".index"
-TABLE_FILE_NAME = "data.parquet"
+TABLE_FILE_NAME = layout.TABLE_FILE_NAME
 CONTENT_KEY_FILE = "content_key.txt"
 """In an artifact that may be reused: a sha256 of everything that shaped it (see `DataLake.recall`)."""
 

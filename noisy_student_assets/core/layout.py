@@ -45,6 +45,8 @@ DEFAULT_ARM = "default"
 """The arm of `make run` (experiments/default.yaml)."""
 
 TRACKING_DB_NAME = "mlflow.db"
+TABLE_FILE_NAME = "data.parquet"
+"""A table asset's artifact: `<artifact dir>/data.parquet`."""
 METRICS_FILE = "metrics.json"
 """In an eval's artifact: {"metrics": ..., "settings": ..., "eval_problems": fingerprint}."""
 SCORES_FILE = "scores.parquet"

@@ -32,6 +32,8 @@ HIDDEN_GOLD_COLUMN = "hidden_gold_answer"
 UNLABELED_SCHEMA = pl.Schema(
     {name: dtype for name, dtype in PROBLEM_SCHEMA.items() if name != "gold_answer"} | {HIDDEN_GOLD_COLUMN: pl.Utf8}
 )
+EVAL_HALVES_SALT = "eval-halves"
+"""Salts the fixed cut of the held-out set into its transductive and transfer halves (`eval_halves`)."""
 PROBLEM_KINDS = ("gsm8k", "math500", "reasoning_gym", "file", "hf")
 
 DATA_DIR = Path(__file__).parents[1] / "data"
@@ -111,7 +113,12 @@ def problems_from_records(
 
 
 def split_problems(
-    problems: pl.DataFrame, n_labeled: int, n_unlabeled: int, seed: int, n_validation: int = 0
+    problems: pl.DataFrame,
+    n_labeled: int,
+    n_unlabeled: int,
+    seed: int,
+    n_validation: int = 0,
+    unlabeled_pool: pl.DataFrame | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Draw disjoint labeled and validation (PROBLEM_SCHEMA) and unlabeled (UNLABELED_SCHEMA) sets of the
     requested sizes.
@@ -124,23 +131,50 @@ def split_problems(
     gold_answer column; its gold moves to HIDDEN_GOLD_COLUMN (last) so training cannot read it. Validation
     problems keep their gold: settings are chosen on them, never on the held-out eval set, and nothing trains
     on them.
+
+    `unlabeled_pool` (a test-time arm: the transductive half of the held-out set, see `eval_halves`): the
+    unlabeled problems are the first `n_unlabeled` of it in the same seeded order, and `problems` gives the
+    labeled and validation sets alone, the same ones it gives without it.
     """
     if n_labeled < 1 or n_unlabeled < 1 or n_validation < 0:
         raise ValueError(
             f"n_labeled and n_unlabeled must both be >= 1 and n_validation >= 0, got {n_labeled}, {n_unlabeled}, {n_validation}"
         )
-    needed = n_labeled + n_unlabeled + n_validation
+    from_pool = n_unlabeled if unlabeled_pool is None else 0
+    needed = n_labeled + from_pool + n_validation
     if needed > problems.height:
         raise ValueError(
-            f"asked for {n_labeled} labeled + {n_unlabeled} unlabeled + {n_validation} validation = {needed} problems,"
+            f"asked for {n_labeled} labeled + {from_pool} unlabeled + {n_validation} validation = {needed} problems,"
             f" but the table has only {problems.height}"
         )
-    draw_key = pl.Series([hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest() for pid in problems["problem_id"]])
-    ordered = problems.select(PROBLEM_SCHEMA.names()).sort(draw_key)
+    if unlabeled_pool is not None and n_unlabeled > unlabeled_pool.height:
+        raise ValueError(f"asked for {n_unlabeled} test-time unlabeled problems, but the transductive half has only {unlabeled_pool.height}")
+    ordered = _seeded_order(problems.select(PROBLEM_SCHEMA.names()), seed)
     unlabeled = (
-        ordered.slice(n_labeled, n_unlabeled).rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
+        ordered.slice(n_labeled, n_unlabeled)
+        if unlabeled_pool is None
+        else _seeded_order(unlabeled_pool.select(PROBLEM_SCHEMA.names()), seed).head(n_unlabeled)
     )
+    unlabeled = unlabeled.rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
     return ordered.head(n_labeled), unlabeled, ordered.tail(n_validation)
+
+
+def eval_halves(eval_problems: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The held-out set cut into two fixed halves, the transductive one first (the larger when the count is odd).
+
+    The cut is a sha256 of each problem_id with no seed, so every arm and seed sees the same two halves: a
+    test-time arm takes its unlabeled problems (gold hidden) from the transductive half, and no arm trains on
+    the other, which measures transfer. Every evaluation still scores the whole set; reports split it after.
+    """
+    ordered = _seeded_order(eval_problems, EVAL_HALVES_SALT)
+    transductive = (ordered.height + 1) // 2
+    return ordered.head(transductive), ordered.slice(transductive)
+
+
+def _seeded_order(problems: pl.DataFrame, seed: int | str) -> pl.DataFrame:
+    """`problems` sorted by a sha256 of `seed` and each problem_id."""
+    draw_key = pl.Series([hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest() for pid in problems["problem_id"]])
+    return problems.sort(draw_key)
 
 
 def drop_overlap(problems: pl.DataFrame, reference: pl.DataFrame) -> pl.DataFrame:

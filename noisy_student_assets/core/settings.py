@@ -160,6 +160,11 @@ class ProblemSplitSettings(Settings):
         default=by_profile(cpu=200, gpu=500), ge=0, description="labeled problems held out to choose settings on (never trained on)"
     )
     seed: int = Field(default=0, description="seed of the draw (arm field `seed`)")
+    test_time: bool = Field(
+        default=False,
+        description="test-time (transductive) arm: the n_unlabeled problems are drawn from the transductive half of the held-out set, "
+        "gold hidden, not from the pool (the labeled and validation draws are unchanged); the other half measures transfer",
+    )
 
 
 # --- models ----------------------------------------------------------------------------------------------

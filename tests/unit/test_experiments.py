@@ -49,6 +49,8 @@ def test_an_experiment_file_with_defaults_that_arms_override(tmp_path: Path) -> 
         ("controls: [oracle]\narms:\n  a: {}\n", "unknown controls"),
         ("- a\n- b\n", "holds a mapping"),
         ("arms: [\n", "not valid YAML"),
+        ("controls: [labeled_only, gold_label]\narms:\n  a: {test_time: true}\n", r"test-time arms \['a'\] .* would train on eval answers"),
+        ("controls: [labeled_only, gold_label]\ndefaults: {test_time: true}\narms:\n  a: {}\n", "would train on eval answers"),
     ],
 )
 def test_bad_experiment_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
@@ -111,6 +113,8 @@ def test_the_data_size_fields_reach_the_split_and_every_round_s_training() -> No
     assert with_arm(LabeledRLConfig(), arm)[0] == LabeledRLSettings()  # labeled RL is chosen on validation, apart
     with pytest.raises(ValueError):
         ArmSpec(n_labeled=0)
+    test_time = with_arm(ProblemSplitConfig(), Arm(name="t", experiment="e", spec=ArmSpec(test_time=True, n_unlabeled=105)))[0]
+    assert test_time.test_time and test_time.n_unlabeled == 105 and not split.test_time
 
 
 def test_an_arm_overrules_the_run_config_and_says_so() -> None:

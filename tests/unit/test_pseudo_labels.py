@@ -52,6 +52,8 @@ def test_audit_against_hidden_gold() -> None:
     assert audit.kept_label_accuracy == 0.5  # "1/2" right, "3" wrong
     assert audit.all_label_accuracy == 0.5
     assert audit.teacher_pass_at_1 == pytest.approx(4 / 15)  # three forms of 1/2 and one "4"
+    assert audit.teacher_maj_at_k == pytest.approx(1 / 3)  # over every problem: c's missing label counts as wrong
+    assert audit.teacher_pass_at_k == pytest.approx(2 / 3)  # b's majority is wrong, but one of its samples is right
     buckets = {row["bucket"]: row for row in audit.buckets.iter_rows(named=True)}
     assert buckets["[0.5, 0.7)"]["problems"] == 1 and buckets["[0.5, 0.7)"]["label_accuracy"] == 1.0
     assert buckets["[0.7, 0.9)"]["problems"] == 1 and buckets["[0.7, 0.9)"]["label_accuracy"] == 0.0

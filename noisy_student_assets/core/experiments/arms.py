@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from noisy_student_assets.core.layout import CONTROLS
+from noisy_student_assets.core.layout import GOLD_LABEL as GOLD_LABEL_CONTROL
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
 from noisy_student_assets.core.settings import (
     ComputeSettings,
@@ -120,6 +121,7 @@ ARM_FIELDS: dict[str, ArmField] = {
     ),
     "n_labeled": ArmField(((PROBLEM_SPLIT, "n_labeled"),)),
     "n_unlabeled": ArmField(((PROBLEM_SPLIT, "n_unlabeled"),)),
+    "test_time": ArmField(((PROBLEM_SPLIT, "test_time"),)),
     "tau": ArmField(((PSEUDO_LABELS, "tau"),)),
     "k": ArmField(((SAMPLING, "k"),), "teacher samples per unlabeled problem"),
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
@@ -239,6 +241,18 @@ class Experiment(BaseModel):
         if bad:
             raise ValueError(f"arm names must be letters, digits, '_', '.' or '-' (at most 64): {bad}")
         return arms
+
+    @model_validator(mode="after")
+    def _no_gold_label_control_on_test_time_arms(self) -> Experiment:
+        """The gold-label control trains on the unlabeled problems' gold: on a test-time arm that is the held-out set's."""
+        if GOLD_LABEL_CONTROL in self.controls:
+            test_time = [name for name, spec in self.arms.items() if spec.over(self.defaults).test_time]
+            if test_time:
+                raise ValueError(
+                    f"test-time arms {test_time} draw their unlabeled problems from the held-out set, so the {GOLD_LABEL_CONTROL!r} "
+                    "control would train on eval answers: put these arms in an experiment without it"
+                )
+        return self
 
     def arm(self, name: str) -> Arm:
         return Arm(name=name, experiment=self.name, spec=self.arms[name].over(self.defaults), own=self.arms[name])

@@ -96,6 +96,10 @@ class LabelAudit:
     """The same over every problem that has a majority answer, kept or not."""
     teacher_pass_at_1: float
     """Share of all teacher samples whose answer matches the hidden gold."""
+    teacher_maj_at_k: float
+    """Share of problems whose majority answer matches the hidden gold (no answer counts as wrong): maj@K."""
+    teacher_pass_at_k: float
+    """Share of problems with at least one of the K samples matching the hidden gold: pass@K."""
     buckets: pl.DataFrame
     """Per agreement bucket: problems, labels correct, accuracy."""
 
@@ -111,7 +115,10 @@ def audit_pseudo_labels(
         .alias("label_correct"),
         pl.col("agreement").cut(list(AGREEMENT_BUCKETS[1:]), left_closed=True, labels=_bucket_labels()).alias("bucket"),
     )
-    sample_correct = [answers_equivalent(gold[pid], answer) for pid, answer in generations.select("problem_id", "answer").iter_rows()]
+    samples = generations.select("problem_id", "answer").with_columns(
+        pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in generations.select("problem_id", "answer").iter_rows()])
+    )
+    solved = set(samples.filter("correct")["problem_id"])
     labeled = labels.filter(pl.col("pseudo_label").is_not_null())
     kept = labels.filter("kept")
     buckets = (
@@ -134,7 +141,9 @@ def audit_pseudo_labels(
         coverage=kept.height / max(labels.height, 1),
         kept_label_accuracy=kept["label_correct"].mean() if kept.height else None,
         all_label_accuracy=labeled["label_correct"].mean() if labeled.height else None,
-        teacher_pass_at_1=sum(sample_correct) / max(len(sample_correct), 1),
+        teacher_pass_at_1=samples["correct"].mean() if samples.height else 0.0,
+        teacher_maj_at_k=labels["label_correct"].mean() if labels.height else 0.0,
+        teacher_pass_at_k=sum(pid in solved for pid in labels["problem_id"]) / max(labels.height, 1),
         buckets=buckets,
     )
 
@@ -192,6 +201,8 @@ def pseudo_label(generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: P
         "kept_label_accuracy": audit.kept_label_accuracy if audit.kept_label_accuracy is not None else float("nan"),
         "all_label_accuracy": audit.all_label_accuracy if audit.all_label_accuracy is not None else float("nan"),
         "teacher_pass_at_1": audit.teacher_pass_at_1,
+        "teacher_maj_at_k": audit.teacher_maj_at_k,
+        "teacher_pass_at_k": audit.teacher_pass_at_k,
     }
     failure = label_floor_failure(labels, settings.tau, settings.min_coverage, settings.min_mean_agreement)
     return PseudoLabels(labels=labels, stats=stats, buckets=audit.buckets, floor_failure=failure)

@@ -20,6 +20,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
+from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
@@ -27,7 +28,9 @@ from noisy_student_assets.core.training.compute import compute_comparison
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
-AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1")
+AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k", "teacher_pass_at_k")
+ALL_EVAL = "all"
+"""The `eval_set` of a difference over the whole held-out set (a test-time group adds its transductive and transfer sets)."""
 
 
 def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
@@ -60,7 +63,7 @@ class ExperimentResults:
     accuracy: pl.DataFrame
     """experiment, group, arm, seed, round, checkpoint (role or base_model), greedy_accuracy."""
     differences: pl.DataFrame
-    """Per experiment, group, round and control: the student minus the control over the group's seeds."""
+    """Per experiment, group, round, control and eval set: the student minus the control over the group's seeds."""
     audits: pl.DataFrame
     """Per arm and round: the pseudo-label audit against the hidden gold."""
     validation: pl.DataFrame
@@ -72,6 +75,7 @@ class ExperimentResults:
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
+    eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
     accuracy, audits, validation, by_group = [], [], [], {}
     for arm in arms:
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
@@ -81,7 +85,9 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 "validation_problems": validated.metrics["problems"], "greedy_accuracy": validated.metrics["greedy_accuracy"],
             })
         evaluations = arm_evaluations(lake, arm.name, rounds)
-        by_group.setdefault((arm.experiment, group_label(arm)), []).append(evaluations)
+        unlabeled = _lake_table(lake, layout.UNLABELED_PROBLEMS, arm.name)
+        sets = test_time.eval_sets(eval_table, unlabeled["problem_id"]) if eval_table is not None and unlabeled is not None else None
+        by_group.setdefault((arm.experiment, group_label(arm)), []).append((evaluations, sets))
         row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
         if base and evaluations:
             accuracy.append(row | {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"]})
@@ -93,30 +99,41 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             audit_path = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name) / AUDIT_FILE
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
-                audits.append(row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS})
+                student = evaluations.get((number, layout.STUDENT_ROLE))
+                transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
+                audits.append(
+                    row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS} | {"student_transductive_greedy": transductive}
+                )
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
+        test_time_group = all(sets is not None and sets.height for _, sets in arm_runs)
+        eval_sets = (ALL_EVAL, test_time.TRANSDUCTIVE, test_time.TRANSFER) if test_time_group else (ALL_EVAL,)
         for number in range(1, rounds + 1):
             for control in layout.CONTROLS:
-                pairs = [(runs[(number, layout.STUDENT_ROLE)], runs[(number, control)]) for runs in arm_runs
+                pairs = [(runs[(number, layout.STUDENT_ROLE)], runs[(number, control)], sets) for runs, sets in arm_runs
                          if (number, layout.STUDENT_ROLE) in runs and (number, control) in runs]
                 if not pairs:
                     continue
-                difference = paired_difference(
-                    *paired_scores([(student.scores, other.scores) for student, other in pairs]),
-                    treatment_name=f"round {number} ({group})",
-                    control_name=f"its {control.replace('_', '-')} control",
-                )
-                matched = all(compute_comparison(student.metrics, other.metrics)[0] for student, other in pairs)
-                differences.append(
-                    {"experiment": experiment, "group": group, "round": number, "control": control}
-                    | {key: value for key, value in difference.as_dict().items() if key not in ("treatment", "control")}
-                    | {"compute_matched": matched}
-                )
-                if control == layout.LABELED_ONLY:  # later rounds replace earlier ones
-                    last_verdicts[(experiment, group)] = f"**{experiment}, {group}**: {difference.sentence()}" + (
-                        "" if matched else " (NOT compute-matched)"
+                matched = all(compute_comparison(student.metrics, other.metrics)[0] for student, other, _ in pairs)
+                for eval_set in eval_sets:
+                    difference = paired_difference(
+                        *paired_scores([
+                            (student.scores, other.scores) if eval_set == ALL_EVAL
+                            else (test_time.scores_in(student.scores, sets, eval_set), test_time.scores_in(other.scores, sets, eval_set))
+                            for student, other, sets in pairs
+                        ]),
+                        treatment_name=f"round {number} ({group})" + ("" if eval_set == ALL_EVAL else f" on the {eval_set} problems"),
+                        control_name=f"its {control.replace('_', '-')} control",
                     )
+                    differences.append(
+                        {"experiment": experiment, "group": group, "round": number, "control": control, "eval_set": eval_set}
+                        | {key: value for key, value in difference.as_dict().items() if key not in ("treatment", "control")}
+                        | {"compute_matched": matched}
+                    )
+                    if control == layout.LABELED_ONLY:  # later rounds replace earlier ones
+                        last_verdicts[(experiment, group, eval_set)] = f"**{experiment}, {group}**: {difference.sentence()}" + (
+                            "" if matched else " (NOT compute-matched)"
+                        )
     sentences = list(last_verdicts.values())
     return ExperimentResults(
         accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
@@ -155,7 +172,7 @@ def summary_markdown(results: ExperimentResults) -> str:
     lines += [f"- {sentence}" for sentence in results.sentences] or ["No round has been evaluated against its labeled-only control yet."]
     if results.differences.height:
         shown = results.differences.select(
-            "experiment", "group", "round", "control", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
+            "experiment", "group", "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
         )
         lines += ["", "## Student minus control, per round (paired bootstrap 95% intervals)", "", markdown_table(shown)]
     if results.accuracy.height:
@@ -165,6 +182,12 @@ def summary_markdown(results: ExperimentResults) -> str:
     if results.validation.height:
         lines += ["", "## Labeled RL on the validation split", "", markdown_table(results.validation)]
     return "\n".join(lines) + "\n"
+
+
+def _lake_table(lake: Path, name: str, arm: str | None) -> pl.DataFrame | None:
+    """A table asset's published table, or None."""
+    path = layout.artifact_dir(lake, name, arm) / layout.TABLE_FILE_NAME
+    return pl.read_parquet(path) if path.exists() else None
 
 
 def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:

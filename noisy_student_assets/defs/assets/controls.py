@@ -60,9 +60,16 @@ def round_controls(number: int) -> dg.Definitions:
 
     @dg.asset(
         key=checkpoint_key[layout.GOLD_LABEL],
-        ins={"teacher": teacher, "labeled_problems": labeled, "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS), "base_model": BASE_MODEL_INPUT},
+        ins={
+            "teacher": teacher,
+            "labeled_problems": labeled,
+            "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
+            "eval_problems": dg.AssetIn(layout.EVAL_PROBLEMS),  # read to refuse training on its gold
+            "base_model": BASE_MODEL_INPUT,
+        },
         description="Control: the round's GRPO from the student's init on the labeled problems and every unlabeled "
-        "problem with its true answer (the upper bound; the only asset trained on the hidden gold).",
+        "problem with its true answer (the upper bound; the only asset trained on the hidden gold). Refused on a test-time "
+        "arm, whose hidden gold is the held-out set's.",
         **heavy,
     )
     def gold_label_checkpoint(
@@ -71,11 +78,19 @@ def round_controls(number: int) -> dg.Definitions:
         teacher: Path,
         labeled_problems: pl.DataFrame,
         unlabeled_problems: pl.DataFrame,
+        eval_problems: pl.DataFrame,
         base_model: Path,
         stage_resources: StageResources,
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
             _refuse_unmatched_training(current, layout.GOLD_LABEL)
+            held_out = unlabeled_problems.join(eval_problems, on="problem_id", how="semi").height
+            if held_out:
+                raise dg.Failure(
+                    f"{held_out} of arm {current.partition}'s unlabeled problems are held-out eval problems (a test-time arm): "
+                    "the gold-label control would train on their eval answers",
+                    allow_retries=False,
+                )
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
             revealed = pl.concat([labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
             staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))

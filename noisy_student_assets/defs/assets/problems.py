@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, drop_overlap, fingerprint, load_problems, split_problems
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, drop_overlap, eval_halves, fingerprint, load_problems, split_problems
 from noisy_student_assets.core.settings import ProblemSource
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.assets.stages import stage
@@ -65,7 +65,8 @@ def eval_problems(
             description="Problems whose gold answers RL may use (the arm's seeded draw from the pool).", group_name=GROUP
         ),
         layout.UNLABELED_PROBLEMS: dg.AssetOut(
-            description=f"Problems to pseudo-label; their gold answer is kept only in `{HIDDEN_GOLD_COLUMN}`, for audits.",
+            description=f"Problems to pseudo-label (a test-time arm's come from the held-out set); their gold answer is kept only "
+            f"in `{HIDDEN_GOLD_COLUMN}`, for audits.",
             group_name=GROUP,
         ),
         layout.VALIDATION_PROBLEMS: dg.AssetOut(
@@ -79,19 +80,27 @@ def problem_split(
     context: dg.AssetExecutionContext,
     config: ProblemSplitConfig,
     problem_pool: pl.DataFrame,
+    eval_problems: pl.DataFrame,
     stage_resources: StageResources,
 ) -> Iterator[dg.Output]:
+    """The arm's seeded draw from the pool; a test-time arm draws its unlabeled problems from the transductive half of
+    `eval_problems` instead (gold hidden), which is why the held-out set is an input of every arm's split."""
     with stage(context, config, stage_resources, name="problem_split") as current:
         settings = current.settings
+        transductive = eval_halves(eval_problems)[0] if settings.test_time else None
         tables = dict(
             zip(
                 (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS),
-                split_problems(problem_pool, settings.n_labeled, settings.n_unlabeled, settings.seed, settings.n_validation),
+                split_problems(problem_pool, settings.n_labeled, settings.n_unlabeled, settings.seed, settings.n_validation, transductive),
                 strict=True,
             )
         )
         current.log_metrics({f"{name}_rows": table.height for name, table in tables.items()})
-    split_metadata = {"pool_rows": problem_pool.height, "split_seed": settings.seed} | current.metadata
+    split_metadata = {
+        "pool_rows": problem_pool.height,
+        "split_seed": settings.seed,
+        "unlabeled_from": "the held-out set's transductive half (test-time arm)" if settings.test_time else "the pool",
+    } | current.metadata
     for name, table in tables.items():
         yield dg.Output(table, name, metadata=_table_metadata(table) | split_metadata)
 

@@ -169,7 +169,9 @@ def round_definitions(number: int) -> dg.Definitions:
                 checkpoint_dir=student,
                 eval_problems=eval_problems,
                 deltas_against={name: baselines[name] for name in ("previous_round", "labeled_rl", "base_model") if name in baselines},
-                extras=lambda metrics, scores: _report_extras(number, arm, pseudo_labels, baselines, metrics, scores, labeled_only_eval),
+                extras=lambda metrics, scores: _report_extras(
+                    number, arm, pseudo_labels, baselines, metrics, scores, labeled_only_eval, eval_problems
+                ),
             )
         yield dg.Output(staged, metadata=current.metadata)
         yield health_check
@@ -331,20 +333,25 @@ def _report_extras(
     metrics: dict[str, float],
     scores: pl.DataFrame,
     control: PublishedEval,
+    eval_problems: pl.DataFrame,
 ) -> ReportExtras:
     """The verdict against the labeled-only control, the arm's accuracy round by round (the previous report's
-    table plus this round), and how well the round's pseudo-labels matched the hidden gold."""
+    table plus this round), and how well the round's pseudo-labels matched the hidden gold; on a test-time arm, the
+    verdict on its transductive and transfer problems too, and TTRL's yardstick."""
     import json
 
-    from noisy_student_assets.core.reporting import plots
+    from noisy_student_assets.core.reporting import plots, test_time
     from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
     from noisy_student_assets.core.training.compute import compute_comparison
 
-    difference = paired_difference(
-        *paired_scores([(scores, control.scores)]),
-        treatment_name=f"{layout.round_prefix(number)} (arm {arm})",
-        control_name="its labeled-only control",
-    )
+    def verdict(student_scores: pl.DataFrame, control_scores: pl.DataFrame, on: str = ""):
+        return paired_difference(
+            *paired_scores([(student_scores, control_scores)]),
+            treatment_name=f"{layout.round_prefix(number)} (arm {arm}){on}",
+            control_name="its labeled-only control",
+        )
+
+    difference = verdict(scores, control.scores)
     matched, compute_table = compute_comparison(metrics, control.metrics)
     lead = f"**Verdict.** {difference.sentence()} " + (
         "Both spent the same optimizer steps, prompts and completions since the base model."
@@ -355,12 +362,38 @@ def _report_extras(
     audit = json.loads(pseudo_labels.extra_files[AUDIT_FILE])
     buckets = pl.read_json(pseudo_labels.extra_files[AUDIT_BUCKETS_FILE].encode())
     labels = pseudo_labels.frame
+    extra_metrics, extra_tables = {}, {}
+    sets = test_time.eval_sets(eval_problems, labels["problem_id"])
+    if sets.height:
+        counts = dict(sets["eval_set"].value_counts().iter_rows())
+        lead += (
+            f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {eval_problems.height} eval problems are this arm's "
+            f"unlabeled problems: the **transductive** set, whose prompts the teacher sampled and the student trained on (their "
+            f"gold stayed hidden). The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
+            "**transfer**. The accuracy above mixes both."
+        )
+        for eval_set in (test_time.TRANSDUCTIVE, test_time.TRANSFER):
+            if eval_set not in counts:
+                continue
+            own = verdict(test_time.scores_in(scores, sets, eval_set), test_time.scores_in(control.scores, sets, eval_set), f" on the {eval_set} problems")
+            lead += f"\n\n- {eval_set.capitalize()}: {own.sentence()}"
+            extra_metrics |= {
+                f"{eval_set}/greedy_accuracy": float(test_time.scores_in(scores, sets, eval_set)["greedy_correct"].cast(pl.Float64).mean()),
+                f"verdict/{eval_set}/difference": own.estimate,
+                f"verdict/{eval_set}/ci_low": own.low,
+                f"verdict/{eval_set}/ci_high": own.high,
+            }
+        teacher = baselines["previous_round" if number > 1 else "labeled_rl"]
+        yardstick = test_time.yardstick(audit, teacher.scores, scores, control.scores, sets)
+        extra_metrics |= {f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"}
+        extra_tables = {test_time.YARDSTICK_TABLE: yardstick}
     return ReportExtras(
         metrics={
             "verdict/difference": difference.estimate,
             "verdict/ci_low": difference.low,
             "verdict/ci_high": difference.high,
             "verdict/compute_matched": float(matched),
+            **extra_metrics,
         },
         figures={
             "accuracy_by_round": plots.accuracy_by_round(accuracy),
@@ -372,6 +405,7 @@ def _report_extras(
             "Compute since the base model": compute_table,
             "Pseudo-label calibration": buckets,  # label accuracy against the hidden gold by agreement
             "Pseudo-label audit": pl.DataFrame([{k: v for k, v in audit.items() if k != "floor_failure"}]),
+            **extra_tables,
         },
         text=lead,
     )

@@ -36,7 +36,7 @@ def verdict(
     import mlflow
 
     from noisy_student_assets.core.reporting import plots
-    from noisy_student_assets.core.reporting.summary import collect, summary_markdown
+    from noisy_student_assets.core.reporting.summary import ALL_EVAL, collect, summary_markdown
 
     arms = []
     for name in context.instance.get_dynamic_partitions(ARMS.name):
@@ -56,7 +56,8 @@ def verdict(
         inline_report = markdown.write_report(staged, VERDICT_NAME, "Verdict", f"# Verdict\n\n{report}", figures)
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
-            current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}": row["estimate"]})
+            eval_set = "" if row["eval_set"] == ALL_EVAL else f"/{row['eval_set']}"
+            current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}{eval_set}": row["estimate"]})
     return dg.Output(
         staged,
         metadata={

@@ -1,0 +1,59 @@
+"""Test-time (transductive) arms in the reports (no Dagster here).
+
+A test-time arm pseudo-labels and trains on prompts of the held-out set itself, gold hidden (TTRL, Zuo et al.
+2025), so its accuracy on the whole set mixes two questions. Every report on such an arm splits the per-problem
+scores of each evaluation, which always covers the whole set, into:
+
+- transductive: the eval problems the arm took as unlabeled (their prompts were sampled and trained on);
+- transfer: the fixed other half of the held-out set (`problems.eval_halves`), which no arm trains on.
+
+TTRL's own yardstick sits beside the verdict: on the transductive problems, the teacher's maj@K and pass@K
+(from the round's K samples, against the hidden gold) and the student's greedy accuracy, which TTRL reports
+rising toward the teacher's maj@K.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from noisy_student_assets.core.problems import eval_halves
+
+TRANSDUCTIVE, TRANSFER = "transductive", "transfer"
+YARDSTICK_TABLE = "TTRL yardstick on the transductive problems"
+
+
+def eval_sets(eval_problems: pl.DataFrame, unlabeled_ids: pl.Series) -> pl.DataFrame:
+    """`problem_id`, `eval_set` for every eval problem of a test-time arm's split into transductive and transfer
+    problems; empty when none of `unlabeled_ids` is an eval problem (an arm that is not test-time)."""
+    transductive = eval_problems.filter(pl.col("problem_id").is_in(unlabeled_ids.implode()))
+    if transductive.is_empty():
+        return pl.DataFrame(schema={"problem_id": pl.Utf8, "eval_set": pl.Utf8})
+    transfer = eval_halves(eval_problems)[1].join(transductive, on="problem_id", how="anti")
+    return pl.concat([
+        transductive.select("problem_id", pl.lit(TRANSDUCTIVE).alias("eval_set")),
+        transfer.select("problem_id", pl.lit(TRANSFER).alias("eval_set")),
+    ])
+
+
+def scores_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> pl.DataFrame:
+    """The rows of an eval's `scores` whose problem is in `eval_set`."""
+    return scores.join(sets.filter(pl.col("eval_set") == eval_set).select("problem_id"), on="problem_id", how="semi")
+
+
+def yardstick(audit: dict, teacher_scores: pl.DataFrame, student_scores: pl.DataFrame, control_scores: pl.DataFrame, sets: pl.DataFrame) -> pl.DataFrame:
+    """One row: on the transductive problems, the teacher's greedy accuracy, maj@K and pass@K (the pseudo-label
+    audit: the round's samples against the hidden gold) and mean sampled accuracy, the student's greedy accuracy
+    and its labeled-only control's."""
+
+    def greedy(scores: pl.DataFrame) -> float:
+        return float(scores_in(scores, sets, TRANSDUCTIVE)["greedy_correct"].cast(pl.Float64).mean())
+
+    return pl.DataFrame([{
+        "problems": int((sets["eval_set"] == TRANSDUCTIVE).sum()),
+        "teacher_greedy": greedy(teacher_scores),
+        "teacher_maj_at_k": audit["teacher_maj_at_k"],
+        "teacher_pass_at_k": audit["teacher_pass_at_k"],
+        "teacher_sampled_pass_at_1": audit["teacher_pass_at_1"],
+        "student_greedy": greedy(student_scores),
+        "labeled_only_greedy": greedy(control_scores),
+    }])
