@@ -3,6 +3,7 @@
     python -m noisy_student_assets.grid register experiments/tau.yaml   # its arms become `arm` partitions
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
     python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
+    python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's latest outcome, per arm
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
 like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
@@ -193,6 +194,23 @@ class Grid:
         finally:
             self._set_gpu_pool_limit(1)
 
+    def check_outcomes(self) -> list[dict]:
+        """Each check of every arm's assets (and of the shared ones): the status of its latest evaluation in the
+        instance (SUCCEEDED: passed; FAILED: judged and failed; none: never evaluated), and the asset's partition."""
+        from dagster._core.storage.event_log.base import PartitionKeyFilter
+
+        rows = []
+        scopes = [(None, self._shared_targets())] + [(arm.name, experiment_assets(self.experiment, self.experiment.rounds)) for arm in self.experiment.all_arms()]
+        for partition, names in scopes:
+            checks = [check for name in names for check in self.graph.get(self._key(name)).check_keys]
+            latest = self.instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+            rows += [
+                {"arm": partition or "(shared)", "asset": check.asset_key.to_user_string(), "check": check.name,
+                 "status": latest[check].status.value if check in latest else "none"}
+                for check in checks
+            ]  # fmt: skip
+        return rows
+
     def _set_gpu_pool_limit(self, limit: int) -> None:
         from resources.compute import GPU_POOL
 
@@ -303,6 +321,17 @@ def with_experiment_resources(experiment, kind: str | None = None) -> dict:
     }
 
 
+def _print_check_outcomes(rows: list[dict]) -> None:
+    """Each check's latest outcome per arm, then a count by check and status."""
+    import polars as pl
+
+    from noisy_student_assets.core.reporting.markdown import markdown_table
+
+    table = pl.DataFrame(rows, schema={"arm": pl.Utf8, "asset": pl.Utf8, "check": pl.Utf8, "status": pl.Utf8})
+    counts = table.group_by("check", "status").len("checks").sort("check", "status")
+    print(markdown_table(table) + "\n\n" + markdown_table(counts))
+
+
 def _succeeded(result, where: str) -> bool:
     if not result.success:
         print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
@@ -325,7 +354,7 @@ def _load_dotenv() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["register", "run"])
+    parser.add_argument("command", choices=["register", "run", "checks"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
     parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
     parser.add_argument("--launcher", choices=get_args(Launcher), help="where the heavy stages run (default: the experiment file's, else the resource's)")
@@ -350,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "register":
         new = grid.register()
         print(f"{grid.experiment.name}: arms {', '.join(grid.experiment.arms)} ({len(new)} new)")
+        return 0
+    if args.command == "checks":
+        _print_check_outcomes(grid.check_outcomes())
         return 0
     with _ray_cluster_if_needed(grid, args.ray_gpus):
         return 0 if grid.run(args.rounds, args.parallel_arms) else 1

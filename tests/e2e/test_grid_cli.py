@@ -97,3 +97,12 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
         cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600,
     )
     assert third.returncode == 0 and f"[grid] arm {ARM}: up to date" in third.stdout
+
+    checks = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(EXPERIMENT)],
+        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
+    )
+    assert checks.returncode == 0, checks.stderr[-3000:]
+    student = "/".join(layout.round_asset(1, layout.STUDENT))
+    for asset, name in ((layout.LABELED_RL, FINITE_WEIGHTS), (student, FINITE_WEIGHTS), (student, SMOKE_GENERATION)):
+        assert f"| {ARM} | {asset} | {name} | SUCCEEDED |" in checks.stdout, checks.stdout

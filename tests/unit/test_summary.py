@@ -143,3 +143,16 @@ def test_figures_are_pngs(lake: Path) -> None:
     assert _image_size(plots.accuracy_by_round(accuracy.drop("group"))) == (720, 400)
     assert _image_size(plots.agreement_histogram([0.25, 0.5, 1.0], tau=0.5, k=8)) == (640, 360)
     assert _image_size(plots.label_accuracy_vs_agreement(buckets)) == (640, 360)
+
+
+def test_calibration_is_pooled_over_a_group_s_seeds(lake: Path) -> None:
+    for index, arm in enumerate(ARMS):
+        buckets = pl.DataFrame({"bucket": ["[0.0, 0.3)", "[0.9, 1.0]"], "problems": [4, 10], "labels_correct": [1, 8 + index]})
+        buckets.with_columns(label_accuracy=pl.col("labels_correct") / pl.col("problems")).write_json(
+            layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name) / "audit_by_agreement.json"
+        )
+    results = collect(lake, ARMS, rounds=2)
+    pooled = {(row["group"], row["bucket"]): row for row in results.calibration.iter_rows(named=True)}
+    assert (pooled[("tau=0.5", "[0.9, 1.0]")]["problems"], pooled[("tau=0.5", "[0.9, 1.0]")]["labels_correct"]) == (20, 17)
+    assert pooled[("tau=0.5", "[0.9, 1.0]")]["label_accuracy"] == pytest.approx(0.85)
+    assert pooled[("tau=0.8", "[0.0, 0.3)")]["problems"] == 4 and "## Pseudo-label calibration" in summary_markdown(results)

@@ -19,7 +19,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
@@ -66,6 +66,8 @@ class ExperimentResults:
     """Per experiment, group, round, control and eval set: the student minus the control over the group's seeds."""
     audits: pl.DataFrame
     """Per arm and round: the pseudo-label audit against the hidden gold."""
+    calibration: pl.DataFrame
+    """Per experiment, group, round and agreement bucket, over the group's seeds: labels, labels correct, accuracy."""
     validation: pl.DataFrame
     """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
     sentences: list[str]
@@ -76,7 +78,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, validation, by_group = [], [], [], {}
+    accuracy, audits, calibration, validation, by_group = [], [], [], [], {}
     for arm in arms:
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         if validated:
@@ -96,7 +98,13 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             for (number, role), evaluation in evaluations.items()
         ]
         for number in range(1, rounds + 1):
-            audit_path = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name) / AUDIT_FILE
+            labels_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name)
+            audit_path = labels_dir / AUDIT_FILE
+            if (labels_dir / AUDIT_BUCKETS_FILE).exists():
+                calibration.append(pl.read_json(labels_dir / AUDIT_BUCKETS_FILE).select(
+                    pl.lit(arm.experiment).alias("experiment"), pl.lit(row["group"]).alias("group"), pl.lit(number).alias("round"),
+                    "bucket", "problems", "labels_correct",
+                ))  # fmt: skip
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
                 student = evaluations.get((number, layout.STUDENT_ROLE))
@@ -139,6 +147,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
         differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
         audits=pl.DataFrame(audits) if audits else pl.DataFrame(),
+        calibration=_pooled_calibration(calibration),
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
     )
@@ -179,9 +188,23 @@ def summary_markdown(results: ExperimentResults) -> str:
         lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
     if results.audits.height:
         lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(results.audits.drop("experiment", "group"))]
+    if results.calibration.height:
+        lines += ["", "## Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)", "", markdown_table(results.calibration)]
     if results.validation.height:
         lines += ["", "## Labeled RL on the validation split", "", markdown_table(results.validation)]
     return "\n".join(lines) + "\n"
+
+
+def _pooled_calibration(tables: list[pl.DataFrame]) -> pl.DataFrame:
+    """The audits by agreement bucket of every arm and round, summed over each group's seeds."""
+    if not tables:
+        return pl.DataFrame()
+    return (
+        pl.concat(tables)
+        .group_by("experiment", "group", "round", "bucket", maintain_order=True)
+        .agg(pl.col("problems").sum(), pl.col("labels_correct").sum())
+        .with_columns(pl.when(pl.col("problems") > 0).then(pl.col("labels_correct") / pl.col("problems")).alias("label_accuracy"))
+    )
 
 
 def _lake_table(lake: Path, name: str, arm: str | None) -> pl.DataFrame | None:
