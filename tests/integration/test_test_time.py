@@ -1,79 +1,28 @@
-"""A test-time (transductive) arm, materialized in-process with the tiny models: its unlabeled problems are held-out
-eval problems whose gold reaches no sample, label, reward or weight; its eval report judges the transductive and the
-transfer problems apart, with TTRL's yardstick; the gold-label control refuses to train on it."""
+"""A test-time (transductive) arm, materialized in-process with the tiny models: its eval report judges the
+transductive and the transfer problems apart, with TTRL's yardstick; the gold-label control refuses to train on it.
+(That its hidden eval gold reaches no sample, label, reward or weight: tests/integration/test_leakage.py.)"""
 
 from __future__ import annotations
-
-import functools
 
 import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.checkpoints import weights_sha256
-from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, eval_halves
 from noisy_student_assets.core.reporting.eval_report import read_published_eval
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
-from noisy_student_assets.core.training import grpo as training
 from tests.lakes import materialize, metadata_of
 from tests.tiny_configs import N_LABELED, op, round_names, tiny_config, with_op_config
 
-POISON = "987654321"
 ARM = "a"
 TEST_TIME_UNLABELED = 2
 """Of the tiny eval set's 5 problems, 3 are its transductive half."""
-EVAL = dg.AssetKey(layout.EVAL_PROBLEMS)
 UNLABELED = dg.AssetKey(layout.UNLABELED_PROBLEMS)
 LABELED_ONLY = layout.control_checkpoint(layout.LABELED_ONLY)
 
 
-def _test_time_config(model_dir) -> dict:
-    config = tiny_config(model_dir)
-    return with_op_config(config, "problem_split", test_time=True, n_unlabeled=TEST_TIME_UNLABELED)
-
-
-def test_a_test_time_arm_s_hidden_eval_gold_changes_no_sample_label_reward_or_weight(sevens_lake_copy, sevens_model_dir, monkeypatch) -> None:
-    rewarded: dict[str, list] = {"clean": [], "poisoned": []}
-    current: list[str] = []
-    reward = training.answer_reward
-
-    @functools.wraps(reward)  # TRL names the reward's metrics after the function
-    def recording_reward(completions, target, **kwargs):
-        rewarded[current[0]].append((list(target), {k: list(v) for k, v in kwargs.items() if isinstance(v, list)}))
-        return reward(completions, target, **kwargs)
-
-    monkeypatch.setattr(training, "answer_reward", recording_reward)
-    lakes = {"clean": sevens_lake_copy(), "poisoned": sevens_lake_copy()}
-    poisoned = lakes["poisoned"]
-    poisoned.write_table(poisoned.read_table(EVAL).with_columns(pl.lit(POISON).alias("gold_answer")), EVAL)
-    config = _test_time_config(sevens_model_dir)
-    for name, lake in lakes.items():
-        current[:] = [name]
-        materialize(lake, [layout.UNLABELED_PROBLEMS], config, ARM)
-        materialize(lake, round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT), config, ARM)
-
-    unlabeled = poisoned.read_table(UNLABELED, ARM)
-    transductive_half = set(eval_halves(poisoned.read_table(EVAL))[0]["problem_id"])
-    assert unlabeled.height == TEST_TIME_UNLABELED and set(unlabeled["problem_id"]) <= transductive_half
-    assert unlabeled[HIDDEN_GOLD_COLUMN].to_list() == [POISON] * TEST_TIME_UNLABELED  # what the round read: the eval gold
-
-    def table(name: str, asset: str) -> pl.DataFrame:
-        return lakes[name].read_table(dg.AssetKey(layout.round_asset(1, asset)), ARM)
-
-    samples = ["problem_id", "sample_index", "completion", "answer"]
-    assert table("clean", "generations").select(samples).equals(table("poisoned", "generations").select(samples))
-    assert table("clean", "pseudo_labels")["kept"].any(), "pseudo-labeled rows were trained on"
-    assert table("clean", "pseudo_labels").equals(table("poisoned", "pseudo_labels"))
-    assert rewarded["clean"] and rewarded["clean"] == rewarded["poisoned"]
-    assert POISON not in repr(rewarded["poisoned"])
-    assert POISON not in repr(table("poisoned", "pseudo_labels").rows())
-    student = dg.AssetKey(layout.round_asset(1, layout.STUDENT))
-    assert weights_sha256(lakes["clean"].artifact_dir(student, ARM)) == weights_sha256(poisoned.artifact_dir(student, ARM))
-
-
 def test_a_test_time_report_judges_each_eval_set_beside_ttrl_s_yardstick(sevens_lake_copy, sevens_model_dir) -> None:
     lake = sevens_lake_copy()
-    config = _test_time_config(sevens_model_dir)
+    config = with_op_config(tiny_config(sevens_model_dir), "problem_split", test_time=True, n_unlabeled=TEST_TIME_UNLABELED)
     grpo = config["ops"][op(layout.round_prefix(1), layout.STUDENT)]["config"]["grpo"]
     config = with_op_config(config, op(layout.round_prefix(1), LABELED_ONLY), grpo=grpo)
     materialize(lake, [layout.UNLABELED_PROBLEMS], config, ARM)
