@@ -133,27 +133,25 @@ def split_problems(
     on them.
 
     `unlabeled_pool` (a test-time arm: the transductive half of the held-out set, see `eval_halves`): the
-    unlabeled problems are the first `n_unlabeled` of it in the same seeded order, and `problems` gives the
-    labeled and validation sets alone, the same ones it gives without it.
+    unlabeled problems are all of it, in the same seeded order, `n_unlabeled` is not read, and `problems` gives
+    the labeled and validation sets alone, the same ones it gives without it.
     """
-    if n_labeled < 1 or n_unlabeled < 1 or n_validation < 0:
+    from_pool = n_unlabeled if unlabeled_pool is None else 0
+    if n_labeled < 1 or n_validation < 0 or (unlabeled_pool is None and n_unlabeled < 1):
         raise ValueError(
             f"n_labeled and n_unlabeled must both be >= 1 and n_validation >= 0, got {n_labeled}, {n_unlabeled}, {n_validation}"
         )
-    from_pool = n_unlabeled if unlabeled_pool is None else 0
     needed = n_labeled + from_pool + n_validation
     if needed > problems.height:
         raise ValueError(
             f"asked for {n_labeled} labeled + {from_pool} unlabeled + {n_validation} validation = {needed} problems,"
             f" but the table has only {problems.height}"
         )
-    if unlabeled_pool is not None and n_unlabeled > unlabeled_pool.height:
-        raise ValueError(f"asked for {n_unlabeled} test-time unlabeled problems, but the transductive half has only {unlabeled_pool.height}")
+    if unlabeled_pool is not None and unlabeled_pool.is_empty():
+        raise ValueError("a test-time split needs a non-empty transductive half of the held-out set")
     ordered = _seeded_order(problems.select(PROBLEM_SCHEMA.names()), seed)
     unlabeled = (
-        ordered.slice(n_labeled, n_unlabeled)
-        if unlabeled_pool is None
-        else _seeded_order(unlabeled_pool.select(PROBLEM_SCHEMA.names()), seed).head(n_unlabeled)
+        ordered.slice(n_labeled, n_unlabeled) if unlabeled_pool is None else _seeded_order(unlabeled_pool.select(PROBLEM_SCHEMA.names()), seed)
     )
     unlabeled = unlabeled.rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
     return ordered.head(n_labeled), unlabeled, ordered.tail(n_validation)
@@ -178,9 +176,11 @@ def _seeded_order(problems: pl.DataFrame, seed: int | str) -> pl.DataFrame:
 
 
 def drop_overlap(problems: pl.DataFrame, reference: pl.DataFrame) -> pl.DataFrame:
-    """Rows of `problems` whose prompt (whitespace-normalised, lower-cased) does not occur in `reference`."""
+    """Rows of `problems` whose prompt (whitespace-normalised, lower-cased) and problem_id both occur nowhere in
+    `reference`: a held-out problem shares neither text nor id with the pool (reports tell a test-time arm's
+    transductive problems by id)."""
     seen = reference.select(_prompt_key()).to_series()
-    return problems.filter(~_prompt_key().is_in(seen.implode()))
+    return problems.filter(~_prompt_key().is_in(seen.implode()) & ~pl.col("problem_id").is_in(reference["problem_id"].implode()))
 
 
 def fingerprint(problems: pl.DataFrame) -> str:

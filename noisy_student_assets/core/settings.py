@@ -162,8 +162,9 @@ class ProblemSplitSettings(Settings):
     seed: int = Field(default=0, description="seed of the draw (arm field `seed`)")
     test_time: bool = Field(
         default=False,
-        description="test-time (transductive) arm: the n_unlabeled problems are drawn from the transductive half of the held-out set, "
-        "gold hidden, not from the pool (the labeled and validation draws are unchanged); the other half measures transfer",
+        description="test-time (transductive) arm: the unlabeled problems are the whole transductive half of the held-out set, gold "
+        "hidden, not a draw from the pool (n_unlabeled is not read; the labeled and validation draws are unchanged); the other half "
+        "measures transfer",
     )
 
 

@@ -195,18 +195,24 @@ class Grid:
             self._set_gpu_pool_limit(1)
 
     def check_outcomes(self) -> list[dict]:
-        """Each check of every arm's assets (and of the shared ones): the status of its latest evaluation in the
-        instance (SUCCEEDED: passed; FAILED: judged and failed; none: never evaluated), and the asset's partition."""
-        from dagster._core.storage.event_log.base import PartitionKeyFilter
+        """Each check of every arm's assets (and of the shared ones): the status of its latest execution (SUCCEEDED:
+        passed; FAILED: judged and failed; PLANNED: its run was killed before the check's step; none: never run) and
+        whether that execution judged the asset's latest materialization."""
+        from noisy_student_assets.defs.sensors import latest_check_executions, latest_check_targets
 
         rows = []
-        scopes = [(None, self._shared_targets())] + [(arm.name, experiment_assets(self.experiment, self.experiment.rounds)) for arm in self.experiment.all_arms()]
+        scopes = [(None, self._shared_targets())]
+        scopes += [(arm.name, experiment_assets(self.experiment, self.experiment.rounds)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
             checks = [check for name in names for check in self.graph.get(self._key(name)).check_keys]
-            latest = self.instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+            latest = latest_check_executions(self.instance, checks, partition)
+            materializations = {
+                self._key(name): record.storage_id if (record := self._latest(name, partition)) else None for name in names
+            }
+            stale = set(unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations))
             rows += [
                 {"arm": partition or "(shared)", "asset": check.asset_key.to_user_string(), "check": check.name,
-                 "status": latest[check].status.value if check in latest else "none"}
+                 "status": latest[check].status.value if check in latest else "none", "judged_latest": check not in stale}
                 for check in checks
             ]  # fmt: skip
         return rows
@@ -327,8 +333,8 @@ def _print_check_outcomes(rows: list[dict]) -> None:
 
     from noisy_student_assets.core.reporting.markdown import markdown_table
 
-    table = pl.DataFrame(rows, schema={"arm": pl.Utf8, "asset": pl.Utf8, "check": pl.Utf8, "status": pl.Utf8})
-    counts = table.group_by("check", "status").len("checks").sort("check", "status")
+    table = pl.DataFrame(rows, schema={"arm": pl.Utf8, "asset": pl.Utf8, "check": pl.Utf8, "status": pl.Utf8, "judged_latest": pl.Boolean})
+    counts = table.group_by("check", "status", "judged_latest").len("checks").sort("check", "status", "judged_latest")
     print(markdown_table(table) + "\n\n" + markdown_table(counts))
 
 

@@ -34,13 +34,19 @@ def latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, parti
     return records[0] if records else None
 
 
+def latest_check_executions(instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None) -> dict:
+    """The latest execution record of each check of one partition (or of unpartitioned assets, when `partition` is
+    None) that has one."""
+    return instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+
+
 def latest_check_targets(
     instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None
 ) -> dict[dg.AssetCheckKey, int | None]:
     """For each check of one partition (or of unpartitioned assets, when `partition` is None), the storage id
     of the materialization its latest evaluation judged; None where it has none: never run, or only planned
     by a run that was killed before the check's step."""
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+    latest = latest_check_executions(instance, checks, partition)
     targets: dict[dg.AssetCheckKey, int | None] = {}
     for check in checks:
         event = latest[check].event if check in latest else None
@@ -53,7 +59,7 @@ def latest_check_targets(
 def _round_state(instance: dg.DagsterInstance, number: int, arm: str) -> RoundState:
     report = round_key(number, layout.EVAL_REPORT)
     check = dg.AssetCheckKey(report, NO_EVAL_REGRESSION)
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([check], partition_filter=PartitionKeyFilter(key=arm))
+    latest = latest_check_executions(instance, [check], arm)
     return RoundState(
         evaluated=latest_materialization(instance, report, arm) is not None,
         regressed=check in latest and latest[check].status == AssetCheckExecutionRecordStatus.FAILED,

@@ -14,15 +14,15 @@ from tests.lakes import materialize, metadata_of
 from tests.tiny_configs import N_LABELED, op, round_names, tiny_config, with_op_config
 
 ARM = "a"
-TEST_TIME_UNLABELED = 2
-"""Of the tiny eval set's 5 problems, 3 are its transductive half."""
+TEST_TIME_UNLABELED = 3
+"""The tiny eval set's transductive half: 3 of its 5 problems."""
 UNLABELED = dg.AssetKey(layout.UNLABELED_PROBLEMS)
 LABELED_ONLY = layout.control_checkpoint(layout.LABELED_ONLY)
 
 
 def test_a_test_time_report_judges_each_eval_set_beside_ttrl_s_yardstick(sevens_lake_copy, sevens_model_dir) -> None:
     lake = sevens_lake_copy()
-    config = with_op_config(tiny_config(sevens_model_dir), "problem_split", test_time=True, n_unlabeled=TEST_TIME_UNLABELED)
+    config = with_op_config(tiny_config(sevens_model_dir), "problem_split", test_time=True)
     grpo = config["ops"][op(layout.round_prefix(1), layout.STUDENT)]["config"]["grpo"]
     config = with_op_config(config, op(layout.round_prefix(1), LABELED_ONLY), grpo=grpo)
     materialize(lake, [layout.UNLABELED_PROBLEMS], config, ARM)
@@ -35,7 +35,7 @@ def test_a_test_time_report_judges_each_eval_set_beside_ttrl_s_yardstick(sevens_
     assert checks[("/".join(layout.round_asset(1, LABELED_ONLY)), "compute_matched")]
     assert lake.read_table(dg.AssetKey(layout.LABELED_PROBLEMS), ARM).height == N_LABELED  # labeled RL's problems as ever
     report = metadata_of(result, "/".join(layout.round_asset(1, layout.EVAL_REPORT)))
-    assert "**Test-time arm.** 2 of the 5 eval problems are this arm's unlabeled problems" in report["report"].value
+    assert "**Test-time arm.** 3 of the 5 eval problems are this arm's unlabeled problems" in report["report"].value
     assert "on the transductive problems" in report["report"].value and "on the transfer problems" in report["report"].value
     published = read_published_eval(lake.artifact_dir(dg.AssetKey(layout.round_asset(1, layout.EVAL_REPORT)), ARM))
     for name in ("transductive/greedy_accuracy", "transfer/greedy_accuracy", "verdict/transductive/difference", "verdict/transfer/ci_high"):
@@ -50,4 +50,4 @@ def test_a_test_time_report_judges_each_eval_set_beside_ttrl_s_yardstick(sevens_
     gold = round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))
     refused = materialize(lake, gold, config, ARM, raise_on_error=False)
     failure = next(e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
-    assert "2 of arm a's unlabeled problems are held-out eval problems" in failure.event_specific_data.error.message
+    assert "3 of arm a's unlabeled problems are held-out eval problems" in failure.event_specific_data.error.message

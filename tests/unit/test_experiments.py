@@ -51,6 +51,8 @@ def test_an_experiment_file_with_defaults_that_arms_override(tmp_path: Path) -> 
         ("arms: [\n", "not valid YAML"),
         ("controls: [labeled_only, gold_label]\narms:\n  a: {test_time: true}\n", r"test-time arms \['a'\] .* would train on eval answers"),
         ("controls: [labeled_only, gold_label]\ndefaults: {test_time: true}\narms:\n  a: {}\n", "would train on eval answers"),
+        ("held_out_eval: false\ncontrols: [labeled_only]\narms:\n  a: {test_time: true}\n", r"test-time arms \['a'\] train on held-out prompts"),
+        ("controls: [labeled_only]\ndefaults: {n_unlabeled: 256}\narms:\n  a: {test_time: true}\n", "arm a .*n_unlabeled=256 would not be read"),
     ],
 )
 def test_bad_experiment_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
@@ -113,8 +115,9 @@ def test_the_data_size_fields_reach_the_split_and_every_round_s_training() -> No
     assert with_arm(LabeledRLConfig(), arm)[0] == LabeledRLSettings()  # labeled RL is chosen on validation, apart
     with pytest.raises(ValueError):
         ArmSpec(n_labeled=0)
-    test_time = with_arm(ProblemSplitConfig(), Arm(name="t", experiment="e", spec=ArmSpec(test_time=True, n_unlabeled=105)))[0]
-    assert test_time.test_time and test_time.n_unlabeled == 105 and not split.test_time
+    assert with_arm(ProblemSplitConfig(), Arm(name="t", experiment="e", spec=ArmSpec(test_time=True)))[0].test_time and not split.test_time
+    with pytest.raises(ValueError, match="would not be read"):
+        ArmSpec(test_time=True, n_unlabeled=105)
 
 
 def test_an_arm_overrules_the_run_config_and_says_so() -> None:

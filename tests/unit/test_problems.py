@@ -293,7 +293,7 @@ def test_the_validation_draw_depends_on_its_size_and_the_seed_alone():
     assert other_seed["problem_id"].to_list() != validation["problem_id"].to_list()
 
 
-def test_a_test_time_split_takes_its_unlabeled_problems_from_the_transductive_half_and_keeps_the_rest():
+def test_a_test_time_split_takes_the_whole_transductive_half_and_keeps_the_rest():
     pool, held_out = small_table(30), small_table(11).with_columns(pl.format("eval/{}", "problem_id").alias("problem_id"))
     transductive, transfer = eval_halves(held_out)
     assert (transductive.height, transfer.height) == (6, 5)
@@ -302,18 +302,13 @@ def test_a_test_time_split_takes_its_unlabeled_problems_from_the_transductive_ha
     labeled, unlabeled, validation = split_problems(pool, 5, 4, seed=7, n_validation=8, unlabeled_pool=transductive)
     pool_labeled, _, pool_validation = split_problems(pool, 5, 4, seed=7, n_validation=8)
     assert labeled.equals(pool_labeled) and validation.equals(pool_validation)  # labeled RL is the pool arm's
-    assert unlabeled.schema == UNLABELED_SCHEMA and unlabeled.height == 4
-    assert set(unlabeled["problem_id"]) <= set(transductive["problem_id"])
+    assert unlabeled.schema == UNLABELED_SCHEMA and set(unlabeled["problem_id"]) == set(transductive["problem_id"])
     gold_by_id = dict(held_out.select("problem_id", "gold_answer").iter_rows())
     assert all(gold_by_id[pid] == gold for pid, gold in unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
-    other_seed = split_problems(pool, 5, 4, seed=8, n_validation=8, unlabeled_pool=transductive)[1]
-    assert other_seed["problem_id"].to_list() != unlabeled["problem_id"].to_list()
-    whole_half = split_problems(pool, 5, 6, seed=8, unlabeled_pool=transductive)[1]
-    assert set(whole_half["problem_id"]) == set(transductive["problem_id"])
     # 30 pool problems suffice for 5 labeled + 25 validation: the unlabeled ones come from elsewhere
-    assert split_problems(pool, 5, 6, seed=0, n_validation=25, unlabeled_pool=transductive)[2].height == 25
-    with pytest.raises(ValueError, match="asked for 7 test-time unlabeled problems, but the transductive half has only 6"):
-        split_problems(pool, 5, 7, seed=0, unlabeled_pool=transductive)
+    assert split_problems(pool, 5, 0, seed=0, n_validation=25, unlabeled_pool=transductive)[2].height == 25
+    with pytest.raises(ValueError, match="non-empty transductive half"):
+        split_problems(pool, 5, 0, seed=0, unlabeled_pool=transductive.clear())
 
 
 def test_split_rejects_impossible_sizes():
@@ -326,8 +321,8 @@ def test_split_rejects_impossible_sizes():
 
 def test_drop_overlap_ignores_case_and_whitespace():
     problems = small_table(4)
-    reference = pl.DataFrame({"prompt": ["  what IS 1 +\n1? ", "What is 3 + 1"]})
-    assert drop_overlap(problems, reference)["problem_id"].to_list() == ["p00", "p02", "p03"]
+    reference = pl.DataFrame({"problem_id": ["x", "y", "p03"], "prompt": ["  what IS 1 +\n1? ", "What is 3 + 1", "another prompt"]})
+    assert drop_overlap(problems, reference)["problem_id"].to_list() == ["p00", "p02"]  # p03: same id, other text
 
 
 def test_fingerprint_is_stable_and_content_sensitive():

@@ -12,6 +12,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
@@ -149,7 +150,7 @@ def test_calibration_is_pooled_over_a_group_s_seeds(lake: Path) -> None:
     for index, arm in enumerate(ARMS):
         buckets = pl.DataFrame({"bucket": ["[0.0, 0.3)", "[0.9, 1.0]"], "problems": [4, 10], "labels_correct": [1, 8 + index]})
         buckets.with_columns(label_accuracy=pl.col("labels_correct") / pl.col("problems")).write_json(
-            layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name) / "audit_by_agreement.json"
+            layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name) / AUDIT_BUCKETS_FILE
         )
     results = collect(lake, ARMS, rounds=2)
     pooled = {(row["group"], row["bucket"]): row for row in results.calibration.iter_rows(named=True)}

@@ -13,8 +13,9 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
 from noisy_student_assets.core.problems import eval_halves
 from noisy_student_assets.core.reporting import test_time
-from noisy_student_assets.core.reporting.summary import ALL_EVAL, collect, summary_markdown
-from tests.unit.test_summary import COMPUTE, _eval
+from noisy_student_assets.core.reporting.summary import collect, summary_markdown
+from noisy_student_assets.core.reporting.test_time import ALL_EVAL
+from tests.unit.test_summary import _eval
 
 PROBLEMS = 40
 EVAL = pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(PROBLEMS)], "prompt": [f"q{i}" for i in range(PROBLEMS)]})
@@ -47,6 +48,19 @@ def test_the_yardstick_is_measured_on_the_transductive_problems_alone() -> None:
     }
 
 
+def test_set_differences_judge_each_set_only_where_every_seed_has_sets() -> None:
+    sets = test_time.eval_sets(EVAL, pl.Series(sorted(TRANSDUCTIVE_HALF)))
+
+    def scores(correct: set[str]) -> pl.DataFrame:
+        return EVAL.select("problem_id", pl.col("problem_id").is_in(sorted(correct)).alias("greedy_correct"))
+
+    one_seed = test_time.set_differences([(scores(TRANSFER_HALF), scores(set()), sets)], treatment_name="s", control_name="c")
+    assert {name: d.estimate for name, d in one_seed.items()} == {ALL_EVAL: len(TRANSFER_HALF) / PROBLEMS, "transductive": 0.0, "transfer": 1.0}
+    assert one_seed["transfer"].treatment == "s on the transfer problems" and one_seed["transfer"].problems == len(TRANSFER_HALF)
+    mixed = [(scores(TRANSFER_HALF), scores(set()), sets), (scores(TRANSFER_HALF), scores(set()), None)]
+    assert list(test_time.set_differences(mixed, treatment_name="s", control_name="c")) == [ALL_EVAL]
+
+
 def _scores_dir(lake: Path, key, arm: str, correct: set[str]) -> None:
     _eval(lake, key, arm, [pid in correct for pid in EVAL["problem_id"]])
 
@@ -69,7 +83,7 @@ def test_a_test_time_group_is_judged_on_each_eval_set_and_pooled_over_seeds(tmp_
     assert (transductive["seeds"], transductive["problems"], transductive["estimate"]) == (2, len(TRANSDUCTIVE_HALF), 1.0)
     assert (transfer["problems"], transfer["estimate"], transfer["outcome"]) == (len(TRANSFER_HALF), 0.0, "no difference")
     assert rows[("test_time=True", ALL_EVAL)]["estimate"] == pytest.approx(len(TRANSDUCTIVE_HALF) / PROBLEMS)
-    assert all(row["compute_matched"] for row in rows.values()) and COMPUTE
+    assert all(row["compute_matched"] for row in rows.values())
     text = summary_markdown(results)
     assert "round 1 (test_time=True) on the transductive problems beats its labeled-only control: +1.000" in text
     assert "round 1 (test_time=True) on the transfer problems is not distinguishable" in text

@@ -168,6 +168,12 @@ class _ArmSpec(BaseModel):
                     node[leaf] = convert[0](value) if convert else value
         return changes
 
+    def test_time_conflict(self) -> str | None:
+        """Why this spec's data fields contradict each other, or None."""
+        if self.test_time and self.n_unlabeled is not None:
+            return f"a test-time arm's unlabeled problems are the whole transductive half of the held-out set: n_unlabeled={self.n_unlabeled} would not be read"
+        return None
+
     def without_seed(self) -> ArmSpec:
         return self.model_copy(update={"seed": None})
 
@@ -177,6 +183,8 @@ class _ArmSpec(BaseModel):
         a reward the mode has no use for, an agreement band upside down)."""
         for stage, settings in STAGE_SETTINGS.items():
             settings(**apply(settings().model_dump(), self.overrides(stage)))
+        if conflict := self.test_time_conflict():
+            raise ValueError(conflict)
         return self
 
 
@@ -243,15 +251,21 @@ class Experiment(BaseModel):
         return arms
 
     @model_validator(mode="after")
-    def _no_gold_label_control_on_test_time_arms(self) -> Experiment:
-        """The gold-label control trains on the unlabeled problems' gold: on a test-time arm that is the held-out set's."""
-        if GOLD_LABEL_CONTROL in self.controls:
-            test_time = [name for name, spec in self.arms.items() if spec.over(self.defaults).test_time]
-            if test_time:
-                raise ValueError(
-                    f"test-time arms {test_time} draw their unlabeled problems from the held-out set, so the {GOLD_LABEL_CONTROL!r} "
-                    "control would train on eval answers: put these arms in an experiment without it"
-                )
+    def _test_time_arms_where_they_may_be(self) -> Experiment:
+        """A test-time arm's unlabeled problems are held-out ones: the gold-label control would train on their eval
+        answers, and a tuning experiment (held_out_eval false) must not see the held-out set at all."""
+        merged = {name: spec.over(self.defaults) for name, spec in self.arms.items()}
+        for name, spec in merged.items():
+            if conflict := spec.test_time_conflict():
+                raise ValueError(f"arm {name} (with the experiment's defaults): {conflict}")
+        test_time = [name for name, spec in merged.items() if spec.test_time]
+        if test_time and GOLD_LABEL_CONTROL in self.controls:
+            raise ValueError(
+                f"test-time arms {test_time} draw their unlabeled problems from the held-out set, so the {GOLD_LABEL_CONTROL!r} "
+                "control would train on eval answers: put these arms in an experiment without it"
+            )
+        if test_time and not self.held_out_eval:
+            raise ValueError(f"test-time arms {test_time} train on held-out prompts, which a tuning experiment (held_out_eval: false) must not see")
         return self
 
     def arm(self, name: str) -> Arm:

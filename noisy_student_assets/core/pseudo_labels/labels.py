@@ -115,9 +115,8 @@ def audit_pseudo_labels(
         .alias("label_correct"),
         pl.col("agreement").cut(list(AGREEMENT_BUCKETS[1:]), left_closed=True, labels=_bucket_labels()).alias("bucket"),
     )
-    samples = generations.select("problem_id", "answer").with_columns(
-        pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in generations.select("problem_id", "answer").iter_rows()])
-    )
+    samples = generations.select("problem_id", "answer")
+    samples = samples.with_columns(pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in samples.iter_rows()]))
     solved = set(samples.filter("correct")["problem_id"])
     labeled = labels.filter(pl.col("pseudo_label").is_not_null())
     kept = labels.filter("kept")

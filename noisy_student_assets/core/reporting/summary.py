@@ -23,14 +23,11 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, A
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
-from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
 from noisy_student_assets.core.training.compute import compute_comparison
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
 AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k", "teacher_pass_at_k")
-ALL_EVAL = "all"
-"""The `eval_set` of a difference over the whole held-out set (a test-time group adds its transductive and transfer sets)."""
 
 
 def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
@@ -114,8 +111,6 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 )
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
-        test_time_group = all(sets is not None and sets.height for _, sets in arm_runs)
-        eval_sets = (ALL_EVAL, test_time.TRANSDUCTIVE, test_time.TRANSFER) if test_time_group else (ALL_EVAL,)
         for number in range(1, rounds + 1):
             for control in layout.CONTROLS:
                 pairs = [(runs[(number, layout.STUDENT_ROLE)], runs[(number, control)], sets) for runs, sets in arm_runs
@@ -123,16 +118,12 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 if not pairs:
                     continue
                 matched = all(compute_comparison(student.metrics, other.metrics)[0] for student, other, _ in pairs)
-                for eval_set in eval_sets:
-                    difference = paired_difference(
-                        *paired_scores([
-                            (student.scores, other.scores) if eval_set == ALL_EVAL
-                            else (test_time.scores_in(student.scores, sets, eval_set), test_time.scores_in(other.scores, sets, eval_set))
-                            for student, other, sets in pairs
-                        ]),
-                        treatment_name=f"round {number} ({group})" + ("" if eval_set == ALL_EVAL else f" on the {eval_set} problems"),
-                        control_name=f"its {control.replace('_', '-')} control",
-                    )
+                by_set = test_time.set_differences(
+                    [(student.scores, other.scores, sets) for student, other, sets in pairs],
+                    treatment_name=f"round {number} ({group})",
+                    control_name=f"its {control.replace('_', '-')} control",
+                )
+                for eval_set, difference in by_set.items():
                     differences.append(
                         {"experiment": experiment, "group": group, "round": number, "control": control, "eval_set": eval_set}
                         | {key: value for key, value in difference.as_dict().items() if key not in ("treatment", "control")}

@@ -17,8 +17,11 @@ from __future__ import annotations
 import polars as pl
 
 from noisy_student_assets.core.problems import eval_halves
+from noisy_student_assets.core.reporting.verdict import Difference, paired_difference, paired_scores
 
-TRANSDUCTIVE, TRANSFER = "transductive", "transfer"
+ALL_EVAL, TRANSDUCTIVE, TRANSFER = "all", "transductive", "transfer"
+EVAL_SETS = (ALL_EVAL, TRANSDUCTIVE, TRANSFER)
+"""What a difference is measured over: the whole held-out set, or (test-time arms) one of its two sets."""
 YARDSTICK_TABLE = "TTRL yardstick on the transductive problems"
 
 
@@ -33,6 +36,26 @@ def eval_sets(eval_problems: pl.DataFrame, unlabeled_ids: pl.Series) -> pl.DataF
         transductive.select("problem_id", pl.lit(TRANSDUCTIVE).alias("eval_set")),
         transfer.select("problem_id", pl.lit(TRANSFER).alias("eval_set")),
     ])
+
+
+def set_differences(
+    pairs: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]], *, treatment_name: str, control_name: str
+) -> dict[str, Difference]:
+    """Treatment minus control, paired by problem over the seeds of `pairs` (per seed: the treatment's scores, the
+    control's, and the arm's `eval_sets`, None or empty for an arm that is not test-time): over the whole held-out
+    set, and over each of its two sets when every pair has them."""
+    with_sets = all(sets is not None and sets.height for *_, sets in pairs)
+    differences = {}
+    for eval_set in EVAL_SETS if with_sets else (ALL_EVAL,):
+        differences[eval_set] = paired_difference(
+            *paired_scores([
+                (treatment, control) if eval_set == ALL_EVAL else (scores_in(treatment, sets, eval_set), scores_in(control, sets, eval_set))
+                for treatment, control, sets in pairs
+            ]),
+            treatment_name=treatment_name + ("" if eval_set == ALL_EVAL else f" on the {eval_set} problems"),
+            control_name=control_name,
+        )  # fmt: skip
+    return differences
 
 
 def scores_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> pl.DataFrame:

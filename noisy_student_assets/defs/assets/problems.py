@@ -46,12 +46,12 @@ def eval_problems(
     problem_pool: pl.DataFrame,
     stage_resources: StageResources,
 ) -> dg.Output[pl.DataFrame]:
-    """Held-out problems every checkpoint of every arm is evaluated on, minus any prompt of the training
-    pool (so no arm's split can contain one, and arms are compared on the same problems)."""
+    """Held-out problems every checkpoint of every arm is evaluated on, minus any prompt or problem id of the
+    training pool (so no arm's split can contain one, and arms are compared on the same problems)."""
     with stage(context, config, stage_resources) as current:
         source = current.settings.resolved_source
         candidates = load_problems(**source.load_kwargs())
-        held_out = drop_overlap(candidates, problem_pool.select("prompt"))
+        held_out = drop_overlap(candidates, problem_pool.select("problem_id", "prompt"))
         dropped = candidates.height - held_out.height
         current.log_metrics({"rows": held_out.height, "dropped_overlap_with_pool": dropped})
     return dg.Output(
@@ -99,7 +99,7 @@ def problem_split(
     split_metadata = {
         "pool_rows": problem_pool.height,
         "split_seed": settings.seed,
-        "unlabeled_from": "the held-out set's transductive half (test-time arm)" if settings.test_time else "the pool",
+        "unlabeled_from": "the held-out set's transductive half, all of it (test-time arm; n_unlabeled not read)" if settings.test_time else "the pool",
     } | current.metadata
     for name, table in tables.items():
         yield dg.Output(table, name, metadata=_table_metadata(table) | split_metadata)

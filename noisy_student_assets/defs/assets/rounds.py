@@ -341,17 +341,14 @@ def _report_extras(
     import json
 
     from noisy_student_assets.core.reporting import plots, test_time
-    from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
     from noisy_student_assets.core.training.compute import compute_comparison
 
-    def verdict(student_scores: pl.DataFrame, control_scores: pl.DataFrame, on: str = ""):
-        return paired_difference(
-            *paired_scores([(student_scores, control_scores)]),
-            treatment_name=f"{layout.round_prefix(number)} (arm {arm}){on}",
-            control_name="its labeled-only control",
-        )
-
-    difference = verdict(scores, control.scores)
+    labels = pseudo_labels.frame
+    sets = test_time.eval_sets(eval_problems, labels["problem_id"])
+    by_set = test_time.set_differences(
+        [(scores, control.scores, sets)], treatment_name=f"{layout.round_prefix(number)} (arm {arm})", control_name="its labeled-only control"
+    )
+    difference = by_set[test_time.ALL_EVAL]
     matched, compute_table = compute_comparison(metrics, control.metrics)
     lead = f"**Verdict.** {difference.sentence()} " + (
         "Both spent the same optimizer steps, prompts and completions since the base model."
@@ -361,21 +358,18 @@ def _report_extras(
     accuracy = _accuracy_by_round(number, baselines, metrics, control.metrics)
     audit = json.loads(pseudo_labels.extra_files[AUDIT_FILE])
     buckets = pl.read_json(pseudo_labels.extra_files[AUDIT_BUCKETS_FILE].encode())
-    labels = pseudo_labels.frame
     extra_metrics, extra_tables = {}, {}
-    sets = test_time.eval_sets(eval_problems, labels["problem_id"])
     if sets.height:
         counts = dict(sets["eval_set"].value_counts().iter_rows())
         lead += (
             f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {eval_problems.height} eval problems are this arm's "
             f"unlabeled problems: the **transductive** set, whose prompts the teacher sampled and the student trained on (their "
             f"gold stayed hidden). The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
-            "**transfer**. The accuracy above mixes both."
+            "**transfer**. The verdict above is over the whole set, both halves together."
         )
-        for eval_set in (test_time.TRANSDUCTIVE, test_time.TRANSFER):
-            if eval_set not in counts:
+        for eval_set, own in by_set.items():
+            if eval_set == test_time.ALL_EVAL:
                 continue
-            own = verdict(test_time.scores_in(scores, sets, eval_set), test_time.scores_in(control.scores, sets, eval_set), f" on the {eval_set} problems")
             lead += f"\n\n- {eval_set.capitalize()}: {own.sentence()}"
             extra_metrics |= {
                 f"{eval_set}/greedy_accuracy": float(test_time.scores_in(scores, sets, eval_set)["greedy_correct"].cast(pl.Float64).mean()),

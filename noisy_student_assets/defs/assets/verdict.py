@@ -24,7 +24,10 @@ VERDICT_NAME = "verdict"
     deps=[
         dg.AssetKey(layout.BASE_MODEL_EVAL),
         dg.AssetKey(layout.LABELED_RL_EVAL),
+        dg.AssetKey(layout.EVAL_PROBLEMS),  # with each arm's unlabeled problems: a test-time arm's transductive set
+        dg.AssetKey(layout.UNLABELED_PROBLEMS),
         *(round_key(n, layout.eval_of(role)) for n in range(1, ROUNDS + 1) for role in (layout.STUDENT_ROLE, *layout.CONTROLS)),
+        *(round_key(n, layout.PSEUDO_LABELS) for n in range(1, ROUNDS + 1)),  # their audits
     ],
     description="Every registered arm's rounds against their compute-matched controls: differences with paired "
     "bootstrap intervals (over problems, and over seeds for arms that differ only by seed), accuracy by round.",
@@ -36,7 +39,8 @@ def verdict(
     import mlflow
 
     from noisy_student_assets.core.reporting import plots
-    from noisy_student_assets.core.reporting.summary import ALL_EVAL, collect, summary_markdown
+    from noisy_student_assets.core.reporting.summary import collect, summary_markdown
+    from noisy_student_assets.core.reporting.test_time import ALL_EVAL
 
     arms = []
     for name in context.instance.get_dynamic_partitions(ARMS.name):
