@@ -78,7 +78,7 @@ def test_shared_assets_and_an_arms_split_materialize(lake_root: Path, tiny_model
 def test_arms_draw_their_own_split_and_rematerializing_replaces_it(lake_root: Path, tiny_model_dir: Path) -> None:
     lake = DataLake(root=str(lake_root))
     with arms_instance() as instance:
-        materialize(lake, [layout.PROBLEM_POOL], _config(tiny_model_dir), instance=instance)
+        materialize(lake, [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS], _config(tiny_model_dir), instance=instance)
         materialize(lake, SPLIT, _config(tiny_model_dir), arm="a", instance=instance)
         materialize(lake, SPLIT, _config(tiny_model_dir), arm="b", instance=instance)
         first = pl.read_parquet(lake_root / "labeled_problems" / "a" / "data.parquet")
