@@ -252,20 +252,28 @@ class Grid:
         }
         selected = targets if always else stale_assets(targets, parents, materialized_at, recorded, current)
         where = f"arm {partition}" if partition else "shared"
-        checked = self._evaluate_unevaluated_checks([name for name in targets if name not in selected], latest, partition, where)
+        kept = [name for name in targets if name not in selected]
+        # A check that also reads a selected asset (a control's compute_matched reads the student) waits for it.
+        checked = self._evaluate_unevaluated_checks(kept, latest, partition, where, waiting_on=selected)
         if not selected:
             print(f"[grid] {where}: up to date", flush=True)
             return checked
         print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
         result = materialize_selection(selected, partition=partition, raise_on_error=False, **self._run_settings())
-        return _succeeded(result, where) and checked
+        if not _succeeded(result, where):
+            return False
+        return self._evaluate_unevaluated_checks(kept, latest, partition, where) and checked
 
-    def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str) -> bool:
+    def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str, waiting_on: list[str] = ()) -> bool:
         """Run the checks of the assets `names` (not redone in this run) that never judged their latest
-        materialization; False if that run failed."""
+        materialization, except those that also read an asset in `waiting_on`; False if that run failed."""
         from noisy_student_assets.defs.sensors import latest_check_targets
 
-        checks = [check for name in names for check in self.graph.get(self._key(name)).check_keys if check in self.check_steps]
+        waiting = {self._key(name) for name in waiting_on}
+        checks = [
+            check for name in names for check in self.graph.get(self._key(name)).check_keys
+            if check in self.check_steps and not {dep.asset_key for dep in self.graph.get_check_spec(check).additional_deps} & waiting
+        ]  # fmt: skip
         materializations = {self._key(name): latest[name].storage_id if latest[name] else None for name in names}
         pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
         if not pending:
