@@ -47,6 +47,12 @@ def experiment_assets(experiment, rounds: int) -> list[str]:
     return names
 
 
+def checks_not_waiting(graph, checks: Iterable, waiting: set) -> list:
+    """The `checks` that read none of the asset keys in `waiting` beside their own asset (a control's
+    `compute_matched` also reads the round's student)."""
+    return [check for check in checks if not {dep.asset_key for dep in graph.get_check_spec(check).additional_deps} & waiting]
+
+
 def stale_assets(
     targets: list[str],
     parents: dict[str, list[str]],
@@ -269,11 +275,8 @@ class Grid:
         materialization, except those that also read an asset in `waiting_on`; False if that run failed."""
         from noisy_student_assets.defs.sensors import latest_check_targets
 
-        waiting = {self._key(name) for name in waiting_on}
-        checks = [
-            check for name in names for check in self.graph.get(self._key(name)).check_keys
-            if check in self.check_steps and not {dep.asset_key for dep in self.graph.get_check_spec(check).additional_deps} & waiting
-        ]  # fmt: skip
+        own_steps = [check for name in names for check in self.graph.get(self._key(name)).check_keys if check in self.check_steps]
+        checks = checks_not_waiting(self.graph, own_steps, {self._key(name) for name in waiting_on})
         materializations = {self._key(name): latest[name].storage_id if latest[name] else None for name in names}
         pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
         if not pending:

@@ -6,7 +6,13 @@ import dagster as dg
 
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
 from noisy_student_assets.core.settings import ComputeSettings, LauncherSettings
-from noisy_student_assets.defs.grid import experiment_assets, stale_assets, unevaluated_checks, with_experiment_resources
+from noisy_student_assets.defs.grid import (
+    checks_not_waiting,
+    experiment_assets,
+    stale_assets,
+    unevaluated_checks,
+    with_experiment_resources,
+)
 
 TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
 PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}
@@ -51,6 +57,19 @@ def test_a_check_is_evaluated_again_only_when_it_did_not_judge_the_latest_materi
     targets = {judged: 7, killed_before: None, stale: 3, nothing_yet: None}
     assert unevaluated_checks(targets, {student: 7, control: 9, report: None}) == [killed_before, stale]
     assert unevaluated_checks({judged: 7}, {student: 7}) == []
+
+
+def test_a_control_s_compute_match_waits_for_a_student_the_run_redoes() -> None:
+    from noisy_student_assets.core import layout
+    from noisy_student_assets.defs.code_location import defs
+
+    graph = defs.resolve_asset_graph()
+    control = dg.AssetKey(layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)))
+    student = dg.AssetKey(layout.round_asset(1, layout.STUDENT))
+    checks = sorted(graph.get(control).check_keys, key=lambda check: check.name)
+    assert [c.name for c in checks] == ["compute_matched", "finite_weights", "smoke_generation"]
+    assert [c.name for c in checks_not_waiting(graph, checks, {student})] == ["finite_weights", "smoke_generation"]
+    assert checks_not_waiting(graph, checks, {dg.AssetKey(layout.LABELED_RL)}) == checks
 
 
 def test_an_experiment_names_its_launcher_by_kind_or_by_its_fields_and_the_command_line_replaces_the_kind() -> None:
