@@ -3,7 +3,7 @@
     python -m noisy_student_assets.grid register experiments/tau.yaml   # its arms become `arm` partitions
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
     python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
-    python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's latest outcome, per arm
+    python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's outcome, per arm
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
 like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
@@ -201,26 +201,32 @@ class Grid:
             self._set_gpu_pool_limit(1)
 
     def check_outcomes(self) -> list[dict]:
-        """Each check of every arm's assets (and of the shared ones): the status of its latest execution (SUCCEEDED:
-        passed; FAILED: judged and failed; PLANNED: its run was killed before the check's step; none: never run) and
-        whether that execution judged the asset's latest materialization."""
-        from noisy_student_assets.defs.sensors import latest_check_executions, latest_check_targets
+        """Each check of every arm's assets (and of the shared ones) on the asset's latest materialization: passed,
+        failed, or not judged (never evaluated on it). Read from the evaluation events that target that
+        materialization, in its own run (checks inside the asset) or in the run that last evaluated the check (checks
+        that are steps of their own): Dagster records the former without their partition."""
+        from noisy_student_assets.defs.sensors import latest_check_executions
 
         rows = []
         scopes = [(None, self._shared_targets())]
         scopes += [(arm.name, experiment_assets(self.experiment, self.experiment.rounds)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
-            checks = [check for name in names for check in self.graph.get(self._key(name)).check_keys]
-            latest = latest_check_executions(self.instance, checks, partition)
-            materializations = {
-                self._key(name): record.storage_id if (record := self._latest(name, partition)) else None for name in names
-            }
-            stale = set(unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations))
-            rows += [
-                {"arm": partition or "(shared)", "asset": check.asset_key.to_user_string(), "check": check.name,
-                 "status": latest[check].status.value if check in latest else "none", "judged_latest": check not in stale}
-                for check in checks
-            ]  # fmt: skip
+            for name in names:
+                checks = list(self.graph.get(self._key(name)).check_keys)
+                materialization = self._latest(name, partition)
+                judged = {}
+                if materialization is not None:
+                    runs = {materialization.run_id} | {record.run_id for record in latest_check_executions(self.instance, checks, partition).values()}
+                    for run_id in runs:
+                        for event in self.instance.all_logs(run_id, of_type=self.dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+                            evaluation = event.dagster_event.event_specific_data
+                            target = evaluation.target_materialization_data
+                            if evaluation.asset_check_key in checks and target and target.storage_id == materialization.storage_id:
+                                judged[evaluation.asset_check_key] = "passed" if evaluation.passed else "failed"
+                rows += [
+                    {"arm": partition or "(shared)", "asset": name, "check": check.name, "outcome": judged.get(check, "not judged")}
+                    for check in checks
+                ]
         return rows
 
     def _set_gpu_pool_limit(self, limit: int) -> None:
@@ -339,13 +345,13 @@ def with_experiment_resources(experiment, kind: str | None = None) -> dict:
 
 
 def _print_check_outcomes(rows: list[dict]) -> None:
-    """Each check's latest outcome per arm, then a count by check and status."""
+    """Each check's outcome on its asset's latest materialization, per arm, then a count by check and outcome."""
     import polars as pl
 
     from noisy_student_assets.core.reporting.markdown import markdown_table
 
-    table = pl.DataFrame(rows, schema={"arm": pl.Utf8, "asset": pl.Utf8, "check": pl.Utf8, "status": pl.Utf8, "judged_latest": pl.Boolean})
-    counts = table.group_by("check", "status", "judged_latest").len("checks").sort("check", "status", "judged_latest")
+    table = pl.DataFrame(rows, schema={"arm": pl.Utf8, "asset": pl.Utf8, "check": pl.Utf8, "outcome": pl.Utf8})
+    counts = table.group_by("check", "outcome").len("checks").sort("check", "outcome")
     print(markdown_table(table) + "\n\n" + markdown_table(counts))
 
 

@@ -105,4 +105,6 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     assert checks.returncode == 0, checks.stderr[-3000:]
     student = "/".join(layout.round_asset(1, layout.STUDENT))
     for asset, name in ((layout.LABELED_RL, FINITE_WEIGHTS), (student, FINITE_WEIGHTS), (student, SMOKE_GENERATION)):
-        assert f"| {ARM} | {asset} | {name} | SUCCEEDED | True |" in checks.stdout, checks.stdout
+        assert f"| {ARM} | {asset} | {name} | passed |" in checks.stdout, checks.stdout
+    report = "/".join(layout.round_asset(1, layout.EVAL_REPORT))
+    assert f"| {ARM} | {report} | eval_not_degenerate | passed |" in checks.stdout, checks.stdout  # a check inside its asset
