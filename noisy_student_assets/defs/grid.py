@@ -207,7 +207,7 @@ class Grid:
         that are steps of their own): Dagster records the former without their partition."""
         from noisy_student_assets.defs.sensors import latest_check_executions
 
-        rows = []
+        rows, run_evaluations = [], {}
         scopes = [(None, self._shared_targets())]
         scopes += [(arm.name, experiment_assets(self.experiment, self.experiment.rounds)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
@@ -218,8 +218,10 @@ class Grid:
                 if materialization is not None:
                     runs = {materialization.run_id} | {record.run_id for record in latest_check_executions(self.instance, checks, partition).values()}
                     for run_id in runs:
-                        for event in self.instance.all_logs(run_id, of_type=self.dg.DagsterEventType.ASSET_CHECK_EVALUATION):
-                            evaluation = event.dagster_event.event_specific_data
+                        if run_id not in run_evaluations:  # one run holds many assets' checks: its log is read once
+                            events = self.instance.all_logs(run_id, of_type=self.dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+                            run_evaluations[run_id] = [event.dagster_event.event_specific_data for event in events]
+                        for evaluation in run_evaluations[run_id]:
                             target = evaluation.target_materialization_data
                             if evaluation.asset_check_key in checks and target and target.storage_id == materialization.storage_id:
                                 judged[evaluation.asset_check_key] = "passed" if evaluation.passed else "failed"

@@ -68,15 +68,17 @@ def yardstick(audit: dict, teacher_scores: pl.DataFrame, student_scores: pl.Data
     audit: the round's samples against the hidden gold) and mean sampled accuracy, the student's greedy accuracy
     and its labeled-only control's."""
 
-    def greedy(scores: pl.DataFrame) -> float:
-        return float(scores_in(scores, sets, TRANSDUCTIVE)["greedy_correct"].cast(pl.Float64).mean())
-
     return pl.DataFrame([{
         "problems": int((sets["eval_set"] == TRANSDUCTIVE).sum()),
-        "teacher_greedy": greedy(teacher_scores),
+        "teacher_greedy": greedy_accuracy_in(teacher_scores, sets, TRANSDUCTIVE),
         "teacher_maj_at_k": audit["teacher_maj_at_k"],
         "teacher_pass_at_k": audit["teacher_pass_at_k"],
         "teacher_sampled_pass_at_1": audit["teacher_pass_at_1"],
-        "student_greedy": greedy(student_scores),
-        "labeled_only_greedy": greedy(control_scores),
+        "student_greedy": greedy_accuracy_in(student_scores, sets, TRANSDUCTIVE),
+        "labeled_only_greedy": greedy_accuracy_in(control_scores, sets, TRANSDUCTIVE),
     }])
+
+
+def greedy_accuracy_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> float:
+    """An eval's greedy accuracy over the problems of `eval_set`."""
+    return float(scores_in(scores, sets, eval_set)["greedy_correct"].cast(pl.Float64).mean())

@@ -372,7 +372,7 @@ def _report_extras(
                 continue
             lead += f"\n\n- {eval_set.capitalize()}: {own.sentence()}"
             extra_metrics |= {
-                f"{eval_set}/greedy_accuracy": float(test_time.scores_in(scores, sets, eval_set)["greedy_correct"].cast(pl.Float64).mean()),
+                f"{eval_set}/greedy_accuracy": test_time.greedy_accuracy_in(scores, sets, eval_set),
                 f"verdict/{eval_set}/difference": own.estimate,
                 f"verdict/{eval_set}/ci_low": own.low,
                 f"verdict/{eval_set}/ci_high": own.high,
