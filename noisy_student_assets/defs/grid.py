@@ -202,10 +202,8 @@ class Grid:
 
     def check_outcomes(self) -> list[dict]:
         """Each check of every arm's assets (and of the shared ones) on the asset's latest materialization: passed,
-        failed, or not judged (never evaluated on it). Read from the evaluation events that target that
-        materialization, in its own run (checks inside the asset) or in the run that last evaluated the check (checks
-        that are steps of their own): Dagster records the former without their partition."""
-        from noisy_student_assets.defs.sensors import latest_check_executions
+        failed, or not judged (never evaluated on it)."""
+        from noisy_student_assets.defs.sensors import check_outcomes_on
 
         rows, run_evaluations = [], {}
         scopes = [(None, self._shared_targets())]
@@ -214,17 +212,8 @@ class Grid:
             for name in names:
                 checks = list(self.graph.get(self._key(name)).check_keys)
                 materialization = self._latest(name, partition)
-                judged = {}
-                if materialization is not None:
-                    runs = {materialization.run_id} | {record.run_id for record in latest_check_executions(self.instance, checks, partition).values()}
-                    for run_id in runs:
-                        if run_id not in run_evaluations:  # one run holds many assets' checks: its log is read once
-                            events = self.instance.all_logs(run_id, of_type=self.dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-                            run_evaluations[run_id] = [event.dagster_event.event_specific_data for event in events]
-                        for evaluation in run_evaluations[run_id]:
-                            target = evaluation.target_materialization_data
-                            if evaluation.asset_check_key in checks and target and target.storage_id == materialization.storage_id:
-                                judged[evaluation.asset_check_key] = "passed" if evaluation.passed else "failed"
+                passed = check_outcomes_on(self.instance, materialization, checks, partition, run_evaluations) if materialization else {}
+                judged = {check: "passed" if outcome else "failed" for check, outcome in passed.items()}
                 rows += [
                     {"arm": partition or "(shared)", "asset": name, "check": check.name, "outcome": judged.get(check, "not judged")}
                     for check in checks

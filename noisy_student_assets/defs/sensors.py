@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import dagster as dg
 from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
@@ -56,14 +55,38 @@ def latest_check_targets(
     return targets
 
 
+def check_outcomes_on(
+    instance: dg.DagsterInstance,
+    materialization,
+    checks: Sequence[dg.AssetCheckKey],
+    partition: str | None,
+    run_evaluations: dict[str, list] | None = None,
+) -> dict[dg.AssetCheckKey, bool]:
+    """Whether each of `checks` passed on `materialization` (a record from `latest_materialization`), for those
+    that judged it. Read from the evaluation events that target it, in its own run and then in the runs that
+    last evaluated the checks as steps of their own: Dagster records a check yielded inside a partitioned asset
+    without its partition, so no partition filter finds it. `run_evaluations` keeps each run's evaluations
+    across calls (one run holds many assets' checks)."""
+    cache = {} if run_evaluations is None else run_evaluations
+    step_runs = [record.run_id for record in latest_check_executions(instance, checks, partition).values()]
+    passed: dict[dg.AssetCheckKey, bool] = {}
+    for run_id in dict.fromkeys([materialization.run_id, *step_runs]):
+        if run_id not in cache:
+            events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+            cache[run_id] = [event.dagster_event.event_specific_data for event in events]
+        for evaluation in cache[run_id]:
+            target = evaluation.target_materialization_data
+            if evaluation.asset_check_key in checks and target and target.storage_id == materialization.storage_id:
+                passed[evaluation.asset_check_key] = evaluation.passed
+    return passed
+
+
 def _round_state(instance: dg.DagsterInstance, number: int, arm: str) -> RoundState:
     report = round_key(number, layout.EVAL_REPORT)
     check = dg.AssetCheckKey(report, NO_EVAL_REGRESSION)
-    latest = latest_check_executions(instance, [check], arm)
-    return RoundState(
-        evaluated=latest_materialization(instance, report, arm) is not None,
-        regressed=check in latest and latest[check].status == AssetCheckExecutionRecordStatus.FAILED,
-    )
+    materialization = latest_materialization(instance, report, arm)
+    passed = check_outcomes_on(instance, materialization, [check], arm) if materialization else {}
+    return RoundState(evaluated=materialization is not None, regressed=passed.get(check) is False)
 
 
 def build_next_round_sensor(round_jobs: Sequence[dg.UnresolvedAssetJobDefinition]) -> dg.SensorDefinition:

@@ -1,5 +1,6 @@
-"""The next-round sensor against an instance whose arms stand at different rounds (materializations and
-check results reported to it directly: what the sensor reads, without training anything)."""
+"""The next-round sensor against an instance whose arms stand at different rounds: stand-in assets with the
+round's keys are materialized per arm, their `no_eval_regression` check yielded inside the eval report as the
+real asset yields it (Dagster records such a check without its partition), without training anything."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dagster as dg
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.definitions import defs
-from noisy_student_assets.defs.checks import NO_EVAL_REGRESSION
+from noisy_student_assets.defs.checks import NO_EVAL_REGRESSION, no_eval_regression_spec
 from noisy_student_assets.defs.partitions import ARMS, round_key
 from noisy_student_assets.defs.sensors import NEXT_ROUND_TAG
 from resources.experiments import ExperimentFiles
@@ -19,16 +20,18 @@ def _materialized(instance: dg.DagsterInstance, key: dg.AssetKey, arm: str) -> N
 
 
 def _round_done(instance: dg.DagsterInstance, number: int, arm: str, *, regressed: bool) -> None:
-    for name in (layout.STUDENT, layout.EVAL_REPORT):
-        _materialized(instance, round_key(number, name), arm)
-    evaluation = dg.AssetCheckEvaluation(
-        asset_key=round_key(number, layout.EVAL_REPORT),
-        check_name=NO_EVAL_REGRESSION,
-        passed=not regressed,
-        severity=dg.AssetCheckSeverity.WARN,
-        partition=arm,
-    )
-    instance.report_runless_asset_event(evaluation)
+    report = round_key(number, layout.EVAL_REPORT)
+
+    @dg.asset(key=round_key(number, layout.STUDENT), partitions_def=ARMS)
+    def student() -> None:
+        return None
+
+    @dg.asset(key=report, partitions_def=ARMS, deps=[student], check_specs=[no_eval_regression_spec(report)])
+    def eval_report():
+        yield dg.MaterializeResult()
+        yield dg.AssetCheckResult(check_name=NO_EVAL_REGRESSION, passed=not regressed, severity=dg.AssetCheckSeverity.WARN)
+
+    assert dg.materialize([student, eval_report], instance=instance, partition_key=arm).success
 
 
 def _requests(instance: dg.DagsterInstance) -> dict[str, dg.RunRequest]:
@@ -45,8 +48,8 @@ def test_each_arm_is_offered_its_next_round_and_no_other() -> None:
         for arm in ("a", "b", "c"):
             _materialized(instance, dg.AssetKey(layout.LABELED_RL), arm)
             _materialized(instance, dg.AssetKey(layout.LABELED_RL_EVAL), arm)
-        _round_done(instance, 1, "b", regressed=False)
         _round_done(instance, 1, "c", regressed=True)
+        _round_done(instance, 1, "b", regressed=False)  # the latest evaluation of the check is now b's
         requests = _requests(instance)
 
         assert set(requests) == {"a", "b"}, "g has no labeled-RL eval, c's round 1 regressed, no file declares undeclared"
