@@ -19,7 +19,6 @@ from noisy_student_assets.core import layout
 STAGING_DIR_NAME = ".staging"
 WORK_DIR_NAME = ".work"
 INDEX_DIR_NAME = ".index"
-TABLE_FILE_NAME = layout.TABLE_FILE_NAME
 CONTENT_KEY_FILE = "content_key.txt"
 """In an artifact that may be reused: a sha256 of everything that shaped it (see `DataLake.recall`)."""
 
@@ -109,7 +108,7 @@ class DataLake(dg.ConfigurableResource):
     def read_sidecars(self, asset_key: dg.AssetKey, partition_key: str | None) -> dict[str, str]:
         """The small text files published beside a table (see `write_table`), by name."""
         directory = self.artifact_dir(asset_key, partition_key)
-        return {path.name: path.read_text() for path in sorted(directory.iterdir()) if path.name != TABLE_FILE_NAME}
+        return {path.name: path.read_text() for path in sorted(directory.iterdir()) if path.name != layout.TABLE_FILE_NAME}
 
     def write_table(
         self,
@@ -120,13 +119,13 @@ class DataLake(dg.ConfigurableResource):
     ) -> Path:
         """Publish `frame` as `<artifact dir>/data.parquet`, with small text files beside it."""
         staged = self.staging_dir()
-        frame.write_parquet(staged / TABLE_FILE_NAME)
+        frame.write_parquet(staged / layout.TABLE_FILE_NAME)
         for name, text in (extra_files or {}).items():
             (staged / name).write_text(text)
-        return self.publish(staged, asset_key, partition_key) / TABLE_FILE_NAME
+        return self.publish(staged, asset_key, partition_key) / layout.TABLE_FILE_NAME
 
     def read_table(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> pl.DataFrame:
-        path = self.artifact_dir(asset_key, partition_key) / TABLE_FILE_NAME
+        path = self.artifact_dir(asset_key, partition_key) / layout.TABLE_FILE_NAME
         if not path.exists():
             where = f" arm {partition_key}" if partition_key else ""
             raise FileNotFoundError(f"{asset_key.to_user_string()}{where} has no table at {path}: materialize it first")

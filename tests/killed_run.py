@@ -31,7 +31,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.sampling import SampleShards
-from resources.data_lake import TABLE_FILE_NAME, DataLake
+from resources.data_lake import DataLake
 from tests.lakes import materialize
 from tests.tiny_configs import TINY_GRPO, op, round_names, tiny_config, with_op_config
 
@@ -72,7 +72,7 @@ def arrange(fault: str, ready: Path) -> None:
         write_parquet = pl.DataFrame.write_parquet
 
         def stop_in_generations(frame, file, *args, **kwargs):
-            if Path(file).name != TABLE_FILE_NAME or "sample_index" not in frame.columns:  # not the generations table
+            if Path(file).name != layout.TABLE_FILE_NAME or "sample_index" not in frame.columns:  # not the generations table
                 return write_parquet(frame, file, *args, **kwargs)
             scratch = Path(str(file) + ".whole")
             write_parquet(frame, scratch, *args, **kwargs)

@@ -138,9 +138,8 @@ def split_problems(
     """
     from_pool = n_unlabeled if unlabeled_pool is None else 0
     if n_labeled < 1 or n_validation < 0 or (unlabeled_pool is None and n_unlabeled < 1):
-        raise ValueError(
-            f"n_labeled and n_unlabeled must both be >= 1 and n_validation >= 0, got {n_labeled}, {n_unlabeled}, {n_validation}"
-        )
+        wanted = "n_labeled >= 1" + (" and n_unlabeled >= 1" if unlabeled_pool is None else "") + " and n_validation >= 0"
+        raise ValueError(f"{wanted}, got n_labeled={n_labeled}, n_unlabeled={n_unlabeled}, n_validation={n_validation}")
     needed = n_labeled + from_pool + n_validation
     if needed > problems.height:
         raise ValueError(

@@ -63,21 +63,22 @@ def check_outcomes_on(
     run_evaluations: dict[str, list] | None = None,
 ) -> dict[dg.AssetCheckKey, bool]:
     """Whether each of `checks` passed on `materialization` (a record from `latest_materialization`), for those
-    that judged it. Read from the evaluation events that target it, in its own run and then in the runs that
-    last evaluated the checks as steps of their own: Dagster records a check yielded inside a partitioned asset
-    without its partition, so no partition filter finds it. `run_evaluations` keeps each run's evaluations
-    across calls (one run holds many assets' checks)."""
+    that judged it. Read from the evaluation events that target it, in its own run and then in the run that last
+    evaluated the check as a step of its own, whose outcome wins: Dagster records a check yielded inside a
+    partitioned asset without its partition, so no partition filter finds it. `run_evaluations` keeps each run's
+    evaluations across calls (one run holds many assets' checks)."""
     cache = {} if run_evaluations is None else run_evaluations
-    step_runs = [record.run_id for record in latest_check_executions(instance, checks, partition).values()]
+    latest = latest_check_executions(instance, checks, partition)
     passed: dict[dg.AssetCheckKey, bool] = {}
-    for run_id in dict.fromkeys([materialization.run_id, *step_runs]):
-        if run_id not in cache:
-            events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-            cache[run_id] = [event.dagster_event.event_specific_data for event in events]
-        for evaluation in cache[run_id]:
-            target = evaluation.target_materialization_data
-            if evaluation.asset_check_key in checks and target and target.storage_id == materialization.storage_id:
-                passed[evaluation.asset_check_key] = evaluation.passed
+    for check in checks:
+        for run_id in dict.fromkeys([materialization.run_id] + ([latest[check].run_id] if check in latest else [])):
+            if run_id not in cache:
+                events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+                cache[run_id] = [event.dagster_event.event_specific_data for event in events]
+            for evaluation in cache[run_id]:
+                target = evaluation.target_materialization_data
+                if evaluation.asset_check_key == check and target and target.storage_id == materialization.storage_id:
+                    passed[check] = evaluation.passed
     return passed
 
 

@@ -315,8 +315,10 @@ def test_split_rejects_impossible_sizes():
     problems = small_table(10)
     with pytest.raises(ValueError, match=r"6 labeled \+ 5 unlabeled \+ 0 validation = 11 problems, but the table has only 10"):
         split_problems(problems, 6, 5, seed=0)
-    with pytest.raises(ValueError, match="must both be >= 1 and n_validation >= 0, got 3, 0, 0"):
+    with pytest.raises(ValueError, match="n_unlabeled >= 1 and n_validation >= 0, got n_labeled=3, n_unlabeled=0, n_validation=0"):
         split_problems(problems, 3, 0, seed=0)
+    with pytest.raises(ValueError, match=r"^n_labeled >= 1 and n_validation >= 0, got n_labeled=0"):  # test-time: n_unlabeled unread
+        split_problems(problems, 0, 0, seed=0, unlabeled_pool=problems)
 
 
 def test_drop_overlap_ignores_case_and_whitespace():

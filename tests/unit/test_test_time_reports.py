@@ -15,7 +15,7 @@ from noisy_student_assets.core.problems import eval_halves
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.summary import collect, summary_markdown
 from noisy_student_assets.core.reporting.test_time import ALL_EVAL
-from tests.unit.test_summary import _eval
+from tests.unit.test_summary import COMPUTE, _eval
 
 PROBLEMS = 40
 EVAL = pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(PROBLEMS)], "prompt": [f"q{i}" for i in range(PROBLEMS)]})
@@ -59,6 +59,10 @@ def test_set_differences_judge_each_set_only_where_every_seed_has_sets() -> None
     assert one_seed["transfer"].treatment == "s on the transfer problems" and one_seed["transfer"].problems == len(TRANSFER_HALF)
     mixed = [(scores(TRANSFER_HALF), scores(set()), sets), (scores(TRANSFER_HALF), scores(set()), None)]
     assert list(test_time.set_differences(mixed, treatment_name="s", control_name="c")) == [ALL_EVAL]
+    one_problem = EVAL.head(1)  # its transductive half is all of it: no transfer problem
+    sets = test_time.eval_sets(one_problem, one_problem["problem_id"])
+    single = [(one_problem.select("problem_id", pl.lit(True).alias("greedy_correct")), one_problem.select("problem_id", pl.lit(False).alias("greedy_correct")), sets)]
+    assert list(test_time.set_differences(single, treatment_name="s", control_name="c")) == [ALL_EVAL, "transductive"]
 
 
 def _scores_dir(lake: Path, key, arm: str, correct: set[str]) -> None:
@@ -95,11 +99,14 @@ def _table_path(lake: Path, name: str, arm: str | None) -> Path:
     return directory / layout.TABLE_FILE_NAME
 
 
-def test_the_audit_columns_carry_the_teacher_s_maj_and_pass_at_k(tmp_path: Path) -> None:
-    arm = Experiment(name="tt", arms={"a": ArmSpec(seed=0)}).arm("a")
-    _scores_dir(tmp_path, layout.LABELED_RL_EVAL, arm.name, set())
-    labels = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name)
-    labels.mkdir(parents=True)
-    (labels / "audit.json").write_text(json.dumps({"tau": 0.5, "teacher_maj_at_k": 0.4, "teacher_pass_at_k": 0.7}))
-    audit = collect(tmp_path, [arm], rounds=1).audits.row(0, named=True)
-    assert (audit["teacher_maj_at_k"], audit["teacher_pass_at_k"], audit["student_transductive_greedy"]) == (0.4, 0.7, None)
+def test_the_audit_columns_carry_the_teacher_s_maj_and_pass_at_k_and_a_test_time_student_s_transductive_accuracy(tmp_path: Path) -> None:
+    experiment = Experiment(name="tt", controls=(layout.LABELED_ONLY,), arms={"pool": ArmSpec(seed=0), "tt": ArmSpec(seed=0, test_time=True)})
+    for arm, student_metrics in (("pool", {}), ("tt", {"transductive/greedy_accuracy": 0.75})):
+        _scores_dir(tmp_path, layout.LABELED_RL_EVAL, arm, set())
+        _eval(tmp_path, layout.round_asset(1, layout.EVAL_REPORT), arm, [True, False], compute=COMPUTE | student_metrics)
+        labels = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.PSEUDO_LABELS), arm)
+        labels.mkdir(parents=True)
+        (labels / "audit.json").write_text(json.dumps({"tau": 0.5, "teacher_maj_at_k": 0.4, "teacher_pass_at_k": 0.7}))
+    audits = {row["arm"]: row for row in collect(tmp_path, experiment.all_arms(), rounds=1).audits.iter_rows(named=True)}
+    assert [(audits[arm]["teacher_maj_at_k"], audits[arm]["teacher_pass_at_k"]) for arm in ("pool", "tt")] == [(0.4, 0.7)] * 2
+    assert (audits["pool"]["student_transductive_greedy"], audits["tt"]["student_transductive_greedy"]) == (None, 0.75)

@@ -35,7 +35,7 @@ from noisy_student_assets.defs.checks import (
 )
 from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig, StudentConfig
 from noisy_student_assets.defs.partitions import ARMS, round_group, round_key, teacher_key
-from resources.data_lake import CONTENT_KEY_FILE, TABLE_FILE_NAME, LakeTable
+from resources.data_lake import CONTENT_KEY_FILE, LakeTable
 from resources.stage_resources import StageResources
 
 ACCURACY_TABLE = "Accuracy per round and chain"
@@ -170,7 +170,7 @@ def round_definitions(number: int) -> dg.Definitions:
                 eval_problems=eval_problems,
                 deltas_against={name: baselines[name] for name in ("previous_round", "labeled_rl", "base_model") if name in baselines},
                 extras=lambda metrics, scores: _report_extras(
-                    number, arm, pseudo_labels, baselines, metrics, scores, labeled_only_eval, eval_problems
+                    number, arm, pseudo_labels, baselines, metrics, scores, labeled_only_eval, baselines[reference_name], eval_problems
                 ),
             )
         yield dg.Output(staged, metadata=current.metadata)
@@ -239,7 +239,7 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
     if published is not None:
         context.log.info(f"Reusing the samples of {published}: same teacher weights, problems, sampling settings")
         # Bit-identical weights sampled them: they are this teacher's samples, and say so.
-        generations = pl.read_parquet(published / TABLE_FILE_NAME).with_columns(pl.lit(teacher_label).alias("checkpoint"))
+        generations = pl.read_parquet(published / layout.TABLE_FILE_NAME).with_columns(pl.lit(teacher_label).alias("checkpoint"))
     else:
         context.log.info(f"Sampling {settings.k} answers for {unlabeled.height} problems from {teacher}")
         # Shards of an attempt killed midway (same cache key) are kept; this attempt samples the rest.
@@ -333,6 +333,7 @@ def _report_extras(
     metrics: dict[str, float],
     scores: pl.DataFrame,
     control: PublishedEval,
+    teacher: PublishedEval,
     eval_problems: pl.DataFrame,
 ) -> ReportExtras:
     """The verdict against the labeled-only control, the arm's accuracy round by round (the previous report's
@@ -377,7 +378,6 @@ def _report_extras(
                 f"verdict/{eval_set}/ci_low": own.low,
                 f"verdict/{eval_set}/ci_high": own.high,
             }
-        teacher = baselines["previous_round" if number > 1 else "labeled_rl"]
         yardstick = test_time.yardstick(audit, teacher.scores, scores, control.scores, sets)
         extra_metrics |= {f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"}
         extra_tables = {test_time.YARDSTICK_TABLE: yardstick}
