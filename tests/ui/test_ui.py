@@ -32,6 +32,7 @@ def _round(number: int, name: str) -> str:
 # (round 1: labeled RL), pseudo-labels <- generations, student <- pseudo-labels + teacher, eval report <-
 # student + audit + the reports it compares with.
 DRAWN_EDGES = [
+    (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS),  # a test-time arm's unlabeled problems are eval problems
     (layout.LABELED_RL, _round(1, layout.GENERATIONS)),
     (_round(1, layout.GENERATIONS), _round(1, layout.PSEUDO_LABELS)),
     (_round(1, layout.PSEUDO_LABELS), _round(1, layout.STUDENT)),
