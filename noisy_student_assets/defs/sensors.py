@@ -33,26 +33,26 @@ def latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, parti
     return records[0] if records else None
 
 
-def latest_check_executions(instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None) -> dict:
-    """The latest execution record of each check of one partition (or of unpartitioned assets, when `partition` is
-    None) that has one."""
-    return instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+def latest_check_evaluations(instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None) -> dict:
+    """The evaluation of each check's latest execution in one partition (or of unpartitioned assets, when
+    `partition` is None), for the checks that have one: not those never run, or only planned by a run that was
+    killed before the check's step."""
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+    return {
+        check: record.event.dagster_event.event_specific_data
+        for check, record in latest.items()
+        if record.event and record.event.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    }
 
 
 def latest_check_targets(
     instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None
 ) -> dict[dg.AssetCheckKey, int | None]:
     """For each check of one partition (or of unpartitioned assets, when `partition` is None), the storage id
-    of the materialization its latest evaluation judged; None where it has none: never run, or only planned
-    by a run that was killed before the check's step."""
-    latest = latest_check_executions(instance, checks, partition)
-    targets: dict[dg.AssetCheckKey, int | None] = {}
-    for check in checks:
-        event = latest[check].event if check in latest else None
-        evaluation = event.dagster_event.event_specific_data if event and event.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION else None
-        target = evaluation.target_materialization_data if evaluation else None
-        targets[check] = target.storage_id if target else None
-    return targets
+    of the materialization its latest evaluation judged; None where it has none."""
+    evaluations = latest_check_evaluations(instance, checks, partition)
+    targets = {check: evaluations[check].target_materialization_data if check in evaluations else None for check in checks}
+    return {check: target.storage_id if target else None for check, target in targets.items()}
 
 
 def check_outcomes_on(
@@ -63,22 +63,19 @@ def check_outcomes_on(
     run_evaluations: dict[str, list] | None = None,
 ) -> dict[dg.AssetCheckKey, bool]:
     """Whether each of `checks` passed on `materialization` (a record from `latest_materialization`), for those
-    that judged it. Read from the evaluation events that target it, in its own run and then in the run that last
-    evaluated the check as a step of its own, whose outcome wins: Dagster records a check yielded inside a
-    partitioned asset without its partition, so no partition filter finds it. `run_evaluations` keeps each run's
+    that judged it. Read from the evaluations that target it in its own run, then from each check's latest
+    evaluation, which wins (a check step run again later): Dagster records a check yielded inside a partitioned
+    asset without its partition, so only its materialization's run finds it. `run_evaluations` keeps each run's
     evaluations across calls (one run holds many assets' checks)."""
     cache = {} if run_evaluations is None else run_evaluations
-    latest = latest_check_executions(instance, checks, partition)
+    if materialization.run_id not in cache:
+        events = instance.all_logs(materialization.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        cache[materialization.run_id] = [event.dagster_event.event_specific_data for event in events]
     passed: dict[dg.AssetCheckKey, bool] = {}
-    for check in checks:
-        for run_id in dict.fromkeys([materialization.run_id] + ([latest[check].run_id] if check in latest else [])):
-            if run_id not in cache:
-                events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-                cache[run_id] = [event.dagster_event.event_specific_data for event in events]
-            for evaluation in cache[run_id]:
-                target = evaluation.target_materialization_data
-                if evaluation.asset_check_key == check and target and target.storage_id == materialization.storage_id:
-                    passed[check] = evaluation.passed
+    for evaluation in [*cache[materialization.run_id], *latest_check_evaluations(instance, checks, partition).values()]:
+        target = evaluation.target_materialization_data
+        if evaluation.asset_check_key in checks and target and target.storage_id == materialization.storage_id:
+            passed[evaluation.asset_check_key] = evaluation.passed
     return passed
 
 

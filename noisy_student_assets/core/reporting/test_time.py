@@ -44,10 +44,9 @@ def set_differences(
     """Treatment minus control, paired by problem over the seeds of `pairs` (per seed: the treatment's scores, the
     control's, and the arm's `eval_sets`, None or empty for an arm that is not test-time): over the whole held-out
     set, and over each of its two sets that every pair has (a held-out set of one problem has no transfer half)."""
-    with_sets = all(sets is not None and sets.height for *_, sets in pairs)
     differences = {}
-    for eval_set in EVAL_SETS if with_sets else (ALL_EVAL,):
-        if eval_set != ALL_EVAL and not all((sets["eval_set"] == eval_set).any() for *_, sets in pairs):
+    for eval_set in EVAL_SETS:
+        if eval_set != ALL_EVAL and not all(sets is not None and (sets["eval_set"] == eval_set).any() for *_, sets in pairs):
             continue
         differences[eval_set] = paired_difference(
             *paired_scores([
