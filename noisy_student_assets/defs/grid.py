@@ -11,11 +11,11 @@ the verdict. What is already materialized and still current is skipped: an asset
 materialized, when the arm's overrides of its stage changed since (the experiment file was edited), or when
 an input was materialized after it; what is downstream of a redone asset is redone too. A killed grid
 therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
-checkpoints. A check that runs as a step of its own (`finite_weights`, `smoke_generation`,
-`compute_matched`) and never judged its asset's latest materialization, because the grid was killed between
-the two steps, is evaluated alone, without materializing the asset again. The same selection from the UI:
-the `arm_job` (or the assets), *Materialize*, pick the arms: a backfill, which the daemon runs in the same
-order.
+checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is not retried, and no run
+follows. A check that runs as a step of its own (`finite_weights`, `smoke_generation`, `compute_matched`) and
+never judged its asset's latest materialization, because the grid was killed between the two steps, is
+evaluated alone, without materializing the asset again. The same selection from the UI: the `arm_job` (or the
+assets), *Materialize*, pick the arms: a backfill, which the daemon runs in the same order.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import fcntl
 import json
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -347,9 +348,22 @@ def _print_check_outcomes(rows: list[dict]) -> None:
 
 
 def _succeeded(result, where: str) -> bool:
+    """Whether the run succeeded; a failed run is reported and the grid goes on to the next arm, unless the run
+    was interrupted (Ctrl-C, SIGTERM), which stops the grid: Dagster turned the signal into the run's failure."""
     if not result.success:
+        if any(_interrupted(event.step_failure_data.error) for event in result.get_step_failure_events()):
+            raise KeyboardInterrupt(f"run {result.run_id} ({where})")
         print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
     return result.success
+
+
+def _interrupted(error) -> bool:
+    """Whether a step's error (a `SerializableErrorInfo`) was caused by an interrupt."""
+    while error is not None:
+        if error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
+            return True
+        error = error.cause
+    return False
 
 
 def _metadata_text(record, key: str) -> str | None:
@@ -397,8 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "checks":
         _print_check_outcomes(grid.check_outcomes())
         return 0
-    with _ray_cluster_if_needed(grid, args.ray_gpus):
-        return 0 if grid.run(args.rounds, args.parallel_arms) else 1
+    # SIGTERM stops the grid as Ctrl-C does. After each run Dagster gives SIGTERM SIGINT's handler, so SIGINT
+    # must not stay ignored as a shell's background job inherits it.
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.default_int_handler)
+    try:
+        with _ray_cluster_if_needed(grid, args.ray_gpus):
+            return 0 if grid.run(args.rounds, args.parallel_arms) else 1
+    except KeyboardInterrupt as interrupt:
+        during = f" during {interrupt}" if str(interrupt) else ""
+        print(f"[grid] stopped by an interrupt{during}; re-run the grid to resume", flush=True)
+        return 130
 
 
 @contextlib.contextmanager

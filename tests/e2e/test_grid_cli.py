@@ -1,10 +1,12 @@
 """The grid command (`make grid`): killed mid-way, then run again, it resumes where it stopped; `--rounds`
-stops every arm after a round, and a run without it adds the rest (tiny model)."""
+stops every arm after a round, and a run without it adds the rest; SIGTERM stops it mid-step (tiny model)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +19,10 @@ from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.defs.assets.stages import INTERRUPTED
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
 from tests.cli import DagsterCli
-from tests.tiny_configs import tiny_config
+from tests.tiny_configs import TINY_GRPO, tiny_config, with_op_config
 
 pytestmark = pytest.mark.e2e
 
@@ -108,3 +111,42 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
         assert f"| {ARM} | {asset} | {name} | passed |" in checks.stdout, checks.stdout
     report = "/".join(layout.round_asset(1, layout.EVAL_REPORT))
     assert f"| {ARM} | {report} | eval_not_degenerate | passed |" in checks.stdout, checks.stdout  # a check inside its asset
+
+
+def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """Dagster turns the signal into the step's failure: the heavy steps' retry policy would start the stage over,
+    and the grid, seeing only a failed run, would go on to the next."""
+    endless = TINY_GRPO | {"max_steps": 100_000}
+    config = with_op_config(tiny_config(tiny_model_dir, rounds=1), layout.LABELED_RL, grpo=endless)
+    monkeypatch.chdir(dagster_cli.home)
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)):
+        pass
+    log = tmp_path / "grid.log"
+    grid = dagster_cli.grid(EXPERIMENT, config, log)
+    training = re.compile(rf"{layout.LABELED_RL} - step \d+/100000")
+    deadline = time.monotonic() + 600
+    try:
+        while not training.search(log.read_text()):
+            assert grid.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "labeled RL did not start training in 10 minutes"
+            time.sleep(0.5)
+        os.kill(grid.pid, signal.SIGTERM)
+        assert grid.wait(timeout=300) == 130, log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(grid.pid, signal.SIGKILL)  # a grid that did not stop would train on
+    text = log.read_text()
+    assert "[grid] stopped by an interrupt during run" in text and f"(arm {ARM})" in text, text[-3000:]
+    assert f"materializing {layout.VERDICT}" not in text, "the grid did not go on to the next run"
+
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))]
+        (arm_run,) = [run for run in runs if run.tags.get("dagster/partition") == ARM]
+        events = [record.event_log_entry.dagster_event for record in instance.get_records_for_run(arm_run.run_id).records]
+        gpu_pool = instance.event_log_storage.get_concurrency_info("gpu")
+    events = [event for event in events if event is not None]
+    assert arm_run.status == dg.DagsterRunStatus.FAILURE
+    assert not [e for e in events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY], "an interrupt is not retried"
+    (failure,) = [e for e in events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert failure.step_key == layout.LABELED_RL and INTERRUPTED in failure.step_failure_data.error.message
+    assert not gpu_pool.claimed_slots, "the interrupted step's gpu pool slot was freed"

@@ -48,6 +48,7 @@ set 0)."""
 HEAVY = {"pool": GPU_POOL, "retry_policy": dg.RetryPolicy(max_retries=1, delay=RETRY_DELAY_S)}
 """What every heavy asset (sampling, training, evaluation) is declared with: the `gpu` pool, and one retry, which
 resumes from the stage's shards or TRL checkpoints."""
+INTERRUPTED = "stopped by an interrupt (Ctrl-C, SIGTERM, or the run terminated); not retried"
 DATASET_FILE, PROBLEMS_FILE = "dataset.json", "problems.parquet"
 """What a payload reads from a stage's work dir: the training rows, the problems to sample or evaluate."""
 
@@ -102,9 +103,14 @@ def stage(
     for change in replaced:
         context.log.warning(f"arm {arm.name} overrides the run config: {change}")
     run_config = resolved(settings) if isinstance(settings, Settings) else {}
-    with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
-        current = StageRun(context, settings, arm, resources, run.info.run_id)
-        yield current
+    try:
+        with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
+            current = StageRun(context, settings, arm, resources, run.info.run_id)
+            yield current
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as interrupt:
+        # Dagster retries an interrupted step that has a retry policy (HEAVY's): Ctrl-C, SIGTERM or the UI's
+        # "Terminate" would start the stage over instead of stopping it.
+        raise dg.Failure(INTERRUPTED, allow_retries=False) from interrupt
     current.metadata |= {
         "config": dg.MetadataValue.json(run_config),
         "mlflow_run_id": run.info.run_id,
