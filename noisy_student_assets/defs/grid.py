@@ -11,11 +11,12 @@ the verdict. What is already materialized and still current is skipped: an asset
 materialized, when the arm's overrides of its stage changed since (the experiment file was edited), or when
 an input was materialized after it; what is downstream of a redone asset is redone too. A killed grid
 therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
-checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is not retried, and no run
-follows. A check that runs as a step of its own (`finite_weights`, `smoke_generation`, `compute_matched`) and
-never judged its asset's latest materialization, because the grid was killed between the two steps, is
-evaluated alone, without materializing the asset again. The same selection from the UI: the `arm_job` (or the
-assets), *Materialize*, pick the arms: a backfill, which the daemon runs in the same order.
+checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is not retried, and no step or
+run follows (one arm at a time; under `--parallel-arms` only a kill of the process group stops it at once).
+A check that runs as a step of its own (`finite_weights`, `smoke_generation`, `compute_matched`) and never
+judged its asset's latest materialization, because the grid was killed between the two steps, is evaluated
+alone, without materializing the asset again. The same selection from the UI: the `arm_job` (or the assets),
+*Materialize*, pick the arms: a backfill, which the daemon runs in the same order.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class Grid:
             else:
                 jobs = [(self.path, self.run_config, self.launcher_override, targets, arm.name) for arm in arms]
                 with ProcessPoolExecutor(max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    ok = all(pool.map(_materialize_arm, jobs)) and ok
+                    ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
             return self._materialize([layout.VERDICT], None, always=True) and ok
         finally:
             self._set_gpu_pool_limit(1)

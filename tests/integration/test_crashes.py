@@ -2,10 +2,13 @@
 (tests/killed_run.py stops a real materialization there), then the same materialization again.
 
 A killed writer never publishes a partial artifact (the previous version stays readable), the re-run
-resumes what the killed one finished, and afterwards no partial file is left in the lake."""
+resumes what the killed one finished, and afterwards no partial file is left in the lake. An interrupt
+(Ctrl-C, SIGTERM) in a heavy step stops the run there, without the retry a failure gets."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import dagster as dg
@@ -13,12 +16,13 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
-from noisy_student_assets.core.sampling import GENERATION_SCHEMA
+from noisy_student_assets.core.sampling import GENERATION_SCHEMA, SampleShards
 from noisy_student_assets.defs.assets.stages import PROBLEMS_FILE
 from resources.data_lake import STAGING_DIR_NAME, WORK_DIR_NAME, DataLake
 from tests.killed_run import ARM, TRAINING_STEPS, materialization
 from tests.killed_run import kill_at as kill_at_fault
 from tests.lakes import materialize, metadata_of
+from tests.tiny_configs import op, round_names, tiny_config
 
 GENERATIONS = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
 GENERATIONS_NAME = "/".join(GENERATIONS.path)
@@ -125,3 +129,27 @@ def test_a_student_killed_while_training_in_a_mode_resumes(mode: str, sevens_lak
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations() if c.asset_key == student}
     assert checks and all(checks.values()), checks  # finite weights, loads, generates
     assert_nothing_partial_left(lake)
+
+
+def test_an_interrupt_while_sampling_stops_the_run_there_without_a_retry(lake: DataLake, tiny_model_dir: Path, monkeypatch) -> None:
+    """SIGINT in the second shard of round 1's sampling; the labeled-only control, which does not read the samples,
+    is the next step in the plan. The step fails as interrupted, is not retried, and no step starts after it."""
+    write_shard = SampleShards.write
+
+    def interrupt_in_second_shard(shards, table):
+        if list(shards.directory.glob("shard-*.parquet")):
+            os.kill(os.getpid(), signal.SIGINT)
+        write_shard(shards, table)
+
+    monkeypatch.setattr(SampleShards, "write", interrupt_in_second_shard)
+    control = layout.control_checkpoint(layout.LABELED_ONLY)
+    selection = round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, control)
+    result = materialize(lake, selection, tiny_config(tiny_model_dir), ARM, raise_on_error=False)
+
+    generations = op(*layout.round_asset(1, layout.GENERATIONS))
+    (failure,) = [event for event in result.all_events if event.is_step_failure]
+    assert failure.step_key == generations and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
+    assert not [event for event in result.all_events if event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    started = [event.step_key for event in result.all_events if event.is_step_start]
+    assert started[-1] == generations and op(*layout.round_asset(1, control)) not in started, started
+    assert not lake.artifact_dir(GENERATIONS, ARM).exists(), "nothing was published"

@@ -45,10 +45,10 @@ from resources.stage_resources import StageResources
 RETRY_DELAY_S = float(os.environ.get("NOISY_STUDENT_RETRY_DELAY_S", "10"))
 """Seconds before a failed heavy step's retry (a moment for a dead device or payload to be cleaned up; the tests
 set 0)."""
-HEAVY = {"pool": GPU_POOL, "retry_policy": dg.RetryPolicy(max_retries=1, delay=RETRY_DELAY_S)}
-"""What every heavy asset (sampling, training, evaluation) is declared with: the `gpu` pool, and one retry, which
-resumes from the stage's shards or TRL checkpoints."""
-INTERRUPTED = "stopped by an interrupt (Ctrl-C, SIGTERM, or the run terminated); not retried"
+HEAVY = {"pool": GPU_POOL}
+"""What every heavy asset (sampling, training, evaluation) is declared with: the `gpu` pool. `stage` retries a
+heavy step once; the retry resumes from the stage's shards or TRL checkpoints."""
+HEAVY_RETRIES = 1
 DATASET_FILE, PROBLEMS_FILE = "dataset.json", "problems.parquet"
 """What a payload reads from a stage's work dir: the training rows, the problems to sample or evaluate."""
 
@@ -107,10 +107,12 @@ def stage(
         with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
             current = StageRun(context, settings, arm, resources, run.info.run_id)
             yield current
-    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as interrupt:
-        # Dagster retries an interrupted step that has a retry policy (HEAVY's): Ctrl-C, SIGTERM or the UI's
-        # "Terminate" would start the stage over instead of stopping it.
-        raise dg.Failure(INTERRUPTED, allow_retries=False) from interrupt
+    except Exception as error:
+        # Retried here, not by a Dagster RetryPolicy: Dagster retries an interrupted step that has one, so Ctrl-C
+        # or SIGTERM would start an in-process stage over. An interrupt (not an Exception) stops the run.
+        if context.op_def.pool == GPU_POOL and _retryable(error):
+            raise dg.RetryRequested(max_retries=HEAVY_RETRIES, seconds_to_wait=RETRY_DELAY_S) from error
+        raise
     current.metadata |= {
         "config": dg.MetadataValue.json(run_config),
         "mlflow_run_id": run.info.run_id,
@@ -124,6 +126,11 @@ def stage(
             "arm_overrides": dg.MetadataValue.json(arm.overrides(stage_name)),
             "arm_overrides_sha": arm.overrides_sha(stage_name),
         }
+
+
+def _retryable(error: Exception) -> bool:
+    """Whether a heavy stage's error earns the retry: not a retry already, nor a failure that says it would fail again."""
+    return not isinstance(error, dg.RetryRequested) and not (isinstance(error, dg.Failure) and not error.allow_retries)
 
 
 def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, settings: StudentSettings) -> Path:
