@@ -37,6 +37,8 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.settings import Launcher, LauncherSettings
 
 GRID_TAG = "noisy_student/experiment"
+INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
+"""The errors of a step stopped by a signal: Dagster fails the step with the interrupt itself (nothing retries it)."""
 
 
 def experiment_assets(experiment, rounds: int) -> list[str]:
@@ -352,19 +354,10 @@ def _succeeded(result, where: str) -> bool:
     """Whether the run succeeded; a failed run is reported and the grid goes on to the next arm, unless the run
     was interrupted (Ctrl-C, SIGTERM), which stops the grid: Dagster turned the signal into the run's failure."""
     if not result.success:
-        if any(_interrupted(event.step_failure_data.error) for event in result.get_step_failure_events()):
+        if any(event.step_failure_data.error.cls_name in INTERRUPTS for event in result.get_step_failure_events()):
             raise KeyboardInterrupt(f"run {result.run_id} ({where})")
         print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
     return result.success
-
-
-def _interrupted(error) -> bool:
-    """Whether a step's error (a `SerializableErrorInfo`) was caused by an interrupt."""
-    while error is not None:
-        if error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
-            return True
-        error = error.cause
-    return False
 
 
 def _metadata_text(record, key: str) -> str | None:

@@ -34,6 +34,12 @@ def _materializing(log: Path) -> str:
     return line
 
 
+def _enter_home(dagster_cli: DagsterCli, monkeypatch) -> None:
+    monkeypatch.chdir(dagster_cli.home)  # dagster.yaml's storage paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)):
+        pass  # its SQLite storage is created here, not by a test and the grid at once (a race of two schema migrations)
+
+
 def _labeled_rl_checks_unjudged(instance: dg.DagsterInstance) -> list[str]:
     """Labeled RL's checks (steps of their own) whose latest evaluation did not pass on its latest materialization."""
     (materialization,) = instance.fetch_materializations(
@@ -52,9 +58,7 @@ def _labeled_rl_checks_unjudged(instance: dg.DagsterInstance) -> list[str]:
 
 def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
     config = tiny_config(tiny_model_dir, rounds=1)
-    monkeypatch.chdir(dagster_cli.home)  # dagster.yaml's storage paths are relative to the working directory
-    with dg.DagsterInstance.from_config(str(dagster_cli.home)):
-        pass  # its SQLite storage is created here, not by this test and the grid at once (a race of two schema migrations)
+    _enter_home(dagster_cli, monkeypatch)
     first = dagster_cli.grid(EXPERIMENT, config, tmp_path / "first.log")
     labeled_rl = dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM])
     deadline = time.monotonic() + 600
@@ -117,9 +121,7 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
     the grid, seeing only a failed run, would go on to the next."""
     endless = TINY_GRPO | {"max_steps": 100_000}
     config = with_op_config(tiny_config(tiny_model_dir, rounds=1), layout.LABELED_RL, grpo=endless)
-    monkeypatch.chdir(dagster_cli.home)
-    with dg.DagsterInstance.from_config(str(dagster_cli.home)):
-        pass
+    _enter_home(dagster_cli, monkeypatch)
     log = tmp_path / "grid.log"
     grid = dagster_cli.grid(EXPERIMENT, config, log)
     training = re.compile(rf"{layout.LABELED_RL} - step \d+/100000")
