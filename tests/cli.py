@@ -16,6 +16,13 @@ DAGSTER = str(Path(sys.executable).with_name("dagster"))
 DAGSTER_DAEMON = str(Path(sys.executable).with_name("dagster-daemon"))
 
 
+def changed_defaults_env(defaults: dict) -> dict[str, str]:
+    """The environment variables of a process whose settings' defaults are changed as an edited `core/settings.py` would change
+    them ({"TeacherSamplingSettings": {"k": 6}}; see tests/changed_defaults/sitecustomize.py)."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT / "tests" / "changed_defaults"), str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "NOISY_STUDENT_TEST_DEFAULTS": json.dumps(defaults)}
+
+
 class DagsterCli:
     """Runs `dagster ...` in a scratch project directory with its own instance and data lake."""
 

@@ -61,6 +61,9 @@ class Settings(BaseModel):
     """Frozen, and no field it does not declare."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    stage_version: ClassVar[int] = 1
+    """The version of the computation a stage's settings configure: raise it (on the stage's settings class) when
+    the stage computes something else from the same inputs and settings, so that the grid redoes what it made."""
 
 
 # --- problems --------------------------------------------------------------------------------------------

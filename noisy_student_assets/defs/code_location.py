@@ -4,16 +4,19 @@ import dagster as dg
 
 from noisy_student_assets.defs.assets import controls, models, problems, rounds, verdict
 from noisy_student_assets.defs.jobs import jobs_and_sensors
+from noisy_student_assets.defs.lineage import with_code_versions
 from noisy_student_assets.defs.partitions import ROUNDS
 from resources import lake_resources
 from resources.data_lake import DataLake
 
-ASSET_DEFINITIONS = dg.Definitions.merge(
-    problems.defs,
-    models.defs,
-    *(rounds.round_definitions(number) for number in range(1, ROUNDS + 1)),
-    *(controls.round_controls(number) for number in range(1, ROUNDS + 1)),
-    verdict.defs,
+ASSET_DEFINITIONS = with_code_versions(
+    dg.Definitions.merge(
+        problems.defs,
+        models.defs,
+        *(rounds.round_definitions(number) for number in range(1, ROUNDS + 1)),
+        *(controls.round_controls(number) for number in range(1, ROUNDS + 1)),
+        verdict.defs,
+    )
 )
 defs = dg.Definitions.merge(ASSET_DEFINITIONS, jobs_and_sensors(ASSET_DEFINITIONS, ROUNDS), dg.Definitions(resources=lake_resources(DataLake())))
 

@@ -1,6 +1,7 @@
 """An experiment's grid, arms x rounds x controls, from the command line; resumable after a kill.
 
     python -m noisy_student_assets.grid register experiments/tau.yaml   # its arms become `arm` partitions
+    python -m noisy_student_assets.grid plan experiments/tau.yaml       # what `run` would redo, and why
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
     python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
     python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's outcome, per arm
@@ -8,8 +9,9 @@
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
 like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
 the verdict. What is already materialized and still current is skipped: an asset is redone when it was never
-materialized, when the arm's overrides of its stage changed since (the experiment file was edited), or when
-an input was materialized after it; what is downstream of a redone asset is redone too. A killed grid
+materialized or when what it would be made of now differs from what it was made of (`defs/lineage.py`: its stage
+version, its effective settings - profile defaults, run config, arm overrides - and its inputs' data versions);
+what is downstream of a redone asset is redone too, and each redone asset is printed with the reason. A killed grid
 therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
 checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is not retried, and no step or
 run follows (one arm at a time; under `--parallel-arms` only a kill of the process group stops it at once).
@@ -55,24 +57,6 @@ def checks_not_waiting(graph, checks: Iterable, waiting: set) -> list:
     """The `checks` that read none of the asset keys in `waiting` beside their own asset (a control's
     `compute_matched` also reads the round's student)."""
     return [check for check in checks if not {dep.asset_key for dep in graph.get_check_spec(check).additional_deps} & waiting]
-
-
-def stale_assets(
-    targets: list[str],
-    parents: dict[str, list[str]],
-    materialized_at: dict[str, float | None],
-    recorded_sha: dict[str, str | None],
-    current_sha: dict[str, str | None],
-) -> list[str]:
-    """The targets to (re)materialize, in `targets` order: never materialized, arm overrides changed since,
-    or an input materialized after them; and everything downstream of those within the targets."""
-    stale: set[str] = set()
-    for name in targets:
-        done_at = materialized_at.get(name)
-        newer_input = any((materialized_at.get(parent) or 0.0) > (done_at or 0.0) for parent in parents.get(name, []))
-        if done_at is None or recorded_sha.get(name) != current_sha.get(name) or newer_input or any(parent in stale for parent in parents.get(name, [])):
-            stale.add(name)
-    return [name for name in targets if name in stale]
 
 
 def unevaluated_checks(check_targets: dict, materializations: dict) -> list:
@@ -241,23 +225,37 @@ class Grid:
 
         return latest_materialization(self.instance, self._key(name), partition)
 
+    def plan(self, rounds: int | None = None) -> dict[str | None, dict[str, str]]:
+        """What `run` would materialize, without materializing anything: per arm (None: the shared assets), each
+        asset to redo and why."""
+        self.register()
+        targets = experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds)
+        plan = {None: self._stale(self._shared_targets(), None)[1]}
+        return plan | {arm.name: self._stale(targets, arm)[1] for arm in self.experiment.all_arms()}
+
+    def _stale(self, targets: list[str], arm) -> tuple[dict, dict[str, str]]:
+        """The latest materialization of each target and of its inputs, and the targets to redo with the reason
+        (`lineage.stale_assets`)."""
+        from noisy_student_assets.defs import lineage
+
+        partition = arm.name if arm else None
+        latest, parents, made = {}, {}, {}
+        for name in targets:
+            parents[name] = [parent.to_user_string() for parent in self.graph.get(self._key(name)).parent_keys]
+            for asset in [name, *parents[name]]:
+                if asset not in latest:
+                    node = self.graph.get(self._key(asset))
+                    latest[asset] = self._latest(asset, partition if node.partitions_def else None)
+                    made[asset] = self._made_with(node.assets_def, arm)
+        recorded = {name: lineage.recorded(record, made[name][0], made[name][2]) for name, record in latest.items()}
+        stages, settings = {name: made[name][0] for name in targets}, {name: made[name][1] for name in targets}
+        return latest, lineage.stale_assets(targets, parents, stages, settings, recorded)
+
     def _materialize(self, targets: list[str], arm, always: bool = False) -> bool:
         partition = arm.name if arm else None
-        latest = {}
-        parents = {}
-        for name in targets:
-            parents[name] = ["/".join(p.path) for p in self.graph.get(self._key(name)).parent_keys]
-            for parent in [name, *parents[name]]:
-                if parent not in latest:
-                    parent_partition = partition if self.graph.get(self._key(parent)).partitions_def else None
-                    latest[parent] = self._latest(parent, parent_partition)
-        materialized_at = {name: record.timestamp if record else None for name, record in latest.items()}
-        recorded = {name: _metadata_text(record, "arm_overrides_sha") for name, record in latest.items()}
-        current = {
-            name: arm.overrides_sha(stage) if arm and (stage := _metadata_text(latest[name], "arm_stage")) else recorded[name]
-            for name in targets
-        }
-        selected = targets if always else stale_assets(targets, parents, materialized_at, recorded, current)
+        latest, reasons = self._stale(targets, arm)
+        reasons = {name: "always" for name in targets} if always else reasons
+        selected = [name for name in targets if name in reasons]
         where = f"arm {partition}" if partition else "shared"
         kept = [name for name in targets if name not in selected]
         # A check that also reads a selected asset (a control's compute_matched reads the student) waits for it.
@@ -266,10 +264,25 @@ class Grid:
             print(f"[grid] {where}: up to date", flush=True)
             return checked
         print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
+        if not always:
+            _print_reasons(where, reasons)
         result = materialize_selection(selected, partition=partition, raise_on_error=False, **self._run_settings())
         if not _succeeded(result, where):
             return False
         return self._evaluate_unevaluated_checks(kept, latest, partition, where) and checked
+
+    def _made_with(self, assets_def, arm) -> tuple[str, dict, dict | None]:
+        """An asset's stage version, what of its settings its fingerprint covers (this grid's run config, the arm's
+        overrides and a heavy stage's compute settings), and those compute settings (None: not heavy)."""
+        from noisy_student_assets.core.profiles import active_profile
+        from noisy_student_assets.defs import lineage
+
+        config_class = lineage.config_class(assets_def)
+        op_config = self.run_config.get("ops", {}).get(assets_def.op.name, {}).get("config", {})
+        config = config_class(**op_config) if config_class is not None else None
+        compute = self.resources["stage_resources"].compute.settings.model_dump() if lineage.is_heavy(assets_def) else None
+        settings = lineage.made_with(lineage.run_settings(config, arm), compute, active_profile())
+        return lineage.stage_version(config_class), settings, compute
 
     def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str, waiting_on: list[str] = ()) -> bool:
         """Run the checks of the assets `names` (not redone in this run) that never judged their latest
@@ -350,6 +363,11 @@ def _print_check_outcomes(rows: list[dict]) -> None:
     print(markdown_table(table) + "\n\n" + markdown_table(counts))
 
 
+def _print_reasons(where: str, reasons: dict[str, str]) -> None:
+    for name, reason in reasons.items():
+        print(f"[grid] {where}: {name}: {reason}", flush=True)
+
+
 def _succeeded(result, where: str) -> bool:
     """Whether the run succeeded; a failed run is reported and the grid goes on to the next arm, unless the run
     was interrupted (Ctrl-C, SIGTERM), which stops the grid: Dagster turned the signal into the run's failure."""
@@ -358,13 +376,6 @@ def _succeeded(result, where: str) -> bool:
             raise KeyboardInterrupt(f"run {result.run_id} ({where})")
         print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
     return result.success
-
-
-def _metadata_text(record, key: str) -> str | None:
-    if record is None:
-        return None
-    entry = record.asset_materialization.metadata.get(key)
-    return entry.value if entry is not None else None
 
 
 def _load_dotenv() -> None:
@@ -376,7 +387,7 @@ def _load_dotenv() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["register", "run", "checks"])
+    parser.add_argument("command", choices=["register", "plan", "run", "checks"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
     parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
     parser.add_argument("--launcher", choices=get_args(Launcher), help="where the heavy stages run (default: the experiment file's, else the resource's)")
@@ -404,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "checks":
         _print_check_outcomes(grid.check_outcomes())
+        return 0
+    if args.command == "plan":
+        for partition, reasons in grid.plan(args.rounds).items():
+            where = f"arm {partition}" if partition else "shared"
+            if reasons:
+                _print_reasons(where, reasons)
+            else:
+                print(f"[grid] {where}: up to date")
         return 0
     # SIGTERM stops the grid as Ctrl-C does. After each run Dagster gives SIGTERM SIGINT's handler, so SIGINT
     # must not stay ignored as a shell's background job inherits it.

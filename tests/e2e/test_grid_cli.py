@@ -19,9 +19,11 @@ from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
-from tests.cli import DagsterCli
-from tests.tiny_configs import TINY_GRPO, tiny_config, with_op_config
+from noisy_student_assets.defs.grid import experiment_assets
+from tests.cli import DagsterCli, changed_defaults_env
+from tests.tiny_configs import TINY_GRPO, TINY_SAMPLING, op, round_names, tiny_config, with_op_config
 
 pytestmark = pytest.mark.e2e
 
@@ -151,3 +153,46 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
     (failure,) = [e for e in events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert failure.step_key == layout.LABELED_RL and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
     assert not gpu_pool.claimed_slots, "the interrupted step's gpu pool slot was freed"
+
+
+def _grid_done(dagster_cli: DagsterCli, config: dict, log: Path, *options: str, env: dict | None = None) -> str:
+    """Run the grid to its end; its output."""
+    grid = dagster_cli.grid(EXPERIMENT, config, log, *options, env=env)
+    assert grid.wait(timeout=900) == 0, log.read_text()[-3000:]
+    return log.read_text()
+
+
+def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_profile_reuses_nothing(
+    dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch
+) -> None:
+    sampling_op = op(layout.round_prefix(1), layout.GENERATIONS)
+    config = tiny_config(tiny_model_dir, rounds=1)
+    config = {"ops": config["ops"] | {sampling_op: {"config": {k: v for k, v in TINY_SAMPLING.items() if k != "k"}}}}  # K from its default
+    _enter_home(dagster_cli, monkeypatch)
+    _grid_done(dagster_cli, config, tmp_path / "first.log")
+
+    fewer_samples = changed_defaults_env({"TeacherSamplingSettings": {"k": 6}})
+    text = _grid_done(dagster_cli, config, tmp_path / "k6.log", env=fewer_samples)
+    redone = _materializing(tmp_path / "k6.log").split("materializing ", 1)[1].split(", ")
+    assert "[grid] shared: up to date" in text
+    assert set(redone) == set(round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.EVAL_REPORT)), text[-3000:]
+    assert f"[grid] arm {ARM}: round_001/generations: settings changed: config.k: 8 -> 6" in text
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        (latest,) = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.round_asset(1, layout.GENERATIONS)), asset_partitions=[ARM]), limit=1
+        ).records
+    assert latest.asset_materialization.metadata["config"].value["k"] == 6
+
+    again = _grid_done(dagster_cli, config, tmp_path / "again.log", env=fewer_samples)
+    assert "[grid] shared: up to date" in again and f"[grid] arm {ARM}: up to date" in again, "an unchanged re-run materializes nothing"
+
+    plan = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "plan", str(EXPERIMENT), "--config-json", json.dumps(config)],
+        cwd=dagster_cli.home, env=dagster_cli.env | fewer_samples | {"NOISY_STUDENT_PROFILE": "gpu"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "up to date" not in plan.stdout, plan.stdout
+    planned = {line.split(": ")[1] for line in plan.stdout.splitlines() if line.startswith(f"[grid] arm {ARM}: ")}
+    experiment = load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem]
+    assert planned == set(experiment_assets(experiment, experiment.rounds)), plan.stdout
+    assert f'[grid] shared: {layout.PROBLEM_POOL}: settings changed: profile: "cpu" -> "gpu"' in plan.stdout, plan.stdout

@@ -9,33 +9,9 @@ from noisy_student_assets.core.settings import ComputeSettings, LauncherSettings
 from noisy_student_assets.defs.grid import (
     checks_not_waiting,
     experiment_assets,
-    stale_assets,
     unevaluated_checks,
     with_experiment_resources,
 )
-
-TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
-PARENTS = {"labeled_rl": ["split", "base_model"], "generations": ["labeled_rl"], "pseudo_labels": ["generations"], "student": ["pseudo_labels", "labeled_rl"]}
-DONE = {"split": 1.0, "base_model": 0.5, "labeled_rl": 2.0, "generations": 3.0, "pseudo_labels": 4.0, "student": 5.0}
-SHAS = {name: "s" for name in TARGETS}
-
-
-def test_nothing_is_redone_when_everything_is_current() -> None:
-    assert stale_assets(TARGETS, PARENTS, DONE, SHAS, SHAS) == []
-
-
-def test_missing_assets_and_everything_downstream_are_redone() -> None:
-    assert stale_assets(TARGETS, PARENTS, DONE | {"generations": None}, SHAS, SHAS) == ["generations", "pseudo_labels", "student"]
-    assert stale_assets(TARGETS, PARENTS, {}, {}, {}) == TARGETS
-
-
-def test_a_changed_arm_override_redoes_its_stage_and_what_follows_not_what_precedes() -> None:
-    changed = SHAS | {"pseudo_labels": "tau 0.8"}
-    assert stale_assets(TARGETS, PARENTS, DONE, SHAS, changed) == ["pseudo_labels", "student"]
-
-
-def test_an_input_materialized_later_redoes_its_children() -> None:
-    assert stale_assets(TARGETS, PARENTS, DONE | {"base_model": 9.0}, SHAS, SHAS) == ["labeled_rl", "generations", "pseudo_labels", "student"]
 
 
 def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> None:

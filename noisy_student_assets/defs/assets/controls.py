@@ -56,7 +56,7 @@ def round_controls(number: int) -> dg.Definitions:
     ) -> dg.Output[Path]:
         with stage(context, config, stage_resources) as current:
             staged = train_checkpoint(current, init_dir=init, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
-        return dg.Output(staged, metadata=current.metadata)
+        return current.output(staged)
 
     @dg.asset(
         key=checkpoint_key[layout.GOLD_LABEL],
@@ -94,7 +94,7 @@ def round_controls(number: int) -> dg.Definitions:
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
             revealed = pl.concat([labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
             staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))
-        return dg.Output(staged, metadata=current.metadata)
+        return current.output(staged)
 
     @dg.asset(
         key=checkpoint_key[layout.RANDOM_LABEL],
@@ -120,7 +120,7 @@ def round_controls(number: int) -> dg.Definitions:
             current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
             staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, shuffled))
-        return dg.Output(staged, metadata=current.metadata)
+        return current.output(staged)
 
     checks = []
     for control_key in checkpoint_key.values():

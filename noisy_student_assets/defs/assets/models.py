@@ -34,7 +34,7 @@ def base_model(
         settings = current.settings
         context.log.info(f"Resolving model reference {settings.reference!r}")
         info = materialize_checkpoint(settings.reference, staged, trust_remote_code=settings.trust_remote_code)
-    return dg.Output(
+    return current.output(
         staged,
         metadata={
             "reference": info.reference,
@@ -42,8 +42,7 @@ def base_model(
             "dtype": info.dtype,
             "weights_sha256": info.weights_sha256,
             "chat_template": dg.MetadataValue.md(f"```jinja\n{info.chat_template}\n```"),
-        }
-        | current.metadata,
+        },
     )
 
 
@@ -68,7 +67,7 @@ def labeled_rl_checkpoint(
     """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
     with stage(context, config, stage_resources) as current:
         staged = train_checkpoint(current, init_dir=base_model, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
-    return dg.Output(staged, metadata=current.metadata)
+    return current.output(staged)
 
 
 def checkpoint_eval(
@@ -104,7 +103,7 @@ def checkpoint_eval(
     ) -> Iterator[dg.Output | dg.AssetCheckResult]:
         with stage(context, config, stage_resources) as current:
             staged, _, health_check = evaluate(current, checkpoint_dir=checkpoint_dir, eval_problems=problems)
-        yield dg.Output(staged, metadata=current.metadata)
+        yield current.output(staged)
         yield health_check
 
     return _eval

@@ -36,7 +36,7 @@ def problem_pool(
         source = current.settings.resolved_source
         pool = load_problems(**source.load_kwargs())
         current.log_metrics({"rows": pool.height})
-    return dg.Output(pool, metadata=_table_metadata(pool, source) | current.metadata)
+    return current.output(pool, metadata=_table_metadata(pool, source))
 
 
 @dg.asset(name=layout.EVAL_PROBLEMS, group_name=GROUP)
@@ -54,9 +54,7 @@ def eval_problems(
         held_out = drop_overlap(candidates, problem_pool.select("problem_id", "prompt"))
         dropped = candidates.height - held_out.height
         current.log_metrics({"rows": held_out.height, "dropped_overlap_with_pool": dropped})
-    return dg.Output(
-        held_out, metadata=_table_metadata(held_out, source) | {"dropped_overlap_with_pool": dropped} | current.metadata
-    )
+    return current.output(held_out, metadata=_table_metadata(held_out, source) | {"dropped_overlap_with_pool": dropped})
 
 
 @dg.multi_asset(
@@ -100,9 +98,9 @@ def problem_split(
         "pool_rows": problem_pool.height,
         "split_seed": settings.seed,
         "unlabeled_from": "the held-out set's transductive half, all of it (test-time arm; n_unlabeled not read)" if settings.test_time else "the pool",
-    } | current.metadata
+    }
     for name, table in tables.items():
-        yield dg.Output(table, name, metadata=_table_metadata(table) | split_metadata)
+        yield current.output(table, name, metadata=_table_metadata(table) | split_metadata)
 
 
 defs = dg.Definitions(assets=[problem_pool, eval_problems, problem_split])

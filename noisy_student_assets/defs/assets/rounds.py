@@ -34,6 +34,7 @@ from noisy_student_assets.defs.checks import (
     pseudo_label_quality_spec,
 )
 from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig, StudentConfig
+from noisy_student_assets.defs.lineage import reuse_key
 from noisy_student_assets.defs.partitions import ARMS, round_group, round_key, teacher_key
 from resources.data_lake import CONTENT_KEY_FILE, LakeTable
 from resources.stage_resources import StageResources
@@ -74,7 +75,7 @@ def round_definitions(number: int) -> dg.Definitions:
     ) -> dg.Output[LakeTable]:
         with stage(context, config, stage_resources, params={"teacher": str(teacher)}) as current:
             table = _sample(current, teacher, unlabeled_problems)
-        return dg.Output(table, metadata=current.metadata)
+        return current.output(table)
 
     @dg.asset(
         key=labels_key,
@@ -94,7 +95,7 @@ def round_definitions(number: int) -> dg.Definitions:
     ):
         with stage(context, config, stage_resources) as current:
             table, check = _pseudo_label(current, generations, unlabeled_problems)
-        yield dg.Output(table, metadata=current.metadata)
+        yield current.output(table)
         yield check
 
     @dg.asset(
@@ -125,7 +126,7 @@ def round_definitions(number: int) -> dg.Definitions:
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
             staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, kept, generations))
-        return dg.Output(staged, metadata=current.metadata | {"teacher": dg.MetadataValue.path(str(teacher))})
+        return current.output(staged, metadata={"teacher": dg.MetadataValue.path(str(teacher))})
 
     labeled_only_eval_key = key(layout.control_eval(layout.LABELED_ONLY))
     earlier = {"previous_round": eval_input(round_key(number - 1, layout.EVAL_REPORT))} if number > 1 else {}
@@ -173,7 +174,7 @@ def round_definitions(number: int) -> dg.Definitions:
                     number, arm, pseudo_labels, baselines, metrics, scores, labeled_only_eval, baselines[reference_name], eval_problems
                 ),
             )
-        yield dg.Output(staged, metadata=current.metadata)
+        yield current.output(staged)
         yield health_check
         yield no_eval_regression(
             report_key,
@@ -232,7 +233,7 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
 
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
     teacher_sha = weights_sha256(teacher)
-    cache_key = teacher_cache_key(teacher_sha, unlabeled, settings)
+    cache_key = reuse_key(teacher_cache_key(teacher_sha, unlabeled, settings), settings)
     published = lake.recall(cache_key)
     stats = {}
     teacher_label = f"{teacher} sha256:{teacher_sha[:12]}"

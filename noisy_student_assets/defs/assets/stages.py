@@ -21,7 +21,8 @@ import polars as pl
 
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.arms import Arm
-from noisy_student_assets.core.problems import fingerprint
+from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
+from noisy_student_assets.core.profiles import active_profile
 from noisy_student_assets.core.reporting.eval_report import (
     GREEDY_FILE,
     SAMPLED_FILE,
@@ -38,6 +39,7 @@ from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.checks import eval_not_degenerate
 from noisy_student_assets.defs.config import StageConfig, with_arm
+from noisy_student_assets.defs.lineage import STAGE_VERSION_KEY, fingerprint, input_data_versions, made_with, reuse_key, stage_version
 from resources.compute import GPU_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
@@ -63,6 +65,9 @@ class StageRun:
     arm: Arm | None
     resources: StageResources
     mlflow_run_id: str
+    made_with: dict
+    """What of its settings the data version covers (`lineage.made_with`)."""
+    stage_version: str
     metadata: dict = field(default_factory=dict)
 
     @property
@@ -85,6 +90,14 @@ class StageRun:
     def log_metrics(self, metrics: dict[str, float]) -> None:
         self.resources.tracking.log_metrics(metrics)
 
+    def output(self, value: Any, name: str | None = None, metadata: dict | None = None) -> dg.Output:
+        """The asset's output (`name`: a multi-asset's output) with this stage's metadata and its data version: the
+        fingerprint of its stage version, settings and inputs' data versions (`lineage`)."""
+        key = self.context.asset_key if name is None else self.context.assets_def.keys_by_output_name[name]
+        inputs = input_data_versions(self.context.instance, self.context.job_def.asset_layer.asset_graph, key, self.partition)
+        version = dg.DataVersion(fingerprint(self.stage_version, self.made_with, inputs)) if inputs is not None else None
+        return dg.Output(value, name or "result", metadata=self.metadata | (metadata or {}), data_version=version)
+
 
 @contextmanager
 def stage(
@@ -103,9 +116,11 @@ def stage(
     for change in replaced:
         context.log.warning(f"arm {arm.name} overrides the run config: {change}")
     run_config = resolved(settings) if isinstance(settings, Settings) else {}
+    version = stage_version(type(config) if config is not None else None)
+    compute = resources.compute.settings.model_dump() if context.op_def.pool == GPU_POOL else None
     try:
         with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
-            current = StageRun(context, settings, arm, resources, run.info.run_id)
+            current = StageRun(context, settings, arm, resources, run.info.run_id, made_with(run_config, compute, active_profile()), version)
             yield current
     except Exception as error:
         # Retried here, not by a Dagster RetryPolicy: Dagster retries an interrupted step that has one, so Ctrl-C
@@ -115,6 +130,8 @@ def stage(
         raise
     current.metadata |= {
         "config": dg.MetadataValue.json(run_config),
+        STAGE_VERSION_KEY: version,
+        "profile": active_profile(),
         "mlflow_run_id": run.info.run_id,
         "mlflow_run": dg.MetadataValue.url(resources.tracking.run_url(run.info.experiment_id, run.info.run_id)),
     }
@@ -151,7 +168,7 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     context, lake, compute = current.context, current.lake, current.resources.compute
     dataset = training_set(settings, data)
     init_sha = weights_sha256(init_dir)
-    run_fingerprint = training_fingerprint(settings, init_sha, dataset, compute.settings)
+    run_fingerprint = reuse_key(training_fingerprint(settings, init_sha, dataset, compute.settings), settings)
     reusable = lake.recall(run_fingerprint)
     if reusable is not None:
         context.log.info(f"Reusing {reusable}: the same {settings.mode} run (init weights, training rows, settings) already published")
@@ -226,7 +243,7 @@ def evaluate(
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
     # An eval of bit-identical weights on the same problems with the same settings (another arm's labeled RL,
     # say) is read back instead of generated again; the report around it is still this asset's own.
-    eval_key = eval_content_key(weights_sha256(checkpoint_dir), eval_problems, settings)
+    eval_key = reuse_key(eval_content_key(weights_sha256(checkpoint_dir), eval_problems, settings), settings)
     published = lake.recall(eval_key)
     staged = lake.staging_dir()
     if published is not None:
@@ -262,7 +279,7 @@ def evaluate(
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
     (staged / CONTENT_KEY_FILE).write_text(eval_key)
     inline_report, _ = write_eval_artifact(
-        staged, title=title, result=result, metrics=metrics, extras=added, checkpoint=checkpoint_dir, eval_problems_fingerprint=fingerprint(eval_problems)
+        staged, title=title, result=result, metrics=metrics, extras=added, checkpoint=checkpoint_dir, eval_problems_fingerprint=problems_fingerprint(eval_problems)
     )
     current.log_metrics(metrics)
     mlflow.log_artifacts(str(staged), artifact_path="eval_report")

@@ -62,7 +62,7 @@ def verdict(
         for row in results.differences.iter_rows(named=True):
             eval_set = "" if row["eval_set"] == ALL_EVAL else f"/{row['eval_set']}"
             current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}{eval_set}": row["estimate"]})
-    return dg.Output(
+    return current.output(
         staged,
         metadata={
             "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in results.sentences) or "no round evaluated yet"),
@@ -70,8 +70,7 @@ def verdict(
             "arms": len(arms),
             **({"accuracy_by_round": png_markdown("accuracy_by_round", figure)} if figure else {}),
             **({"differences": markdown_table(results.differences, max_rows=None)} if results.differences.height else {}),
-        }
-        | current.metadata
+        },
     )
 
 
