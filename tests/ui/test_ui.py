@@ -16,10 +16,10 @@ import pytest
 
 from noisy_student_assets.core import layout
 from tests.cli import REPO_ROOT, DagsterCli
+from tests.ui.conftest import CHROMIUM
 
 pytestmark = pytest.mark.ui
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(os.environ.get("UI_TEST_SCREENSHOTS", REPO_ROOT / "ui-test-screenshots"))
 UI_START_TIMEOUT_S = 180
 
@@ -80,16 +80,6 @@ def _code_location_loaded(url: str) -> bool:
             return b'"id"' in response.read()
     except OSError:
         return False
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
 
 
 def _open(browser, url: str, width: int = 1800, height: int = 1000):
