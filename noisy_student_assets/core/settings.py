@@ -16,7 +16,6 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from noisy_student_assets.core.profiles import by_profile
-from noisy_student_assets.core.training.guards import OutputHealth, degenerate_output_failure
 
 CPU_MAX_NEW_TOKENS = 96
 """Long enough that SmolLM2 rarely gets cut off before its \\boxed{} answer on two-digit addition."""
@@ -360,12 +359,9 @@ class StudentSettings(Settings):
     """What shapes the training run itself (beyond `grpo`, the init and the rows)."""
 
     @model_validator(mode="after")
-    def _valid_student(self) -> StudentSettings:
-        from noisy_student_assets.core.training.modes.registry import student_mode  # the modes import these settings
-
-        refusal = student_mode(self.mode).refusal(self)
-        if refusal:
-            raise ValueError(refusal)
+    def _valid_band(self) -> StudentSettings:
+        # Whether the mode is registered and accepts these settings is checked where settings enter
+        # (`modes.registry.accepted`): the modes import this module.
         if self.agreement_low > self.agreement_high:
             raise ValueError(f"agreement_low {self.agreement_low} > agreement_high {self.agreement_high}")
         return self
@@ -444,14 +440,6 @@ class EvalSettings(Settings):
         if any(not 1 <= k <= self.samples for k in self.ks):
             raise ValueError(f"every k in {self.ks} must be within 1..samples={self.samples}")
         return self
-
-    def degenerate_failure(self, health: OutputHealth) -> str | None:
-        return degenerate_output_failure(
-            health,
-            min_answer_rate=self.min_answer_rate,
-            max_truncation_rate=self.max_truncation_rate,
-            max_identical_share=self.max_identical_share,
-        )
 
 
 class SmokeSettings(Settings):

@@ -23,6 +23,7 @@ from noisy_student_assets.core.settings import (
     StudentSettings,
     TeacherSamplingSettings,
 )
+from noisy_student_assets.core.training.modes.registry import accepted
 from resources.derived import derived_class
 
 _STAGE_OF = {settings: stage for stage, settings in STAGE_SETTINGS.items()}
@@ -65,7 +66,7 @@ def with_arm(config: StageConfig, arm) -> tuple[Settings, list[str]]:
     silently."""
     values = config.model_dump()
     if arm is None or config.arm_stage is None:
-        return config.settings_class(**values), []
+        return accepted(config.settings_class(**values)), []
     overrides = arm.overrides(config.arm_stage)
     replaced = overridden(values, overrides, type(config)().model_dump())
-    return config.settings_class(**apply(values, overrides)), replaced
+    return accepted(config.settings_class(**apply(values, overrides))), replaced

@@ -47,6 +47,7 @@ from noisy_student_assets.core.settings import (
     StudentSettings,
     TeacherSamplingSettings,
 )
+from noisy_student_assets.core.training.modes.registry import accepted
 
 EXPERIMENTS_ENV_VAR = "NOISY_STUDENT_EXPERIMENTS"
 EXPERIMENT_SUFFIX = ".yaml"
@@ -182,7 +183,7 @@ class _ArmSpec(BaseModel):
         """Every stage's settings, with this spec over their defaults, are valid (a mode that is not registered,
         a reward the mode has no use for, an agreement band upside down)."""
         for stage, settings in STAGE_SETTINGS.items():
-            settings(**apply(settings().model_dump(), self.overrides(stage)))
+            accepted(settings(**apply(settings().model_dump(), self.overrides(stage))))
         if conflict := self.test_time_conflict():
             raise ValueError(conflict)
         return self

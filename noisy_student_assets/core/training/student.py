@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from noisy_student_assets.core.training.compute import TrainingCompute
 from noisy_student_assets.core.training.modes.base import StudentData
-from noisy_student_assets.core.training.modes.registry import student_mode
+from noisy_student_assets.core.training.modes.registry import student_mode_for
 
 if TYPE_CHECKING:
     import datasets
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def training_set(settings: StudentSettings, data: StudentData) -> datasets.Dataset:
     """The rows the student's mode trains on."""
-    return student_mode(settings.mode).training_set(settings, data)
+    return student_mode_for(settings).training_set(settings, data)
 
 
 def training_fingerprint(settings: StudentSettings, init_weights_sha256: str, dataset: datasets.Dataset, compute: ComputeSettings) -> str:
@@ -55,7 +55,7 @@ def train_student(
 ) -> tuple[TrainingResult, TrainingCompute]:
     """Train `dataset` (`training_set`) from `init_dir` in the settings' mode into `out_dir`, resuming from the
     TRL checkpoints in `work_dir`; the result and the compute it spent."""
-    mode = student_mode(settings.mode)
+    mode = student_mode_for(settings)
     result = mode.train(
         settings, init_dir, dataset, out_dir,
         work_dir=work_dir, device=compute.resolved_device(), dtype=compute.dtype, report_to=report_to, callbacks=callbacks, warn=warn,

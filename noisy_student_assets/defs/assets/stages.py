@@ -237,7 +237,7 @@ def evaluate(
 
     from noisy_student_assets.core.evaluation import eval_content_key, scored
     from noisy_student_assets.core.reporting.eval_report import read_published_eval
-    from noisy_student_assets.core.training.guards import output_health
+    from noisy_student_assets.core.training.guards import degenerate_output_failure, output_health
     from noisy_student_assets.payloads.specs import EvalSpec
 
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
@@ -292,5 +292,7 @@ def evaluate(
         **{metadata_key(section): markdown_table(table, max_rows=None) for section, table in added.tables.items()},
         "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
     }
-    return staged, metrics, eval_not_degenerate(context.asset_key, health, settings.degenerate_failure(health))
+    return staged, metrics, eval_not_degenerate(context.asset_key, health, degenerate_output_failure(
+        health, min_answer_rate=settings.min_answer_rate, max_truncation_rate=settings.max_truncation_rate, max_identical_share=settings.max_identical_share
+    ))
 
