@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -117,7 +118,9 @@ def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:
             versions[key] = _digest(made_of, 16)
         return versions[key]
 
-    return definitions.map_asset_specs(func=lambda spec: spec.replace_attributes(code_version=version(spec.key)))
+    with warnings.catch_warnings():  # a preview API of Dagster's: its warning would print on every load of the code location
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return definitions.map_asset_specs(func=lambda spec: spec.replace_attributes(code_version=version(spec.key)))
 
 
 @dataclass(frozen=True)
