@@ -8,8 +8,9 @@ its artifact lives at `<lake>/<key path>/<arm>/`, or `<lake>/<key path>/` when i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from noisy_student_assets.core import environment
 
 # Shared by every arm (not partitioned).
 PROBLEM_POOL = "problem_pool"
@@ -110,4 +111,4 @@ def artifact_dir(root: Path, key_path: tuple[str, ...] | str, partition: str | N
 
 def default_lake_root() -> Path:
     """`NOISY_STUDENT_DATA_LAKE` (written to `.env` by `make setup`), else `./data_lake`."""
-    return Path(os.environ.get("NOISY_STUDENT_DATA_LAKE") or "data_lake").expanduser().resolve()
+    return environment.data_lake_root()

@@ -7,17 +7,18 @@ loads. Each setting's values for both profiles are written side by side where th
 
 from __future__ import annotations
 
-import os
 from typing import TypeVar
 
-PROFILE_ENV_VAR = "NOISY_STUDENT_PROFILE"
+from noisy_student_assets.core import environment
+
+PROFILE_ENV_VAR = environment.PROFILE
 PROFILES = ("cpu", "gpu")
 
 T = TypeVar("T")
 
 
 def active_profile() -> str:
-    profile = os.environ.get(PROFILE_ENV_VAR, "cpu").strip().lower() or "cpu"
+    profile = environment.profile_name()
     if profile not in PROFILES:
         raise ValueError(f"{PROFILE_ENV_VAR}={profile!r} is not one of {', '.join(PROFILES)}")
     return profile

@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import get_args
 
-from noisy_student_assets.core import layout
+from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.settings import Launcher, LauncherSettings
 
 GRID_TAG = "noisy_student/experiment"
@@ -442,7 +442,7 @@ def _ray_cluster_if_needed(grid: Grid, gpus: int | None):
     """Under the ray launcher with no cluster named (RAY_ADDRESS, launcher.ray_address), a local cluster of this
     machine's CPUs for the grid's duration, stopped after it."""
     launcher = grid.resources["stage_resources"].launcher
-    if grid.launcher_kind != "ray" or launcher.ray_address or os.environ.get("RAY_ADDRESS"):
+    if grid.launcher_kind != "ray" or launcher.ray_address or environment.ray_address():
         yield
         return
     import torch
@@ -453,9 +453,9 @@ def _ray_cluster_if_needed(grid: Grid, gpus: int | None):
     with local_ray_cluster(num_cpus=os.cpu_count() or 1, num_gpus=gpus) as head:
         address = head.address
         print(f"[grid] started a local Ray cluster at {address} ({os.cpu_count()} CPUs, {gpus} GPUs); it stops with the grid", flush=True)
-        os.environ["RAY_ADDRESS"] = address
+        os.environ[environment.RAY_ADDRESS] = address  # for the launcher, as a user would set it
         try:
             yield
         finally:
-            del os.environ["RAY_ADDRESS"]
+            del os.environ[environment.RAY_ADDRESS]
 

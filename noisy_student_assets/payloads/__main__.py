@@ -9,7 +9,6 @@ also sent as a message, so the step's failure names the payload's own cause.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import ClassVar
 
 import psutil
 
+from noisy_student_assets.core import environment
 from noisy_student_assets.payloads.specs import StageSpec
 from noisy_student_assets.payloads.stages import ERROR, RESULT, STEP, TIMING, run, step_line
 
@@ -58,12 +58,12 @@ def main(argv: list[str]) -> int:
     begun = time.time()
     started = psutil.Process().create_time()  # the interpreter's start: what launching the payload cost before main
     spec = StageSpec.model_validate_json(Path(argv[0]).read_text()).spec
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = environment.torchrun_rank()
     if world != spec.processes:
         print(f"stage {spec.stage}: launched on {world} processes, its spec asks for {spec.processes}", file=sys.stderr)
         return 2
     spec.compute.apply_threads(world)
-    if int(os.environ.get("RANK", "0")) > 0:
+    if rank > 0:
         run(spec, RankReporter())
         return 0
     from dagster_pipes import open_dagster_pipes
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
             "finished_at": finished,
             # Where it ran: the devices Ray (or the user) gave the payload.
             "host": socket.gethostname(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_visible_devices": environment.visible_devices(),
         }
         pipes.report_custom_message({RESULT: result | {TIMING: timing}})
     return 0

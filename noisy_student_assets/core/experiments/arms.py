@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from noisy_student_assets.core import environment
 from noisy_student_assets.core.layout import CONTROLS
 from noisy_student_assets.core.layout import GOLD_LABEL as GOLD_LABEL_CONTROL
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
@@ -49,7 +49,7 @@ from noisy_student_assets.core.settings import (
 )
 from noisy_student_assets.core.training.modes.registry import accepted
 
-EXPERIMENTS_ENV_VAR = "NOISY_STUDENT_EXPERIMENTS"
+EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
 PROBLEM_SPLIT, LABELED_RL, SAMPLING, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL = (
@@ -302,7 +302,7 @@ class Arm(BaseModel):
 
 def default_experiments_dir() -> Path:
     """`NOISY_STUDENT_EXPERIMENTS`, else the repository's `experiments/`."""
-    return Path(os.environ.get(EXPERIMENTS_ENV_VAR) or Path(__file__).resolve().parents[3] / "experiments")
+    return environment.experiments_dir(Path(__file__).resolve().parents[3] / "experiments")
 
 
 def load_experiment(path: Path) -> Experiment:

@@ -7,7 +7,6 @@ The ML libraries and mlflow are imported inside the functions so that loading th
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from noisy_student_assets.core import environment
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
@@ -44,9 +44,8 @@ from resources.compute import GPU_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
 
-RETRY_DELAY_S = float(os.environ.get("NOISY_STUDENT_RETRY_DELAY_S", "10"))
-"""Seconds before a failed heavy step's retry (a moment for a dead device or payload to be cleaned up; the tests
-set 0)."""
+RETRY_DELAY_S = environment.retry_delay_s()
+"""Seconds before a failed heavy step's retry (`environment.RETRY_DELAY_S`)."""
 HEAVY = {"pool": GPU_POOL}
 """What every heavy asset (sampling, training, evaluation) is declared with: the `gpu` pool. `stage` retries a
 heavy step once; the retry resumes from the stage's shards or TRL checkpoints."""
