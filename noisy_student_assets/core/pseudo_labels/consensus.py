@@ -6,9 +6,9 @@ founder - its first, hence most frequent, member - is equivalent to it (``answer
 with the founder as gold), or founds a new one.  The founder represents the cluster.  The winning
 cluster is the largest; ties go to the cluster with the earliest first occurrence in the input.
 Missing, empty and ungradable answers (see ``grading.is_gradable``) join no cluster, so they never
-win, but they do count in ``k``.  So does an answer whose check is ungraded (``grading``: it could not
-finish), on itself or against a founder it matches no other founder than: it is not known to be new,
-so it founds no cluster either, and ``Vote.ungraded`` counts it.
+win, but they do count in ``k``.  An answer whose check is ungraded (``grading``: it could not
+finish) - on itself, or against a founder when it matches no other founder - joins no cluster and
+founds none, since it may equal that founder; it counts in ``k`` and in ``Vote.ungraded``.
 """
 
 import math
