@@ -93,6 +93,16 @@ def lake_root(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture
+def ungraded_pair(monkeypatch) -> tuple[str, str]:
+    """(gold, answer): each is checked against itself, or against "x", within the short CPU bound this fixture sets,
+    but comparing the two takes seconds of CPU, so that check is ungraded - really, on both attempts."""
+    from noisy_student_assets.core import grading
+
+    monkeypatch.setattr(grading, "TIMEOUT_S", 0.6)
+    return "\\cos(x)^{30}", "\\sin(x)^{30}"
+
+
 _SUMMARY_LINES = pytest.StashKey[list[str]]()
 
 

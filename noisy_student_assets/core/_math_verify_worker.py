@@ -1,20 +1,23 @@
-"""math-verify equivalence checks in a persistent helper process, under a hard wall-clock bound.
+"""math-verify equivalence checks in a persistent helper process, bounded by the CPU time they spend.
 
-math-verify bounds its own work with ``signal.alarm``, which only works in the main thread, and
-no signal can interrupt a single huge C-level operation such as a big-int power.  So every check
-runs in a helper process that the caller can always SIGKILL:
+A check's bound must not depend on the machine's load: a helper that is merely descheduled has not
+spent its budget.  So the helper bounds each check (both parses and the comparison) by its own CPU
+time, with an interval timer on CPU time (``ITIMER_PROF``) whose handler raises, and math-verify's
+own timeouts - ``signal.alarm``, wall-clock seconds - are disabled.  The caller keeps a wall-clock
+bound only as a backstop, several times the CPU bound: no signal interrupts a single huge C-level
+operation, and a stopped or starved helper uses no CPU at all.
 
 * The helper is started with ``subprocess`` (fork + immediate exec of a fresh interpreter, so no
   threads of the caller - torch's, say - are duplicated) running this file as a script with
   ``python -P``: unlike multiprocessing's spawn, it does not re-import the caller's ``__main__``
   or this package's ``__init__``, only the standard library and math-verify.
-* Startup (interpreter, math-verify import, one warm-up check) takes about 0.4 s, is paid once
-  per calling process (and after each kill), and is bounded separately by ``STARTUP_TIMEOUT_S``.
-* Each check waits at most its own timeout for the reply; past it the helper is killed and reaped,
-  the check counts as "not equivalent", and the next check starts a fresh helper.
-* Inside the helper math-verify's own alarms (``_INNER_TIMEOUT_S`` per parse and per comparison)
-  end most slow cases without a kill, and parses are LRU-cached because consensus voting compares
-  the same strings many times.
+* Startup (interpreter, math-verify import, one warm-up check) is paid once per calling process
+  (and after each kill), and is bounded separately by ``STARTUP_TIMEOUT_S``.
+* A check that runs out of CPU time, outlives the backstop, or whose helper dies or fails to start
+  is retried once on a fresh helper; if that attempt fails too, its verdict is None (ungraded),
+  never a False that only says the machine was busy.
+* Parses are LRU-cached in the helper, because consensus voting compares the same strings many
+  times; a parse that ran out of time raises through the cache, so only finished parses are kept.
 
 This file is run as a script, so it must import nothing from its package.
 """
@@ -22,6 +25,7 @@ This file is run as a script, so it must import nothing from its package.
 import atexit
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,8 +34,12 @@ from functools import lru_cache
 from multiprocessing.connection import Connection
 
 STARTUP_TIMEOUT_S = 60.0
-"""Bound on starting a helper, which is not counted against any one check's timeout."""
-_INNER_TIMEOUT_S = 1  # math-verify's alarms take whole seconds
+"""Wall-clock bound on starting a helper, which is not counted against any one check's bound."""
+BACKSTOP_FACTOR = 20.0
+"""The caller's wall-clock backstop on one check, as a multiple of its CPU bound: it ends only checks
+whose helper got less than this fraction of a core (stopped, or stuck in one C-level operation)."""
+ATTEMPTS = 2
+"""A check that does not finish is tried once more, on a fresh helper, before it is ungraded."""
 _log = logging.getLogger(__name__)
 _READY = "ready"
 
@@ -46,25 +54,36 @@ class MathVerifyWorker:
         atexit.register(self.close)
         os.register_at_fork(after_in_child=self._forget_after_fork)
 
-    def equivalent(self, gold: str, answer: str, timeout_s: float) -> bool:
-        """math-verify's ``verify(parse(gold), parse(answer))``; False on timeout or any failure."""
+    def equivalent(self, gold: str, answer: str, cpu_s: float) -> bool | None:
+        """math-verify's ``verify(parse(gold), parse(answer))`` within ``cpu_s`` CPU seconds; None when
+        neither attempt finished (see the module docstring)."""
         with self._lock:
-            try:
-                if self._conn is None:
-                    self._start()
-                self._conn.send((gold, answer))
-                if self._conn.poll(timeout_s):
-                    return self._conn.recv() is True
-                _log.warning("math-verify check exceeded %.1f s; killing its worker", timeout_s)
-            except Exception:  # noqa: BLE001 - died or never started; "never raise" outranks the cause
-                _log.warning("math-verify worker failed; a fresh one serves the next check", exc_info=True)
-            self._stop()
-            return False
+            for _ in range(ATTEMPTS):
+                verdict = self._attempt(gold, answer, cpu_s)
+                if verdict is not None:
+                    return verdict
+                self._stop()  # a fresh helper for the next attempt and the next check
+            return None
 
     def close(self) -> None:
         """Kill and reap the helper (runs at interpreter exit)."""
         with self._lock:
             self._stop()
+
+    def _attempt(self, gold: str, answer: str, cpu_s: float) -> bool | None:
+        try:
+            if self._conn is None:
+                self._start()
+            self._conn.send((gold, answer, cpu_s))
+            if self._conn.poll(cpu_s * BACKSTOP_FACTOR):
+                verdict = self._conn.recv()
+                if verdict is None:
+                    _log.warning("math-verify check ran out of its %.1f CPU seconds", cpu_s)
+                return verdict
+            _log.warning("math-verify check outlived its %.0f s backstop; killing its worker", cpu_s * BACKSTOP_FACTOR)
+        except Exception:  # noqa: BLE001 - died or never started; "never raise" outranks the cause
+            _log.warning("math-verify worker failed", exc_info=True)
+        return None
 
     def _start(self) -> None:
         parent_end, child_end = socket.socketpair()
@@ -95,33 +114,53 @@ class MathVerifyWorker:
         self._conn = None
 
 
+class _OutOfCpuTime(BaseException):
+    """Raised by the CPU timer; a BaseException, so that math-verify's ``except Exception`` (which
+    turns errors into an empty parse or a False) cannot swallow it."""
+
+
+def _out_of_cpu_time(signum, frame) -> None:
+    raise _OutOfCpuTime
+
+
 def _serve(fd: int) -> None:
-    """Helper process: answer (gold, answer) requests with verify's result until the caller leaves."""
+    """Helper process: answer (gold, answer, cpu_s) requests with verify's result, or None when the
+    check ran out of CPU time, until the caller leaves."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    logging.disable(logging.WARNING)  # math-verify logs every timeout; the caller sees False
+    logging.disable(logging.WARNING)  # math-verify warns that its own timeouts are off: ours bound it
     extraction_config = [LatexExtractionConfig(), ExprExtractionConfig()]
+    signal.signal(signal.SIGPROF, _out_of_cpu_time)
 
     @lru_cache(maxsize=16384)
     def parse_answer(answer: str) -> list:
         # Bare LaTeX such as "\frac12" only parses inside math delimiters.
-        return parse(f"${answer}$", extraction_config, parsing_timeout=_INNER_TIMEOUT_S)
+        return parse(f"${answer}$", extraction_config, parsing_timeout=None)
 
-    def equivalent(gold: str, answer: str) -> bool:
+    def equivalent(gold: str, answer: str, cpu_s: float) -> bool | None:
+        signal.setitimer(signal.ITIMER_PROF, cpu_s)
         try:
-            return verify(parse_answer(gold), parse_answer(answer), timeout_seconds=_INNER_TIMEOUT_S)
+            return verify(parse_answer(gold), parse_answer(answer), timeout_seconds=None)
+        except _OutOfCpuTime:
+            return None
         except Exception:  # noqa: BLE001 - math-verify raises on some malformed input
             return False
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
 
-    equivalent("1", "1")  # warm up the LaTeX parser before declaring readiness
+    equivalent("1", "1", STARTUP_TIMEOUT_S)  # warm up the LaTeX parser before declaring readiness
     conn = Connection(fd)
     conn.send(_READY)
     while True:
         try:
-            gold, answer = conn.recv()
+            gold, answer, cpu_s = conn.recv()
         except EOFError:
             return
-        conn.send(equivalent(gold, answer))
+        try:
+            verdict = equivalent(gold, answer, cpu_s)
+        except _OutOfCpuTime:  # the timer fired as the check returned, before it was disarmed
+            verdict = None
+        conn.send(verdict)
 
 
 if __name__ == "__main__":

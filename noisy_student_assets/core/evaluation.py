@@ -1,5 +1,10 @@
 """Evaluation of a checkpoint on held-out problems (no Dagster here): greedy accuracy, maj@k, pass@k,
-format rate and completion length, overall and per subject/level."""
+format rate and completion length, overall and per subject/level.
+
+A check against the gold that is ungraded (see ``grading``) is neither right nor wrong: it is left out of its
+metric's denominator (a null ``greedy_correct`` or ``maj@k_correct``; a sample left out of pass@k's n) and
+counted in the ``ungraded`` metric.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +48,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def score_problems(
     eval_problems: pl.DataFrame, greedy: pl.DataFrame, sampled: pl.DataFrame, ks: tuple[int, ...]
 ) -> pl.DataFrame:
-    """One row per problem: greedy correctness/format/length, correct samples, and maj@k for each k.
+    """One row per problem: greedy correctness/format/length, correct and ungraded samples, and maj@k for each
+    k; a correctness is null where its check was ungraded.
 
     maj@k votes over each problem's first k samples (by `sample_index`).
     """
@@ -56,6 +62,7 @@ def score_problems(
         gold, pid = problem["gold_answer"], problem["problem_id"]
         first = greedy_by_id[pid]
         answers = sampled_answers.get(pid, [])  # none in a greedy-only eval
+        verdicts = [answers_equivalent(gold, answer) for answer in answers]
         row = {
             "problem_id": pid,
             "subject": problem["subject"],
@@ -64,27 +71,29 @@ def score_problems(
             "greedy_formatted": format_reward(first["completion"]) == 1.0,
             "greedy_tokens": first["n_tokens"],
             "samples": len(answers),
-            "samples_correct": sum(answers_equivalent(gold, answer) for answer in answers),
+            "samples_correct": verdicts.count(True),
+            "samples_ungraded": verdicts.count(None),
         }
         for k in ks:
             row[f"maj@{k}_correct"] = answers_equivalent(gold, majority_vote(answers[:k]).answer)
         rows.append(row)
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows, schema_overrides={"greedy_correct": pl.Boolean} | {f"maj@{k}_correct": pl.Boolean for k in ks})
 
 
 def summarize(scores: pl.DataFrame, ks: tuple[int, ...]) -> dict[str, float]:
-    """Headline metrics over all problems."""
+    """Headline metrics over all problems, each over the checks that were graded; `ungraded` counts the others."""
+    correct_columns = ["greedy_correct", *(f"maj@{k}_correct" for k in ks)]
     metrics = {
         "greedy_accuracy": scores["greedy_correct"].mean(),
         "format_rate": scores["greedy_formatted"].mean(),
         "mean_completion_tokens": scores["greedy_tokens"].mean(),
         "problems": float(scores.height),
+        "ungraded": float(sum(scores[column].null_count() for column in correct_columns) + scores["samples_ungraded"].sum()),
     }
     for k in ks:
         metrics[f"maj@{k}"] = scores[f"maj@{k}_correct"].mean()
-        metrics[f"pass@{k}"] = float(
-            np.mean([pass_at_k(n, c, k) for n, c in scores.select("samples", "samples_correct").iter_rows()])
-        )
+        graded = [(n - u, c) for n, c, u in scores.select("samples", "samples_correct", "samples_ungraded").iter_rows() if u == 0 or n - u >= k]
+        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for n, c in graded]))
     return metrics
 
 

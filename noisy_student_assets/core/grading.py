@@ -1,18 +1,25 @@
 """Answer extraction and verifiable rewards: is a model's final answer mathematically the gold one?
 
 Extraction is plain linear-time string work in this process.  Equivalence is math-verify
-(``verify(parse(gold), parse(answer))``, gold first: verify is not symmetric) in a helper process
-under a hard wall-clock bound, so a check never hangs or raises, in any thread or process; see
-``_math_verify_worker``.  The first check in a process pays the helper's startup.
+(``verify(parse(gold), parse(answer))``, gold first: verify is not symmetric) in a helper process,
+bounded by the CPU time the check spends rather than by wall time, so that a loaded machine grades as
+an idle one; it never hangs or raises, in any thread or process; see ``_math_verify_worker``.  The
+first check in a process pays the helper's startup.
+
+A check has three outcomes (a ``Verdict``): True, False, or None - *ungraded* - when it could not
+finish (it ran out of CPU time, or its helper died or hung, twice).  Ungraded is not wrong: callers
+count it apart.  Only True and False are cached; an ungraded check is tried afresh the next time.
 """
 
 import re
 from functools import lru_cache
+from typing import TypeAlias
 
 from noisy_student_assets.core._math_verify_worker import MathVerifyWorker
 
-TIMEOUT_S = 3.0
-"""Default hard bound, in seconds, on one equivalence check; past it the check is False."""
+TIMEOUT_S = 2.0
+"""Default bound, in CPU seconds of the helper, on one equivalence check; past it the check is retried once on
+a fresh helper, then ungraded."""
 
 MAX_ANSWER_CHARS = 1000
 """Longer answers are rejected unchecked: no real answer is this long, and parsing would be slow."""
@@ -31,6 +38,9 @@ _GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
 # reading as -3 and "x2" or "1.5.3" from yielding a number.
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
+
+Verdict: TypeAlias = bool | None
+"""An equivalence check's outcome: True, False, or None when it is ungraded (see the module docstring)."""
 
 _worker = MathVerifyWorker()
 
@@ -53,12 +63,13 @@ def extract_answer(response: str) -> str | None:
     return numbers[-1].replace(",", "") if numbers else None
 
 
-def grade(response: str, gold: str, *, timeout_s: float | None = None) -> bool:
-    """True iff the answer extracted from ``response`` is mathematically equivalent to ``gold``.
+def grade(response: str, gold: str, *, timeout_s: float | None = None) -> Verdict:
+    """Whether the answer extracted from ``response`` is mathematically equivalent to ``gold``.
 
     A gold carrying a ``####``, ``\\boxed`` or ``<answer>`` marker (a full reference solution) is
     reduced to its extracted answer first; otherwise it is used as is.  Never raises; False when
-    either side is missing, too large, or the check exceeds ``timeout_s`` (default ``TIMEOUT_S``).
+    either side is missing or too large, None (ungraded) when the check does not finish in
+    ``timeout_s`` CPU seconds (default ``TIMEOUT_S``), twice.
     """
     if not isinstance(gold, str):
         return False
@@ -67,11 +78,12 @@ def grade(response: str, gold: str, *, timeout_s: float | None = None) -> bool:
     return answers_equivalent(gold, extract_answer(response), timeout_s=timeout_s)
 
 
-def answers_equivalent(gold: str | None, answer: str | None, *, timeout_s: float | None = None) -> bool:
-    """True iff two extracted answers are mathematically equivalent, ``gold`` as math-verify's gold.
+def answers_equivalent(gold: str | None, answer: str | None, *, timeout_s: float | None = None) -> Verdict:
+    """Whether two extracted answers are mathematically equivalent, ``gold`` as math-verify's gold.
 
-    Never raises or hangs: False for missing, empty, over-long or over-nested strings and for
-    checks that exceed ``timeout_s`` seconds (default ``TIMEOUT_S``).
+    Never raises or hangs: False for missing, empty, over-long or over-nested strings; None
+    (ungraded) for checks that do not finish in ``timeout_s`` CPU seconds (default ``TIMEOUT_S``),
+    twice.
     """
     if not (isinstance(gold, str) and isinstance(answer, str)):
         return False
@@ -81,10 +93,11 @@ def answers_equivalent(gold: str | None, answer: str | None, *, timeout_s: float
     return _equivalent(gold, answer, TIMEOUT_S if timeout_s is None else timeout_s)
 
 
-def is_gradable(answer: str | None, *, timeout_s: float | None = None) -> bool:
-    """True iff math-verify can check ``answer`` at all: it is equivalent to itself in time.
+def is_gradable(answer: str | None, *, timeout_s: float | None = None) -> Verdict:
+    """True iff math-verify can check ``answer`` at all: it is equivalent to itself.
 
-    False for None, empty, over-long or over-nested answers and ones too slow to parse or compare.
+    False for None, empty, over-long, over-nested or unparseable answers; None when the self-check is
+    ungraded.
     """
     return answers_equivalent(answer, answer, timeout_s=timeout_s)
 
@@ -95,9 +108,10 @@ def format_reward(response: str) -> float:
     return float(isinstance(response, str) and _explicit_answer(response) is not None)
 
 
-def answer_reward(response: str, gold: str) -> float:
-    """1.0 when ``grade(response, gold)``, else 0.0."""
-    return float(grade(response, gold))
+def answer_reward(response: str, gold: str) -> float | None:
+    """1.0 when ``grade(response, gold)``, 0.0 when not, None when it is ungraded (no reward signal)."""
+    verdict = grade(response, gold)
+    return None if verdict is None else float(verdict)
 
 
 def _explicit_answer(text: str) -> str | None:
@@ -165,10 +179,24 @@ def _nesting_depth(text: str) -> int:
 
 def clear_cache() -> None:
     """Forget cached equivalence results, so the next checks are timed cold (the benchmark)."""
-    _equivalent.cache_clear()
+    _verdict.cache_clear()
+
+
+class _Ungraded(Exception):
+    """Raised through ``_verdict``'s cache, which keeps only returned values."""
+
+
+def _equivalent(gold: str, answer: str, timeout_s: float) -> Verdict:
+    try:
+        return _verdict(gold, answer, timeout_s)
+    except _Ungraded:
+        return None
 
 
 @lru_cache(maxsize=16384)
-def _equivalent(gold: str, answer: str, timeout_s: float) -> bool:
-    # Cached: samples repeat answers, and a pathological one should cost one timeout, not many.
-    return _worker.equivalent(gold, answer, timeout_s)
+def _verdict(gold: str, answer: str, timeout_s: float) -> bool:
+    # Cached: samples repeat answers.  An unfinished check is not a verdict, so it raises past the cache.
+    verdict = _worker.equivalent(gold, answer, timeout_s)
+    if verdict is None:
+        raise _Ungraded
+    return verdict

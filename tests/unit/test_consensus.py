@@ -77,3 +77,9 @@ def test_votes_are_deterministic():
 
 def test_vote_many_votes_each_problem():
     assert [v.answer for v in vote_many([["1", "1", "2"], [None], ["0.5", "1/2"]])] == ["1", None, "0.5"]
+
+
+def test_ungraded_answers_join_no_cluster_and_are_counted(ungraded_pair):
+    founder, slow_to_compare = ungraded_pair
+    vote = majority_vote([founder, founder, slow_to_compare, "9^{9^{9^{9}}}", "x"])  # the tower: ungraded alone
+    assert (vote.answer, vote.count, vote.agreement, vote.n_clusters, vote.ungraded, vote.k) == (founder, 2, 0.4, 2, 2, 5)

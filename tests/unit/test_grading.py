@@ -1,12 +1,16 @@
-"""Answer extraction, math-verify grading and its hard time bound, with the real math-verify."""
+"""Answer extraction, math-verify grading and its CPU-time bound, with the real math-verify."""
 
 import json
 import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -146,21 +150,21 @@ def test_extraction_of_a_megabyte_is_fast():
 
 
 @pytest.mark.parametrize(
-    ("response", "gold"),
+    ("response", "gold", "verdict"),
     [
-        ("\\boxed{9^{9^{9^{9}}}}", "1"),
-        ("\\boxed{(10^{8})!}", "1"),
-        ("x" * 1_000_000, "1"),
-        ("7" * 1_000_000, "7"),
-        ("\\boxed{" + "{" * 500_000 + "}" * 500_000, "1"),
-        ("\\boxed{" + "(" * 15 + "1" + ")" * 15 + "}", "2"),  # under the nesting cap: parsed, slowly
-        ("\\boxed{" + "{" * 100 + "1" + "}" * 100 + "}", "1"),  # over it: rejected unparsed
+        ("\\boxed{9^{9^{9^{9}}}}", "1", None),  # out of CPU time on both attempts: ungraded
+        ("\\boxed{(10^{8})!}", "1", None),
+        ("x" * 1_000_000, "1", False),
+        ("7" * 1_000_000, "7", False),
+        ("\\boxed{" + "{" * 500_000 + "}" * 500_000, "1", False),
+        ("\\boxed{" + "(" * 15 + "1" + ")" * 15 + "}", "2", False),  # under the nesting cap: parsed, slowly
+        ("\\boxed{" + "{" * 100 + "1" + "}" * 100 + "}", "1", False),  # over it: rejected unparsed
     ],
     ids=["power-tower", "factorial", "1MB-text", "1MB-number", "1MB-braces", "nested-15", "nested-100"],
 )
-def test_pathological_inputs_are_wrong_not_hung(response, gold):
+def test_pathological_inputs_are_wrong_or_ungraded_not_hung(response, gold, verdict):
     started = time.monotonic()
-    assert grade(response, gold) is False
+    assert grade(response, gold) is verdict
     assert time.monotonic() - started < HANG_GUARD_S
 
 
@@ -171,21 +175,20 @@ def test_bound_holds_in_a_thread():
     thread = threading.Thread(target=lambda: results.extend(grade(*check) for check in checks))
     thread.start()
     thread.join(HANG_GUARD_S)
-    assert results == [False, True]
+    assert results == [None, True]
 
 
 def test_bound_holds_in_a_thread_pool():
     responses = ["\\boxed{9^{9^{9^{7}}}}", "\\boxed{2}", "\\boxed{7^{7^{7^{7}}}}", "#### 2.0"]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        assert list(pool.map(lambda r: grade(r, "2"), responses, timeout=HANG_GUARD_S)) == [False, True, False, True]
+        assert list(pool.map(lambda r: grade(r, "2"), responses, timeout=HANG_GUARD_S)) == [None, True, None, True]
 
 
-def test_a_hung_check_is_killed_and_the_worker_recovers():
+def test_a_check_out_of_cpu_time_is_ungraded_and_its_worker_replaced():
     assert grade("\\boxed{3}", "3")
     hung_worker = helper_pids()
-    # 0.2 s is under math-verify's own 1 s alarm, so only killing the worker can end this check.
-    assert grade("\\boxed{9^{9^{9^{6}}}}", "1", timeout_s=0.2) is False
-    assert hung_worker and not hung_worker & helper_pids(), "the hung worker was killed"
+    assert grade("\\boxed{9^{9^{9^{6}}}}", "1", timeout_s=0.2) is None
+    assert hung_worker and not hung_worker & helper_pids(), "the worker that ran out of time was killed"
     assert grade("\\boxed{\\frac{1}{4}}", "0.25")
     assert helper_pids(), "a fresh worker serves the next check"
     assert not any(psutil.pid_exists(pid) for pid in hung_worker), "the killed worker was reaped, not left a zombie"
@@ -210,10 +213,56 @@ def test_bound_holds_in_worker_processes(start_method, slow_answer):
     context = multiprocessing.get_context(start_method)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         checks = [pool.submit(answers_equivalent, "1", slow_answer, timeout_s=0.2), pool.submit(grade, "#### 8", "8")]
-        assert [check.result(timeout=HANG_GUARD_S) for check in checks] == [False, True]
+        assert [check.result(timeout=HANG_GUARD_S) for check in checks] == [None, True]
     # The child killed a helper of its own: a forked child must not use or kill its parent's.
     assert helper_pids() == helpers
     assert grade("\\boxed{6}", "6.0")
+
+
+@contextmanager
+def starved_helpers(runs_s: float = 0.02, stops_s: float = 0.5) -> Iterator[None]:
+    """Every grading helper of this process gets the CPU for ``runs_s`` of each ``runs_s + stops_s``
+    (SIGSTOP/SIGCONT): a helper descheduled on a loaded machine, its checks slowed some 25 times."""
+    done = threading.Event()
+
+    def starve() -> None:
+        while not done.is_set():
+            stopped = helper_pids()
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            if stopped:  # else look again soon, to catch a helper as it starts
+                done.wait(stops_s)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)  # a killed helper is a zombie until reaped: the signal is lost
+            time.sleep(runs_s)
+
+    starver = threading.Thread(target=starve, daemon=True)
+    starver.start()
+    try:
+        yield
+    finally:
+        done.set()
+        starver.join()
+
+
+def test_a_starved_warm_up_or_check_grades_right():
+    grading.clear_cache()
+    grading._worker.close()  # the next check starts a helper, whose warm-up parses "1"
+    checks = [("1", "1"), ("3\\sqrt{13}", "\\sqrt{117}")]  # the second spends a tenth of a CPU second
+    with starved_helpers():
+        assert [answers_equivalent(*check) for check in checks] == [True, True], "CPU time bounds a check, not wall time"
+    assert [answers_equivalent(*check) for check in checks] == [True, True]
+
+
+def test_a_stopped_check_is_retried_and_never_cached_wrong():
+    assert answers_equivalent("2", "2")  # a started helper, past its warm-up
+    stopped = helper_pids()
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)  # no CPU time passes: only the wall-clock backstop ends the check
+    verdict = answers_equivalent("\\frac{5}{8}", "0.625", timeout_s=0.2)
+    assert verdict is True, "retried on a fresh helper"
+    assert not any(psutil.pid_exists(pid) for pid in stopped), "the stopped helper was killed and reaped"
+    assert answers_equivalent("\\frac{5}{8}", "0.625", timeout_s=0.2) is True
 
 
 def test_worker_exits_with_its_caller():
@@ -269,6 +318,12 @@ def test_every_gsm8k_solution_grades_as_its_answer_and_not_the_next():
 def test_clear_cache_makes_the_next_check_cold():
     answers_equivalent("1/2", "0.5")
     grading.clear_cache()
-    assert grading._equivalent.cache_info().currsize == 0
+    assert grading._verdict.cache_info().currsize == 0
     assert answers_equivalent("1/2", "0.5")
-    assert grading._equivalent.cache_info().misses == 1
+    assert grading._verdict.cache_info().misses == 1
+
+
+def test_an_ungraded_check_is_not_cached():
+    grading.clear_cache()
+    assert answers_equivalent("1", "9^{9^{9^{7}}}", timeout_s=0.2) is None
+    assert grading._verdict.cache_info().currsize == 0

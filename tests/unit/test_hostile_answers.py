@@ -1,9 +1,9 @@
 """Hostile answers a model may emit, graded the way rewards (``grade``) and consensus
 (``answers_equivalent``) grade them: in the main thread, in a thread pool and in worker processes.
 
-Each must come back False, never raise and never hang; in the main thread each within a hard bound.
-The summary printed at the end of every pytest run gives each mode's number of checks, hangs and
-worst time.
+Each must come back False or ungraded (None: out of CPU time twice), never True, never raise and
+never hang; in the main thread each within a hard bound.  The summary printed at the end of every
+pytest run gives each mode's number of checks, ungraded checks, hangs and worst time.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from noisy_student_assets.core import grading
+from noisy_student_assets.core._math_verify_worker import ATTEMPTS
 from noisy_student_assets.core.grading import TIMEOUT_S, answers_equivalent, grade
 
 GOLD = "7/3"  # no hostile answer holds it, so a True is a grading error
-BOUND_S = TIMEOUT_S + 7.0
-"""A check's hard bound: its timeout, plus starting a fresh helper after a killed one (about 0.4 s idle,
-seconds on a loaded CI machine)."""
+BOUND_S = ATTEMPTS * TIMEOUT_S + 7.0
+"""A check's hard bound: its CPU bound on each attempt, plus starting a fresh helper after each (about 0.4 s
+idle, seconds on a loaded CI machine)."""
 HANG_S = 60.0
 """Past this a check in a pool counts as hung (threads first wait for the helper they share)."""
 
@@ -95,13 +96,14 @@ def _grade_all(pool: Executor | None) -> dict[tuple[str, str], tuple[object, flo
 
 def _summarize(mode: str, results: dict, run_summary) -> None:
     hung = [key for key, (verdict, _) in results.items() if verdict == "hung"]
+    ungraded = [key for key, (verdict, _) in results.items() if verdict is None]
     (worst_name, worst_path), (_, worst_s) = max(results.items(), key=lambda item: item[1][1])
     run_summary(
-        f"hostile answers, {mode}: {len(results)} checks of {len(HOSTILE)} answers, {len(hung)} hung, "
-        f"worst {worst_s:.2f} s ({worst_name}, {worst_path})"
+        f"hostile answers, {mode}: {len(results)} checks of {len(HOSTILE)} answers, {len(ungraded)} ungraded, "
+        f"{len(hung)} hung, worst {worst_s:.2f} s ({worst_name}, {worst_path})"
     )
     assert hung == []
-    assert {key: verdict for key, (verdict, _) in results.items() if verdict is not False} == {}
+    assert {key: verdict for key, (verdict, _) in results.items() if verdict not in (False, None)} == {}
 
 
 def test_hostile_answers_in_the_main_thread(run_summary) -> None:

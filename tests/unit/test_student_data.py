@@ -153,6 +153,15 @@ def test_vote_shares_give_each_answer_cluster_its_share_of_all_k_votes() -> None
     assert vote_share_of("5", shares) == vote_share_of(None, shares) == 0.0
 
 
+def test_an_ungraded_sample_is_in_no_pair_and_has_no_vote_share(ungraded_pair) -> None:
+    label, slow_to_compare = ungraded_pair
+    generations, _, labels = votes({"p": [label, label, label, slow_to_compare, "x"]})
+    assert labels["ungraded"].to_list() == [1]
+    pairs = dpo_pairs(generations, labels, pairs_per_problem=2)
+    assert completions_of(pairs, "rejected") == [completion("p", 4, "x")] * 2  # never the ungraded sample
+    assert vote_share_of(slow_to_compare, [[label, 0.6], ["x", 0.2]]) is None
+
+
 def test_the_agreement_band_keeps_its_closed_interval() -> None:
     labels = pl.DataFrame({"problem_id": ["a", "b", "c", "d"], "agreement": [0.25, 0.5, 0.75, 1.0]})
     assert in_agreement_band(labels, 0.5, 0.75)["problem_id"].to_list() == ["b", "c"]

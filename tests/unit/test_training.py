@@ -115,7 +115,20 @@ def test_answer_reward_logs_the_mean_per_label_source():
         label_source=["gold", "gold", "pseudo"],
         log_metric=logged.__setitem__,
     )
-    assert logged == {"answer_reward/gold": 0.5, "answer_reward/pseudo": 1.0}
+    assert logged == {"answer_reward/gold": 0.5, "answer_reward/pseudo": 1.0, "answer_reward/ungraded_share": 0.0}
+
+
+def test_an_ungraded_answer_gets_no_reward_and_is_counted(ungraded_pair):
+    target, slow_to_compare = ungraded_pair
+    logged = {}
+    rewards = answer_reward(
+        [f"\\boxed{{{target}}}", f"\\boxed{{{slow_to_compare}}}", "\\boxed{x}"],
+        [target, target, target],
+        label_source=["gold", "gold", "pseudo"],
+        log_metric=logged.__setitem__,
+    )
+    assert rewards == [1.0, None, 0.0]
+    assert logged == {"answer_reward/gold": 1.0, "answer_reward/pseudo": 0.0, "answer_reward/ungraded_share": 1 / 3}
 
 
 def test_format_reward_is_independent_of_correctness():
@@ -151,7 +164,9 @@ def test_vote_share_reward_pays_the_answer_s_share_of_the_votes_and_gold_rows_ha
         completions, targets, vote_shares, label_source=["pseudo"] * 4 + ["gold"] * 2, log_metric=logged.__setitem__
     )
     assert rewards == [0.625, 0.25, 0.0, 0.0, 1.0, 0.0]
-    assert logged == {"answer_reward/gold": 0.5, "answer_reward/pseudo": 0.25}  # agreement with the label, as before
+    assert logged == {  # agreement with the label, as before
+        "answer_reward/gold": 0.5, "answer_reward/pseudo": 0.25, "answer_reward/ungraded_share": 0.0, "vote_share_reward/ungraded_share": 0.0
+    }
 
 
 def test_vote_shares_join_the_pseudo_labeled_rows_only():

@@ -6,7 +6,9 @@ founder - its first, hence most frequent, member - is equivalent to it (``answer
 with the founder as gold), or founds a new one.  The founder represents the cluster.  The winning
 cluster is the largest; ties go to the cluster with the earliest first occurrence in the input.
 Missing, empty and ungradable answers (see ``grading.is_gradable``) join no cluster, so they never
-win, but they do count in ``k``.
+win, but they do count in ``k``.  An answer whose check is ungraded (``grading``: it could not
+finish) - on itself, or against a founder when it matches no other founder - joins no cluster and
+founds none, since it may equal that founder; it counts in ``k`` and in ``Vote.ungraded``.
 """
 
 import math
@@ -33,14 +35,16 @@ class Vote:
     measures disagreement among the answers given; failures to answer show in ``agreement``."""
     k: int
     """Number of answers voted on, missing ones included."""
+    ungraded: int = 0
+    """Answers left out of every cluster because a check on them was ungraded; counted in ``k``."""
 
 
 def majority_vote(answers: list[str | None]) -> Vote:
     """The majority answer of ``answers`` up to mathematical equivalence (see module docstring)."""
-    clusters = _clusters(answers)
+    clusters, ungraded = _clusters(answers)
     k = len(answers)
     if not clusters:
-        return Vote(answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=k)
+        return Vote(answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=k, ungraded=ungraded)
     winner = clusters[0]
     total = sum(cluster.size for cluster in clusters)
     shares = [cluster.size / total for cluster in clusters]
@@ -51,13 +55,14 @@ def majority_vote(answers: list[str | None]) -> Vote:
         n_clusters=len(clusters),
         entropy=sum(-p * math.log(p) for p in shares),
         k=k,
+        ungraded=ungraded,
     )
 
 
 def vote_shares(answers: list[str | None]) -> list[tuple[str, float]]:
     """Every equivalence cluster of ``answers`` as (representative, size / k), the majority first: the
     soft pseudo-reward of an answer is the share of the cluster it falls in (0 outside every cluster)."""
-    return [(cluster.representative, cluster.size / len(answers)) for cluster in _clusters(answers)]
+    return [(cluster.representative, cluster.size / len(answers)) for cluster in _clusters(answers)[0]]
 
 
 @dataclass(frozen=True)
@@ -67,22 +72,33 @@ class _Cluster:
     first_seen: int
 
 
-def _clusters(answers: list[str | None]) -> list[_Cluster]:
-    """The equivalence clusters of the gradable answers, largest first (ties: earliest first occurrence)."""
+def _clusters(answers: list[str | None]) -> tuple[list[_Cluster], int]:
+    """The equivalence clusters of the gradable answers, largest first (ties: earliest first occurrence), and the
+    number of answers left out because a check on them was ungraded."""
     stripped = [a.strip() for a in answers if isinstance(a, str)]
     counts = Counter(a for a in stripped if a)  # keys in first-occurrence order
     first_seen = {answer: rank for rank, answer in enumerate(counts)}
     members: list[list[str]] = []
+    ungraded = 0
     for answer in sorted(counts, key=lambda a: -counts[a]):  # stable: ties keep first occurrence
-        if not is_gradable(answer):
+        gradable = is_gradable(answer)
+        if not gradable:
+            ungraded += counts[answer] if gradable is None else 0
             continue
-        cluster = next((c for c in members if answers_equivalent(c[0], answer)), None)
-        if cluster is None:
-            members.append([answer])
-        else:
-            cluster.append(answer)
+        unsure = False
+        for cluster in members:
+            verdict = answers_equivalent(cluster[0], answer)
+            if verdict:
+                cluster.append(answer)
+                break
+            unsure = unsure or verdict is None
+        else:  # in no cluster: new, unless a founder it could not be compared with is its equal
+            if unsure:
+                ungraded += counts[answer]
+            else:
+                members.append([answer])
     clusters = [_Cluster(c[0], sum(counts[a] for a in c), min(first_seen[a] for a in c)) for c in members]
-    return sorted(clusters, key=lambda c: (-c.size, c.first_seen))
+    return sorted(clusters, key=lambda c: (-c.size, c.first_seen)), ungraded
 
 
 def vote_many(answer_lists: list[list[str | None]]) -> list[Vote]:

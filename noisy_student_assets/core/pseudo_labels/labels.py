@@ -5,6 +5,9 @@ Noisy Student (Xie et al. 2020, "Self-training with Noisy Student improves Image
 labels unlabeled data with the teacher and keeps confident labels; for LLM math the label is the
 majority answer over K samples and the confidence is its agreement (self-consistency, Wang et al. 2023),
 as in test-time RL (Zuo et al. 2025, "TTRL").
+
+Answers the vote could not grade (``consensus``) are counted per problem (``ungraded``) and in the stats; an
+audit check against the hidden gold that is ungraded is left out of the audit's shares.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ PSEUDO_LABEL_SCHEMA = pl.Schema(
         "agreement": pl.Float64,
         "n_clusters": pl.Int32,
         "entropy": pl.Float64,
+        "ungraded": pl.Int32,
         "kept": pl.Boolean,
     }
 )
@@ -78,6 +82,7 @@ def vote_pseudo_labels(generations: pl.DataFrame, problems: pl.DataFrame, tau: f
                 "agreement": vote.agreement,
                 "n_clusters": vote.n_clusters,
                 "entropy": vote.entropy,
+                "ungraded": vote.ungraded,
                 "kept": vote.answer is not None and vote.agreement >= tau,
             }
         )
@@ -124,17 +129,14 @@ def audit_pseudo_labels(
         pl.DataFrame({"bucket": _bucket_labels()})
         .join(
             labeled.group_by("bucket").agg(
-                pl.len().alias("problems"), pl.col("label_correct").sum().alias("labels_correct")
+                pl.len().alias("problems"),
+                pl.col("label_correct").sum().alias("labels_correct"),
+                pl.col("label_correct").mean().alias("label_accuracy"),  # over the graded labels
             ).with_columns(pl.col("bucket").cast(pl.Utf8)),
             on="bucket",
             how="left",
         )
         .with_columns(pl.col("problems", "labels_correct").fill_null(0).cast(pl.Int64))
-        .with_columns(
-            pl.when(pl.col("problems") > 0)
-            .then(pl.col("labels_correct") / pl.col("problems"))
-            .alias("label_accuracy")
-        )
     )
     return LabelAudit(
         coverage=kept.height / max(labels.height, 1),
@@ -202,6 +204,7 @@ def pseudo_label(generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: P
         "teacher_pass_at_1": audit.teacher_pass_at_1,
         "teacher_maj_at_k": audit.teacher_maj_at_k,
         "teacher_pass_at_k": audit.teacher_pass_at_k,
+        "ungraded": float(labels["ungraded"].sum()),
     }
     failure = label_floor_failure(labels, settings.tau, settings.min_coverage, settings.min_mean_agreement)
     return PseudoLabels(labels=labels, stats=stats, buckets=audit.buckets, floor_failure=failure)

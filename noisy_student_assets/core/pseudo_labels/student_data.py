@@ -12,6 +12,9 @@
   Optimization": the most-voted answer chosen, the least-voted rejected).
 - *vote shares* (`reward: vote_share`): each answer cluster's share of the K votes, a soft pseudo-reward.
 
+A sample whose agreement with the label is ungraded (`grading`) is neither agreeing nor dissenting: it is in no
+SFT row and no DPO pair, and its vote share is None (no reward signal).
+
 Each problem contributes a group of `group_size` completions (SFT rows, or DPO pairs x 2), the shape of a
 GRPO step's group, so that a step of any mode trains on the same prompts x completions as a GRPO step and
 the compute-matched controls stay matched.
@@ -24,7 +27,7 @@ from itertools import cycle, islice
 
 import polars as pl
 
-from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.grading import Verdict, answers_equivalent
 from noisy_student_assets.core.pseudo_labels.consensus import vote_shares
 
 SFT_ROW_SCHEMA = pl.Schema({"problem_id": pl.Utf8, "prompt": pl.Utf8, "completion": pl.Utf8})
@@ -60,7 +63,7 @@ def _kept_labels(pseudo_labels: pl.DataFrame) -> pl.DataFrame:
     return pseudo_labels.filter("kept").select("problem_id", "prompt", "pseudo_label")
 
 
-def _agrees(label: str, answer: str | None) -> bool:
+def _agrees(label: str, answer: str | None) -> Verdict:
     return answer is not None and answers_equivalent(label, answer)
 
 
@@ -92,7 +95,7 @@ def dpo_pairs(generations: pl.DataFrame, pseudo_labels: pl.DataFrame, pairs_per_
     for problem_id, prompt, label in _kept_labels(pseudo_labels).iter_rows():
         problem_samples = samples.get(problem_id, [])
         chosen = [completion for completion, answer in problem_samples if _agrees(label, answer)]
-        dissent = [(completion, answer) for completion, answer in problem_samples if not _agrees(label, answer)]
+        dissent = [(completion, answer) for completion, answer in problem_samples if _agrees(label, answer) is False]
         if not chosen or not dissent:
             continue
         rejected = _least_voted_first(dissent)
@@ -123,6 +126,12 @@ def vote_share_table(generations: pl.DataFrame, pseudo_labels: pl.DataFrame) -> 
     return pl.DataFrame(rows, schema=VOTE_SHARE_SCHEMA)
 
 
-def vote_share_of(answer: str | None, shares: list[list]) -> float:
-    """The vote share of the cluster `answer` falls in (0 when it falls in none, or is missing)."""
-    return next((float(share) for representative, share in shares if _agrees(representative, answer)), 0.0)
+def vote_share_of(answer: str | None, shares: list[list]) -> float | None:
+    """The vote share of the cluster `answer` falls in (0 when it falls in none, or is missing; None when it falls
+    in none but a check against a cluster was ungraded)."""
+    verdicts = []
+    for representative, share in shares:
+        verdicts.append(_agrees(representative, answer))
+        if verdicts[-1]:
+            return float(share)
+    return None if None in verdicts else 0.0

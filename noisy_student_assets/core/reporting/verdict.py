@@ -104,10 +104,10 @@ def paired_difference(
 
 def paired_scores(pairs: list[tuple[pl.DataFrame, pl.DataFrame]], column: str = "greedy_correct") -> tuple[np.ndarray, np.ndarray]:
     """[seeds, problems] arrays of `column` for the (treatment, control) score tables of each seed, over
-    the problems every table scored, in one order."""
+    the problems every table scored (a null score, an ungraded check, is not scored), in one order."""
     if not pairs:
         raise ValueError("no score tables to compare")
-    common = set.intersection(*(set(table["problem_id"]) for pair in pairs for table in pair))
+    common = set.intersection(*(set(table.filter(pl.col(column).is_not_null())["problem_id"]) for pair in pairs for table in pair))
     if not common:
         raise ValueError("the score tables share no eval problem")
     order = pl.DataFrame({"problem_id": sorted(common)})

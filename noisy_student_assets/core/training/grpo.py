@@ -115,30 +115,42 @@ def completion_text(completion: str | list[dict]) -> str:
     return "".join(message["content"] for message in completion if message["role"] == "assistant")
 
 
-def answer_reward(completions, target, label_source=None, log_metric=None, **kwargs) -> list[float]:
-    """TRL reward function: 1.0 where the completion's final answer is equivalent to the row's target.
+def answer_reward(completions, target, label_source=None, log_metric=None, **kwargs) -> list[float | None]:
+    """TRL reward function: 1.0 where the completion's final answer is equivalent to the row's target, None where
+    that check is ungraded (`grading`): TRL turns None into NaN, which its group baseline leaves out and which
+    gets no advantage (with a format reward beside it, the completion keeps that reward alone).
 
-    Also logs the mean reward per label source (TRL's `log_metric` hook): on pseudo rows it measures
-    agreement with the teacher, which only the gold rows can tell apart from accuracy.
+    Also logs (TRL's `log_metric` hook) the mean graded reward per label source - on pseudo rows it measures
+    agreement with the teacher, which only the gold rows can tell apart from accuracy - and the share of
+    completions whose reward is ungraded (`answer_reward/ungraded_share`).
     """
     rewards = [grading.answer_reward(completion_text(c), t) for c, t in zip(completions, target, strict=True)]
-    if log_metric is not None and label_source is not None:
-        for source in sorted(set(label_source)):
-            source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source]
-            log_metric(f"answer_reward/{source}", sum(source_rewards) / len(source_rewards))
+    if log_metric is not None:
+        _log_ungraded("answer_reward", rewards, log_metric)
+        for source in sorted(set(label_source or [])):
+            source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source and r is not None]
+            if source_rewards:
+                log_metric(f"answer_reward/{source}", sum(source_rewards) / len(source_rewards))
     return rewards
 
 
-def vote_share_reward(completions, target, vote_shares, label_source=None, log_metric=None, **kwargs) -> list[float]:
+def vote_share_reward(completions, target, vote_shares, label_source=None, log_metric=None, **kwargs) -> list[float | None]:
     """TRL reward function, the soft pseudo-reward: on a pseudo-labeled row, the share of the teacher's K votes
     that the completion's answer cluster won (the majority's agreement for the pseudo-label, less for a
-    minority answer, 0 outside every cluster); on a labeled row ("[]"), 1.0 for the gold answer."""
+    minority answer, 0 outside every cluster); on a labeled row ("[]"), 1.0 for the gold answer.  None where
+    it is ungraded, as in `answer_reward`; the share of those is logged as `vote_share_reward/ungraded_share`."""
     hard = answer_reward(completions, target, label_source, log_metric)
     rewards = []
     for completion, shares, hard_reward in zip(completions, vote_shares, hard, strict=True):
         clusters = json.loads(shares)
         rewards.append(vote_share_of(grading.extract_answer(completion_text(completion)), clusters) if clusters else hard_reward)
+    if log_metric is not None:
+        _log_ungraded("vote_share_reward", rewards, log_metric)
     return rewards
+
+
+def _log_ungraded(reward_name: str, rewards: list[float | None], log_metric: Callable[[str, float], None]) -> None:
+    log_metric(f"{reward_name}/ungraded_share", rewards.count(None) / len(rewards))
 
 
 def format_reward_fn(completions, **kwargs) -> list[float]:
