@@ -185,7 +185,7 @@ def test_bound_holds_in_a_thread_pool():
 
 
 def test_a_check_out_of_cpu_time_is_ungraded_and_its_worker_replaced():
-    assert grade("\\boxed{3}", "3")
+    assert grade("\\boxed{\\frac{6}{18}}", "1/3")  # a pair no other test grades: a cached verdict would start no helper
     hung_worker = helper_pids()
     assert grade("\\boxed{9^{9^{9^{6}}}}", "1", timeout_s=0.2) is None
     assert hung_worker and not hung_worker & helper_pids(), "the worker that ran out of time was killed"
