@@ -62,17 +62,23 @@ mutation ($params: LaunchBackfillParams!) {
     ... on PythonError { message }
   }
 }"""
+# Each run's steps in its own process: a process per step would start Python and import torch for each (CI time).
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 SHARED = (layout.PROBLEM_POOL, layout.EVAL_PROBLEMS)
 SPLIT = (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS)
 
 
 def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(shared_cli: DagsterCli, database_url: str) -> None:
     """`dagster dev` on the database: the webserver records the backfill the UI's launch sends, the daemon runs it,
-    and the processes it starts for runs (and they for steps) find the instance in the environment they inherit."""
+    and the processes it starts for runs find the instance in the environment they inherit."""
     with shared_instance(shared_cli) as instance:
         instance.add_dynamic_partitions(ARMS_DEF.name, list(ARMS))
     with shared_cli.dev() as url:
-        params = {"assetSelection": [{"path": [name]} for name in (*SHARED, *SPLIT)], "partitionNames": list(ARMS)}
+        params = {
+            "assetSelection": [{"path": [name]} for name in (*SHARED, *SPLIT)],
+            "partitionNames": list(ARMS),
+            "runConfigData": IN_PROCESS,
+        }
         launched = graphql(url, LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
         with shared_instance(shared_cli) as instance:
