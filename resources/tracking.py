@@ -16,6 +16,7 @@ from pydantic import Field
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
 from resources.data_lake import DataLake
+from resources.database import create_mlflow_schema, database_url, mlflow_store_uri
 
 if TYPE_CHECKING:
     import mlflow
@@ -56,12 +57,14 @@ def role_of(asset_name: str) -> str:
 
 class MlflowTracking(dg.ConfigurableResource):
     """Plain mlflow around asset materializations. The default store is SQLite in the data lake
-    (MLflow 3.17 refuses a ./mlruns file store); `mlflow ui --backend-store-uri <uri>` shows it."""
+    (MLflow 3.17 refuses a ./mlruns file store), or the shared database's schema `mlflow` when
+    NOISY_STUDENT_DATABASE_URL is set (resources/database.py); `mlflow ui --backend-store-uri <uri>` shows it."""
 
     lake: DataLake
     tracking_uri: str = Field(
         default="",
-        description="empty: sqlite:///<data lake>/mlflow.db. A remote store: give it as dg.EnvVar and its credentials "
+        description="empty: the schema mlflow of the shared database (NOISY_STUDENT_DATABASE_URL) if set, else "
+        "sqlite:///<data lake>/mlflow.db. A remote store: give it as dg.EnvVar and its credentials "
         "in MLflow's own variables (MLFLOW_TRACKING_TOKEN, _USERNAME, _PASSWORD), never in the URI",
     )
     experiment_name: str = Field(default="noisy-student", description="the MLflow experiment every run goes into")
@@ -78,7 +81,13 @@ class MlflowTracking(dg.ConfigurableResource):
 
     @property
     def resolved_tracking_uri(self) -> str:
-        return self.tracking_uri or f"sqlite:///{self.lake.root_path / layout.TRACKING_DB_NAME}"
+        shared = self._shared_database
+        return self.tracking_uri or (mlflow_store_uri(shared) if shared else f"sqlite:///{self.lake.root_path / layout.TRACKING_DB_NAME}")
+
+    @property
+    def _shared_database(self) -> str | None:
+        """The shared database the store is in, unless `tracking_uri` names a store of its own."""
+        return None if self.tracking_uri else database_url()
 
     @contextmanager
     def start_run(
@@ -108,10 +117,12 @@ class MlflowTracking(dg.ConfigurableResource):
             ROUND_TAG: round_name,
             ROLE_TAG: role_of(key_path[-1]) if round_name else key_path[-1],
         }
-        # Steps of one run start in parallel processes; the first access creates the SQLite schema (a
+        # Steps of one run start in parallel processes; the first access creates the store's tables (a
         # migration that two processes at once break: "duplicate column name"), the experiment and the arm's parent.
         with (self.lake.root_path / f"{layout.TRACKING_DB_NAME}.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._shared_database:
+                create_mlflow_schema(self._shared_database)
             experiment = mlflow.get_experiment_by_name(self.experiment_name)
             experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
                 # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.

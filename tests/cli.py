@@ -7,9 +7,15 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+import dagster as dg
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -47,6 +53,26 @@ class DagsterCli:
                 [DAGSTER, *args], cwd=self.home, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
 
+    @contextlib.contextmanager
+    def dev(self, timeout: float = 180) -> Iterator[str]:
+        """`dagster dev` (webserver and daemon) on 127.0.0.1, once the webserver has loaded the code location: its
+        base URL; stopped on exit."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        log = self.home / "dagster-dev.log"
+        process = self.start("dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port), log=log)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        try:
+            while not _code_location_loaded(url):
+                assert process.poll() is None, f"dagster dev exited:\n{log.read_text()[-4000:]}"
+                assert time.monotonic() < deadline, f"the UI did not load the code location in {timeout} s:\n{log.read_text()[-4000:]}"
+                time.sleep(2)
+            yield url
+        finally:
+            self.stop(process)
+
     def grid(self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> subprocess.Popen:
         """`python -m noisy_student_assets.grid run <experiment>` in the background, its output in `log`, in a process
         group of its own (a test may kill the whole grid)."""
@@ -66,3 +92,41 @@ class DagsterCli:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # what it left behind, or all of it if it hung on the way out
         process.wait(timeout=timeout)
+
+
+def own_device_lock(cli: DagsterCli) -> dict:
+    """The grid's environment with a temporary directory of its own, where its device lock lives: its steps must not
+    queue behind another test's heavy steps, or a pipeline's on this machine (the lock is per machine)."""
+    return {"TMPDIR": str(cli.home)}
+
+
+def graphql(url: str, query: str, variables: dict | None = None) -> dict:
+    """The `data` of a query to the webserver at `url` (what the UI sends)."""
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    request = urllib.request.Request(f"{url}/graphql", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["data"]
+
+
+def _code_location_loaded(url: str) -> bool:
+    try:
+        return bool(graphql(url, "{ assetNodes { id } }")["assetNodes"])
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def run_failures(instance: dg.DagsterInstance, records) -> str:
+    """The error messages of failed runs (of a backfill, say), so a test that fails on them says why."""
+    failed = (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE)
+    return "\n".join(
+        f"{record.dagster_run.tags.get('dagster/partition')}: {event.message}{_error_of(event.dagster_event)}"
+        for record in records
+        for event in instance.all_logs(record.dagster_run.run_id)
+        if event.dagster_event and event.dagster_event.event_type in failed
+    )
+
+
+def _error_of(event) -> str:
+    """A step failure's error (the event's message only names the step)."""
+    error = event.step_failure_data.error if event.event_type == dg.DagsterEventType.STEP_FAILURE else None
+    return f" {error.cls_name}: {error.message.strip()}" if error else ""

@@ -18,7 +18,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
-from tests.cli import DAGSTER_DAEMON, DagsterCli
+from tests.cli import DAGSTER_DAEMON, DagsterCli, run_failures
 from tests.tiny_configs import FOUNDATION, SHARED, round_chain, tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -27,17 +27,6 @@ MODULE = ["-m", "noisy_student_assets.definitions"]
 TEST_EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tests.yaml"
 ARMS = ("a", "b")
 ROUNDS = {number: round_chain(number, layout.LABELED_ONLY) for number in (1, 2)}
-
-
-def _failures(instance: dg.DagsterInstance, records) -> str:
-    """The error messages of the backfill's failed runs, so a failing backfill says why."""
-    failed = (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE)
-    return "\n".join(
-        f"{record.dagster_run.tags.get('dagster/partition')}: {event.message}"
-        for record in records
-        for event in instance.all_logs(record.dagster_run.run_id)
-        if event.dagster_event and event.dagster_event.event_type in failed
-    )
 
 
 def _teacher_of(lake: Path, number: int, arm: str) -> set[str]:
@@ -169,7 +158,7 @@ def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny
             daemon.wait(timeout=60)
         records = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": "arms_rounds"}))
         assert instance.get_backfill("arms_rounds").status == BulkActionStatus.COMPLETED_SUCCESS, (
-            _failures(instance, records) or daemon_log.read_text()[-4000:]
+            run_failures(instance, records) or daemon_log.read_text()[-4000:]
         )
         for arm in ARMS:
             (run,) = [r for r in records if r.dagster_run.tags["dagster/partition"] == arm]

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core import layout
-from tests.cli import DagsterCli
+from tests.cli import DagsterCli, own_device_lock
 from tests.conftest import TEST_EXPERIMENTS
 from tests.tiny_configs import tiny_config
 
@@ -43,12 +43,6 @@ def instance_of(cli: DagsterCli):
 def latest_metadata(instance: dg.DagsterInstance, name: str, arm: str) -> dict:
     (record,) = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(name.split("/")), asset_partitions=[arm]), limit=1).records
     return {key: value.value for key, value in record.asset_materialization.metadata.items()}
-
-
-def own_device_lock(cli: DagsterCli) -> dict:
-    """The grid's environment with a temporary directory of its own, where its device lock lives: its in-process
-    checks must not queue behind another test's heavy steps (the lock is per machine)."""
-    return {"TMPDIR": str(cli.home)}
 
 
 def run_grid(cli: DagsterCli, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -46,40 +44,15 @@ DRAWN_EDGES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory: pytest.TempPathFactory):
     """`dagster dev` (webserver and daemon) over a fresh instance and lake, on 127.0.0.1; its base URL."""
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no chromium at {CHROMIUM}: `apt-get install chromium` (or set CHROMIUM)")
     cli = DagsterCli(tmp_path_factory.mktemp("ui"))
-    port = _free_port()
-    log = cli.home / "dagster-dev.log"
-    process = cli.start("dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port), log=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + UI_START_TIMEOUT_S
-    while not _code_location_loaded(url):
-        assert process.poll() is None, f"dagster dev exited:\n{log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"the UI did not load the code location in {UI_START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}"
-        time.sleep(2)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    yield cli, url
-    cli.stop(process)
-
-
-def _code_location_loaded(url: str) -> bool:
-    query = b'{"query": "{ assetNodes { id } }"}'
-    request = urllib.request.Request(f"{url}/graphql", data=query, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return b'"id"' in response.read()
-    except OSError:
-        return False
+    with cli.dev(timeout=UI_START_TIMEOUT_S) as url:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        yield cli, url
 
 
 def _open(browser, url: str, width: int = 1800, height: int = 1000):

@@ -216,7 +216,8 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
     return arms, max((experiments[arm.experiment].rounds for arm in arms), default=0)
 
 
-def main() -> None:
+def main(mlflow_store: str) -> None:
+    """Print (and write into the lake) the run summary; `mlflow_store` is the MLflow store the runs were logged to."""
     lake = layout.default_lake_root()
     print(f"\nData lake: {lake}")
     arms, rounds = lake_arms(lake, default_experiments_dir())
@@ -228,6 +229,5 @@ def main() -> None:
     print(summary)
     print(f"Run summary (markdown): {lake / SUMMARY_FILE}")
     print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
-    store = f"sqlite:///{lake / layout.TRACKING_DB_NAME}"
-    print(f"\nMLflow store: {store}\n  compare runs: mlflow ui --backend-store-uri {store}")
+    print(f"\nMLflow store: {mlflow_store}\n  compare runs: mlflow ui --backend-store-uri '{mlflow_store}'")
 
