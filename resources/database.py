@@ -9,22 +9,22 @@ libpq's own places (PGPASSWORD, ~/.pgpass), not in the URL. Postgres needs the `
 
 from __future__ import annotations
 
-import os
-
 from dagster._config import StringSource
 from dagster._core.storage.base_storage import DagsterStorage
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 from sqlalchemy.engine import make_url
 
-DATABASE_URL_ENV_VAR = "NOISY_STUDENT_DATABASE_URL"
+from noisy_student_assets.core import environment
+
+DATABASE_URL_ENV_VAR = environment.DATABASE_URL
 MLFLOW_SCHEMA = "mlflow"
 
 
 def database_url() -> str | None:
     """The shared database's URL, or None for the embedded stores. Its driver is psycopg2 whatever the URL names:
     SQLAlchemy 2.1 takes psycopg 3 for postgresql://, on which dagster-postgres's NOTIFY is a syntax error."""
-    url = os.environ.get(DATABASE_URL_ENV_VAR)
+    url = environment.database_url()
     return make_url(url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False) if url else None
 
 

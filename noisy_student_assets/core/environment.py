@@ -1,10 +1,10 @@
 """Every environment variable the project reads, in one place: its name, its default and what it switches.
 
 Everything a run is made of is a setting (`settings.py`), so that it is recorded and fingerprinted; the environment
-only says where things are and which deployment this is. `make setup` writes the first three to `.env`, which the
-dagster CLI and the grid read. No other module of the project reads the environment (a unit test checks it);
-variables the project only passes on to the libraries it starts (vLLM's threads, MLflow's printing) are set where
-they are started.
+only says where things are and which deployment this is. `make setup` writes the profile, the lake and the database
+to `.env`, which the dagster CLI and the grid read. No other module of the project reads the environment (a unit
+test checks it); variables the project only passes on to the libraries it starts (vLLM's threads, MLflow's
+printing) are set where they are started.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ LAUNCHER = "NOISY_STUDENT_LAUNCHER"
 RETRY_DELAY_S = "NOISY_STUDENT_RETRY_DELAY_S"
 """Seconds before a failed heavy step's retry (default 10: a moment for a dead device or payload to be cleaned up;
 the tests set 0)."""
+DATABASE_URL = "NOISY_STUDENT_DATABASE_URL"
+"""A PostgreSQL database for the Dagster instance and MLflow's store (`resources/database.py`); unset: embedded SQLite."""
 RAY_ADDRESS = "RAY_ADDRESS"
 """Ray's own: the cluster the ray launcher submits to, where the launcher's `ray_address` names none."""
 FORWARDED_PREFIXES = ("NOISY_STUDENT_", "HF_", "TRANSFORMERS_", "VLLM_", "PYTHONPATH")
@@ -52,6 +54,10 @@ def launcher_kind() -> str | None:
 
 def retry_delay_s() -> float:
     return float(_read(RETRY_DELAY_S) or 10)
+
+
+def database_url() -> str | None:
+    return _read(DATABASE_URL) or None
 
 
 def ray_address() -> str | None:
