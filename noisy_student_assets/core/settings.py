@@ -49,6 +49,10 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Launcher = Literal["inprocess", "subprocess", "ray"]
 """Where a heavy stage runs: in the Dagster step's process, as a payload process of its own, or as a payload submitted to a
 Ray cluster (one class per kind, found by name in `resources/launchers/registry.py`)."""
+RUN_TIME_LIMIT_S = 7 * 24 * 3600
+"""Dagster's run monitoring stops a run the daemon launched (a job's, the sensor's, a backfill's) past this
+(`dagster/max_runtime`; mirrored in dagster.yaml for asset backfills, whose runs carry no job tags): a backstop above
+the heavy stages' own time limits, for a run whose worker died or hangs outside them."""
 HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 """TRL 1.16 loss aggregations usable with token-level importance sampling ("luspo" needs sequence-level).
