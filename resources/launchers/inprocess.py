@@ -5,7 +5,7 @@ Past the limit the watchdog sends the main thread, where Dagster runs a step (`d
 the multiprocess executor), a signal of the stage's own (SIGUSR1), whose handler raises `StageTimeLimitExceeded`
 there. A signal also breaks a blocking wait (a lock, a socket, `Event.wait`), which an exception set from another
 thread would not. The exception is a BaseException, so that no `except Exception` of the stage's libraries swallows
-it, and no KeyboardInterrupt, so that nothing takes it for Ctrl-C; the stage's own cleanup runs as it unwinds
+it, and not a KeyboardInterrupt, so that nothing takes it for Ctrl-C; the stage's own cleanup runs as it unwinds
 (vLLM's engine shutdown), and once it ended, the processes it started and left (vLLM's engine core and workers) are
 stopped. A stage still running a grace after the signal (blocked in C code that checks no signal, on a worker that
 hangs) has the processes it started stopped, which frees such a wait, and is signalled again, until it ends. Only a
