@@ -47,7 +47,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 Dtype = Literal["float32", "bfloat16", "float16"]
 Launcher = Literal["inprocess", "subprocess", "ray"]
 """Where a heavy stage runs: in the Dagster step's process, as a payload process of its own, or as a payload submitted to a
-Ray cluster (`resources/launchers.py`)."""
+Ray cluster (one class per kind, found by name in `resources/launchers/registry.py`)."""
+RUN_TIME_LIMIT_S = 7 * 24 * 3600
+"""Dagster's run monitoring stops a run the daemon launched (a job's, the sensor's, a backfill's) past this
+(`dagster/max_runtime`; mirrored in dagster.yaml for asset backfills, whose runs carry no job tags): a backstop above
+the heavy stages' own time limits, for a run whose worker died or hangs outside them."""
 HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 """TRL 1.16 loss aggregations usable with token-level importance sampling ("luspo" needs sequence-level).
@@ -222,7 +226,8 @@ class ComputeSettings(Settings):
 
 
 class LauncherSettings(Settings):
-    """Where the heavy stages run (the `launcher` resource, `resources/launchers.py`; an experiment's `launcher`)."""
+    """Where the heavy stages run, and how long each may take (the `launcher` resource, `resources/launchers/`; an
+    experiment's `launcher`)."""
 
     kind: Launcher = Field(
         default=by_profile(cpu="inprocess", gpu="inprocess"),
@@ -240,6 +245,18 @@ class LauncherSettings(Settings):
         default=1,
         ge=1,
         description="payloads a round's K-sample generation is split into (at once on Ray); vllm backend only: the samples do not depend on it",
+    )
+    # A heavy stage's run-time limit: the base, plus so much per optimizer step it trains and per sample it generates
+    # (its problems x (k | 1 greedy + eval samples)). A stage past it is stopped and fails, and is retried like any
+    # failure. Generous: a healthy stage on a loaded 2-core CPU stays far below it (benchmarks/results/cpu.md).
+    time_limit_base_s: float = Field(
+        default=by_profile(cpu=1800.0, gpu=3600.0), gt=0, description="a heavy stage's time limit before its work: start, model load, vLLM engine"
+    )
+    time_limit_per_step_s: float = Field(
+        default=by_profile(cpu=600.0, gpu=300.0), ge=0, description="a training stage's time limit per optimizer step, beyond the base"
+    )
+    time_limit_per_sample_s: float = Field(
+        default=by_profile(cpu=10.0, gpu=1.0), ge=0, description="a sampling or evaluation stage's time limit per completion it generates, beyond the base"
     )
 
 

@@ -306,8 +306,12 @@ class Grid:
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
         the lock held for the whole `run` proves none is alive. They are marked failed, so the UI says so, and
-        the `gpu` pool slots their steps held are freed: nothing else frees them, and the resumed run would
-        wait for them forever."""
+        the `gpu` pool slots their steps held are freed, or the resumed run would wait for them forever.
+
+        Dagster's run monitoring (dagster.yaml) does neither for these runs: it is the daemon's, and no daemon runs
+        beside the grid, which runs its runs in its own process (`dg.materialize`). Even under a daemon, the default
+        run launcher cannot tell a dead worker (no `check_run_worker_health`), so a started run whose process died
+        is failed only past its max runtime, and the daemon frees the slots of finished runs alone."""
         lock_path = layout.default_lake_root() / f".grid-{self.experiment.name}.lock"
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock_path.open("a")

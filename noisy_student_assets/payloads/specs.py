@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, StudentSettings, TeacherSamplingSettings
+from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, LauncherSettings, StudentSettings, TeacherSamplingSettings
 
 
 class _Spec(BaseModel):
@@ -21,6 +22,19 @@ class _Spec(BaseModel):
     def processes(self) -> int:
         return 1
 
+    def work(self) -> tuple[int, int]:
+        """The optimizer steps it trains and the completions it generates, which its time limit scales with."""
+        return 0, 0
+
+    def time_limit_s(self, launcher: LauncherSettings) -> float:
+        """Seconds the stage may run (`launcher.time_limit_*`)."""
+        steps, samples = self.work()
+        return launcher.time_limit_base_s + steps * launcher.time_limit_per_step_s + samples * launcher.time_limit_per_sample_s
+
+
+def _rows(problems: str) -> int:
+    return pl.scan_parquet(problems).select(pl.len()).collect().item()
+
 
 class SampleSpec(_Spec):
     """The teacher's K samples of each problem, written to `output` (parquet)."""
@@ -31,6 +45,9 @@ class SampleSpec(_Spec):
     settings: TeacherSamplingSettings
     checkpoint_label: str
     output: str
+
+    def work(self) -> tuple[int, int]:
+        return 0, _rows(self.problems) * self.settings.k
 
 
 class TrainSpec(_Spec):
@@ -47,6 +64,9 @@ class TrainSpec(_Spec):
     def processes(self) -> int:
         return self.settings.grpo.processes
 
+    def work(self) -> tuple[int, int]:
+        return self.settings.grpo.max_steps, 0
+
 
 class EvalSpec(_Spec):
     """An evaluation's greedy and sampled completions, written into `output_dir` (`greedy.parquet`, `sampled.parquet`)."""
@@ -56,6 +76,9 @@ class EvalSpec(_Spec):
     problems: str
     settings: EvalSettings
     output_dir: str
+
+    def work(self) -> tuple[int, int]:
+        return 0, _rows(self.problems) * (1 + self.settings.samples)  # a greedy completion and the sampled ones
 
 
 class StageSpec(BaseModel):

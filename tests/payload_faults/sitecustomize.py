@@ -6,7 +6,9 @@ their PYTHONPATH, and Python imports `sitecustomize` at start-up). `NOISY_STUDEN
   (a retry finds checkpoint-1 and resumes); `kill-rank-1-after-checkpoint`: the same, in torchrun's rank 1 alone;
 - `hang-after-checkpoint`: a training process that saved checkpoint-1 on its first attempt writes the file
   `NOISY_STUDENT_PAYLOAD_READY` names and waits forever, a payload still at work when its Dagster process is killed;
-- `kill-after-shard`: an evaluation SIGKILLs itself once it saved its first shard of completions, on the first attempt.
+- `kill-after-shard`: an evaluation SIGKILLs itself once it saved its first shard of completions, on the first attempt;
+- `hang-after-shard`: sampling or an evaluation that saved its first shard starts a worker process and hangs with it
+  (`tests/hangs.py`), on the first attempt.
 """
 
 import importlib.abc
@@ -61,6 +63,11 @@ def _patch_fit(module) -> None:
 
 def _patch_shards(module) -> None:
     write = module.SampleShards.write
+    if FAULT == "hang-after-shard":
+        from tests.hangs import hang_after_first_shard
+
+        module.SampleShards.write = hang_after_first_shard(write)
+        return
     first_attempt = {}
 
     def write_then_die(shards, table):
@@ -73,11 +80,12 @@ def _patch_shards(module) -> None:
 
 
 PATCHES = {"noisy_student_assets.core.training.base": _patch_fit, "noisy_student_assets.core.sampling": _patch_shards}
+SHARD_FAULTS = ("kill-after-shard", "hang-after-shard")
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name not in PATCHES or (name.endswith("sampling") and FAULT != "kill-after-shard"):
+        if name not in PATCHES or (name.endswith("sampling") and FAULT not in SHARD_FAULTS):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         exec_module = spec.loader.exec_module

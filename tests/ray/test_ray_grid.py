@@ -100,7 +100,7 @@ def test_two_arms_on_ray_give_what_they_give_one_after_another_in_process(two_gr
 def test_a_grid_killed_while_a_ray_job_runs_resumes_without_a_second_writer(tiny_model_dir, tmp_path, ray_address) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from resources.launchers import RAY_WORK_DIR
+    from resources.launchers.ray import RAY_WORK_DIR
 
     client = JobSubmissionClient(ray_address)
     earlier = {job.submission_id for job in client.list_jobs()}

@@ -11,7 +11,9 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import STAGES, load_experiments
+from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S
 from noisy_student_assets.definitions import defs
+from noisy_student_assets.defs.jobs import MAX_RUNTIME_TAG
 from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 from resources.compute import GPU_POOL
 
@@ -67,6 +69,17 @@ def test_dagster_yaml_limits_the_gpu_pool_to_one_op(tmp_path: Path, monkeypatch)
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         pools = instance.get_concurrency_config().pool_config
         assert pools.default_pool_limit == 1 and pools.pool_granularity.value == "op"
+
+
+def test_run_monitoring_stops_every_daemon_launched_run_past_the_run_time_limit_and_frees_its_slots(tmp_path: Path, monkeypatch) -> None:
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert instance.run_monitoring_enabled
+        assert instance.run_monitoring_max_runtime_seconds == RUN_TIME_LIMIT_S, "dagster.yaml mirrors the setting"
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] > 0
+    jobs = [job for job in defs.resolve_all_job_defs() if not job.name.startswith("__")]
+    assert jobs and all(job.tags[MAX_RUNTIME_TAG] == job.run_tags[MAX_RUNTIME_TAG] == str(RUN_TIME_LIMIT_S) for job in jobs)
 
 
 def test_every_heavy_asset_runs_in_the_gpu_pool() -> None:
