@@ -14,21 +14,19 @@ instance and the MLflow store; a payload on another machine sends its logs and s
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import dagster as dg
 
+from noisy_student_assets.core import environment
 from noisy_student_assets.core.settings import LauncherSettings
 from resources.compute import ComputeResource
 from resources.derived import derived_class
 from resources.launchers.base import Launcher, StageResult
 from resources.launchers.registry import launcher_class
 
-LAUNCHER_ENV_VAR = "NOISY_STUDENT_LAUNCHER"
-"""The code location's launcher kind (the runs the UI, the CLI and the daemon launch), where a deployment sets it;
-unset: the profile's. The grid's `--launcher` and an experiment's `launcher:` still win for the grid's runs."""
+LAUNCHER_ENV_VAR = environment.LAUNCHER
 
 
 class StageLauncher(derived_class(LauncherSettings, "StageLauncherFields", dg.ConfigurableResource)):
@@ -67,5 +65,5 @@ class StageLauncher(derived_class(LauncherSettings, "StageLauncherFields", dg.Co
 
 def code_location_launcher() -> StageLauncher:
     """The launcher of the code location's runs: `NOISY_STUDENT_LAUNCHER`'s kind, else the profile's."""
-    kind = os.environ.get(LAUNCHER_ENV_VAR, "").strip()
+    kind = environment.launcher_kind()
     return StageLauncher(kind=kind) if kind else StageLauncher()

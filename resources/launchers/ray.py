@@ -5,7 +5,6 @@ A job's time limit counts from when Ray started running it: queued, it is not ye
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import signal
@@ -14,13 +13,12 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from noisy_student_assets.core import environment
 from resources.launchers.base import Launcher, StageResult, payload_command, payload_outcome, time_limit_failure, write_spec
 
 RAY_EXIT_CODE = re.compile(r"failed with exit code (?P<code>-?\d+)")
 RAY_WORK_DIR = "noisy_student_work_dir"
 """The Ray job metadata naming the work dir a job writes (a later attempt of the stage stops a job left running)."""
-FORWARDED_ENV = ("NOISY_STUDENT_", "HF_", "TRANSFORMERS_", "VLLM_", "PYTHONPATH")
-"""The orchestrator's environment variables a Ray job is given (a Ray worker does not inherit the submitter's)."""
 RAY_POLL_S = 1.0
 
 
@@ -43,7 +41,7 @@ class RayLauncher(Launcher):
         from resources.ray_cluster import cluster_resources
 
         stage = specs[0].stage
-        address = self.settings.ray_address or os.environ.get("RAY_ADDRESS", "")
+        address = self.settings.ray_address or environment.ray_address()
         if not address:
             raise dg.Failure(
                 f"stage {stage} failed: the ray launcher has no cluster: set RAY_ADDRESS or launcher.ray_address "
@@ -77,7 +75,7 @@ class RayLauncher(Launcher):
                     entrypoint=shlex.join(payload_command(write_spec(spec), spec.processes)),
                     entrypoint_num_cpus=asks["CPU"],
                     entrypoint_num_gpus=asks["GPU"],
-                    runtime_env={"env_vars": _forwarded_env() | session.get_bootstrap_env_vars()},
+                    runtime_env={"env_vars": environment.forwarded() | session.get_bootstrap_env_vars()},
                     metadata={RAY_WORK_DIR: spec.work_dir},
                 )
                 session.report_launched({"extras": {"ray_job_id": job_id, "ray_address": address}})
@@ -113,10 +111,6 @@ class RayLauncher(Launcher):
 def _shell_returncode(code: int) -> int:
     """Ray runs the entrypoint through a shell, which reports a child killed by signal N as 128 + N."""
     return -(code - 128) if code > 128 and (code - 128) in signal.Signals._value2member_map_ else code
-
-
-def _forwarded_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_ENV)}
 
 
 def _stop_jobs(client, job_ids) -> None:
