@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from benchmarks.run import MemorySampler, phase_metrics
+from benchmarks.run import MemorySampler, cost_ratio, phase_metrics, step_seconds
 
 
 def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
@@ -44,3 +44,21 @@ def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
     assert found["loss forward"].endswith(".compute_loss") and found["rewards"].endswith(".answer_reward")
     with pytest.raises(ValueError, match="compute_loss"):
         phase_metrics([n for n in names if not n.endswith("compute_loss")])
+
+
+def test_a_step_lasts_from_its_start_to_its_success_and_a_failed_step_has_no_time() -> None:
+    events = [
+        ("sampling", "STEP_START", 10.0),
+        ("sampling", "ASSET_MATERIALIZATION", 40.0),
+        ("sampling", "STEP_SUCCESS", 42.5),
+        ("training", "STEP_START", 43.0),
+        ("training", "STEP_FAILURE", 50.0),
+        (None, "RUN_SUCCESS", 51.0),
+    ]
+    assert step_seconds(events) == {"sampling": 32.5}
+
+
+def test_the_cost_ratio_is_project_over_plain_from_either_timer() -> None:
+    cost = cost_ratio(stage_seconds=105.0, step_seconds=120.0, plain_seconds=100.0)
+    assert cost["stage_ratio"] == pytest.approx(1.05) and cost["step_ratio"] == pytest.approx(1.2)
+    assert cost["stage_extra_seconds"] == pytest.approx(5.0) and cost["step_extra_seconds"] == pytest.approx(20.0)
