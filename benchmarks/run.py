@@ -157,11 +157,22 @@ def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
     return phases
 
 
-def step_seconds(events: list[tuple[str, str, float]]) -> dict[str, float]:
-    """Each Dagster step's wall time, from its STEP_START to its STEP_SUCCESS, given a run's events as
-    (step key, event type name, timestamp); a step that did not succeed has none."""
-    starts = {step: t for step, kind, t in events if kind == "STEP_START"}
-    return {step: t - starts[step] for step, kind, t in events if kind == "STEP_SUCCESS" and step in starts}
+def step_seconds(events: list[tuple[str, str, float, str]]) -> dict[str, float]:
+    """Each Dagster step's wall time, from its STEP_START to its STEP_SUCCESS, less any time it waited for the
+    machine's device lock (held by another engineer's or test's heavy step, not this step's cost), given a run's
+    events as (step key, Dagster event type name or "" for a log message, timestamp, message); a step that did not
+    succeed has none."""
+    from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_WAITING
+
+    starts, waits, waited = {}, {}, {}
+    for step, kind, t, message in events:
+        if kind == "STEP_START":
+            starts[step] = t
+        elif DEVICE_LOCK_WAITING in message:
+            waits[step] = t
+        elif DEVICE_LOCK_ACQUIRED in message and step in waits:
+            waited[step] = waited.get(step, 0.0) + t - waits.pop(step)
+    return {step: t - starts[step] - waited.get(step, 0.0) for step, kind, t, _ in events if kind == "STEP_SUCCESS" and step in starts}
 
 
 def cost_ratio(stage_seconds: float, step_seconds: float, plain_seconds: float) -> dict[str, float]:
@@ -284,7 +295,9 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
 
         start, end, events, metadata = round_one(resources)
         run_id = next(iter(events.values())).run_id
-        walls = step_seconds([(e.step_key, e.dagster_event.event_type_value, e.timestamp) for e in instance.all_logs(run_id) if e.is_dagster_event])
+        walls = step_seconds(
+            [(e.step_key, e.dagster_event.event_type_value if e.is_dagster_event else "", e.timestamp, e.user_message) for e in instance.all_logs(run_id)]
+        )
         stage_keys = {
             "sampling": (round_assets[0], "sampling_seconds"),
             "consensus": (round_assets[1], "consensus_seconds"),
@@ -321,14 +334,17 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
         step_of = {name: events[asset].step_key for name, (asset, _) in stage_keys.items()}
         samples = metadata[round_assets[0]]
         sampling = samples["sampling"].value
-        plain_sampling = plain_vllm(
-            Path(samples["teacher"].value), problems["prompt"].to_list(), n=sampling["n"], temperature=sampling["temperature"],
-            top_p=sampling["top_p"], max_tokens=sampling["max_new_tokens"], seed=sampling["seed"], dtype=compute.settings.dtype,
-        )  # fmt: skip
         grpo = student["grpo_settings"].value
         pseudo = lake.read_table(dg.AssetKey(list(layout.round_asset(1, layout.PSEUDO_LABELS))), ARM).filter("kept")
         labeled = lake.read_table(dg.AssetKey(layout.LABELED_PROBLEMS), ARM)
-        plain_training = plain_grpo(Path(student["init_checkpoint"].value), labeled, pseudo, grpo, lake.root_path / "plain-grpo" / "model")
+        # Under the machine's device lock, as the stages ran: no other heavy step shares the cores while they are timed.
+        with compute.exclusive(print):
+            plain_sampling = plain_vllm(
+                Path(samples["teacher"].value), problems["prompt"].to_list(), n=sampling["n"], temperature=sampling["temperature"],
+                top_p=sampling["top_p"], max_tokens=sampling["max_new_tokens"], seed=sampling["seed"], dtype=compute.settings.dtype,
+            )  # fmt: skip
+        with compute.exclusive(print):
+            plain_training = plain_grpo(Path(student["init_checkpoint"].value), labeled, pseudo, grpo, lake.root_path / "plain-grpo" / "model")
         hash_start = time.time()
         weights_sha256(Path(student["init_checkpoint"].value))
         stages["framework_cost"] = {
