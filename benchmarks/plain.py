@@ -81,9 +81,11 @@ def plain_grpo(init_dir: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFra
     tokenizer.save_pretrained(out_dir)
     seconds = time.time() - start
     lengths = [entry["completions/mean_length"] for entry in trainer.state.log_history if "completions/mean_length" in entry]
+    step_times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
     steps = trainer.state.global_step
     return {
         "seconds": seconds,
+        "seconds_per_step": sum(step_times) / len(step_times),  # TRL's own step timer, as the project's step profile
         "optimizer_steps": steps,
         "prompts": steps * grpo["prompts_per_step"],
         "completions": steps * completions_per_step,

@@ -367,6 +367,7 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
                 },
                 "plain": plain_training,
                 "settings": grpo,
+                "project_seconds_per_step": stages["grpo_step"]["phases"]["step"],
                 "checkpoint_hash_seconds": time.time() - hash_start,
             },
             "round_step_seconds": {name: walls[step] for name, step in step_of.items()},
@@ -492,6 +493,12 @@ def framework_cost_lines(cost: dict) -> list[str]:
     lines += ["", "What each side did:", "", "| stage | count | project | plain |", "|---|---|---|---|"]
     for name, counts in COUNTS.items():
         lines += [f"| {name} | {count} | {cost[name]['project'][count]:.0f} | {cost[name]['plain'][count]:.0f} |" for count in counts]
+    if "seconds_per_step" in cost["training"]["plain"]:
+        lines += [
+            "",
+            f"A GRPO step by TRL's own timer (mean): {cost['training']['project_seconds_per_step']:.2f} s in the project's stage, "
+            f"{cost['training']['plain']['seconds_per_step']:.2f} s in the plain script.",
+        ]
     lines += ["", f"Hashing one checkpoint's weights (the training step hashes two): {cost['training']['checkpoint_hash_seconds']:.2f} s."]
     return lines
 
