@@ -95,9 +95,10 @@ $(VENV)/.installed-ray: pyproject.toml
 	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[ray]'
 	touch $@
 
-# Where a round's time and memory go, and a GRPO step's (benchmarks/results/<profile>.json and .md).
+# Where a round's time and memory go, a GRPO step's, and the framework's cost against plain TRL and vLLM scripts
+# (benchmarks/results/<profile>.json and .md).
 benchmark: setup
-	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python benchmarks/run.py
+	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python -m benchmarks.run
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml

@@ -15,9 +15,17 @@ Everything is measured in this one process tree, in one run, with the active pro
    (parquet and checkpoint writes, weight hashing, MLflow logging, checks, run orchestration);
 5. a GRPO step of the round's student, phase by phase, from TRL's own timers (logged into the training
    asset's MLflow run);
-6. the same round again with the `subprocess` launcher (each heavy stage a payload process reporting through
+6. the framework's cost: the round's sampling and training stages against plain-library scripts doing the
+   same work (`plain.py`: `vllm.LLM` and `trl.GRPOTrainer` + peft LoRA on the same checkpoint, problems and
+   settings, no Dagster and none of the project's sampling or training code), as ratios project / plain, from
+   the stage's own timer and from the Dagster step's wall time (the step also loads its inputs, hashes weights,
+   logs to MLflow, publishes into the lake and runs its checks), with what each side generated and trained on;
+7. the same round again with the `subprocess` launcher (each heavy stage a payload process reporting through
    Dagster Pipes), recomputed from scratch: each stage's seconds against the in-process run, the payloads'
    start-up (interpreter start to `main`) and their overhead beyond the stage (start-up, imports, Pipes).
+
+`--skip` leaves parts out when time is short: `transformers` (its generation row), `control` (the labeled-only
+control and both evaluations: the round is the student chain alone), `launcher` (step 7).
 
 Peak memory is the resident memory of this process and its children (vLLM's workers), sampled every
 50 ms. Results go to `benchmarks/results/<profile>.json` and `.md`.
@@ -31,6 +39,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -106,6 +115,7 @@ def machine() -> dict:
 
 
 ARM = "default"
+SKIPPABLE = ("transformers", "control", "launcher")
 PROFILING_PREFIX = "profiling/Time taken: "
 STEP_PHASES = {
     "generation": ".transformers.generate",
@@ -147,10 +157,52 @@ def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
     return phases
 
 
-def run(teacher_steps: int) -> dict:
+def step_seconds(events: list[tuple[str, str, float, str]]) -> dict[str, float]:
+    """Each Dagster step's wall time, from its STEP_START to its STEP_SUCCESS, less any time it waited for the
+    machine's device lock (held by another engineer's or test's heavy step, not this step's cost), given a run's
+    events as (step key, Dagster event type name or "" for a log message, timestamp, message); a step that did not
+    succeed has none."""
+    from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_WAITING
+
+    starts, waits, waited = {}, {}, {}
+    for step, kind, t, message in events:
+        if kind == "STEP_START":
+            starts[step] = t
+        elif DEVICE_LOCK_WAITING in message:
+            waits[step] = t
+        elif DEVICE_LOCK_ACQUIRED in message and step in waits:
+            waited[step] = waited.get(step, 0.0) + t - waits.pop(step)
+    return {step: t - starts[step] - waited.get(step, 0.0) for step, kind, t, _ in events if kind == "STEP_SUCCESS" and step in starts}
+
+
+def cost_ratio(stage_seconds: float, step_seconds: float, plain_seconds: float) -> dict[str, float]:
+    """A stage's cost against the plain script doing its work: the ratio project / plain from the stage's own
+    timer and from the Dagster step's wall time, and the seconds each adds over the plain script."""
+    return {
+        "stage_seconds": stage_seconds,
+        "step_seconds": step_seconds,
+        "plain_seconds": plain_seconds,
+        "stage_ratio": stage_seconds / plain_seconds,
+        "step_ratio": step_seconds / plain_seconds,
+        "stage_extra_seconds": stage_seconds - plain_seconds,
+        "step_extra_seconds": step_seconds - plain_seconds,
+    }
+
+
+def commit() -> str:
+    """The code measured: HEAD's short hash, marked when the work tree differs from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=RESULTS_DIR, check=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (" (modified)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def run(teacher_steps: int, skip: set[str]) -> dict:
     import dagster as dg
 
+    from benchmarks.plain import plain_grpo, plain_vllm
     from noisy_student_assets.core import grading, layout
+    from noisy_student_assets.core.checkpoints import weights_sha256
     from noisy_student_assets.core.profiles import active_profile
     from noisy_student_assets.core.pseudo_labels.labels import audit_pseudo_labels, vote_pseudo_labels
     from noisy_student_assets.core.sampling import decoding, generate_samples
@@ -165,12 +217,18 @@ def run(teacher_steps: int) -> dict:
     resources = lake_resources(lake)
     compute = resources["compute"]
     tracking_uri = resources["stage_resources"].tracking.resolved_tracking_uri
-    results: dict = {"profile": active_profile(), "machine": machine(), "lake": lake.root}
+    results: dict = {
+        "profile": active_profile(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit(),
+        "skipped": sorted(skip),
+        "machine": machine(),
+        "lake": lake.root,
+    }
     stages: dict[str, dict] = {}
-    round_assets = [
-        "/".join(layout.round_asset(1, name))
-        for name in (layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, "labeled_only_checkpoint", "labeled_only_eval", layout.EVAL_REPORT)
-    ]
+    chain = (layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT)
+    controls = () if "control" in skip else ("labeled_only_checkpoint", "labeled_only_eval", layout.EVAL_REPORT)
+    round_assets = ["/".join(layout.round_asset(1, name)) for name in chain + controls]
 
     with dg.instance_for_test() as instance, MemorySampler() as memory:
         instance.add_dynamic_partitions(ARMS.name, [ARM])
@@ -195,7 +253,7 @@ def run(teacher_steps: int) -> dict:
         unlabeled = lake.read_table(dg.AssetKey(layout.UNLABELED_PROBLEMS), ARM)
         problems = unlabeled.select("problem_id", "prompt")
         generations = {}
-        for backend in ("vllm", "transformers"):
+        for backend in ("vllm",) if "transformers" in skip else ("vllm", "transformers"):
             print(f"generation: {backend}, {problems.height} problems x {settings.n} samples", flush=True)
             start = time.time()
             generations[backend] = generate_samples(teacher, problems, settings, backend=backend, **compute.settings.generation_options())
@@ -236,14 +294,21 @@ def run(teacher_steps: int) -> dict:
             return start, end, events, {name: e.dagster_event.step_materialization_data.materialization.metadata for name, e in events.items()}
 
         start, end, events, metadata = round_one(resources)
+        run_id = next(iter(events.values())).run_id
+        walls = step_seconds(
+            [(e.step_key, e.dagster_event.event_type_value if e.is_dagster_event else "", e.timestamp, e.user_message) for e in instance.all_logs(run_id)]
+        )
         stage_keys = {
             "sampling": (round_assets[0], "sampling_seconds"),
             "consensus": (round_assets[1], "consensus_seconds"),
             "training": (round_assets[2], "training_seconds"),
-            "control training": (round_assets[3], "training_seconds"),
-            "control eval": (round_assets[4], "eval_seconds"),
-            "eval": (round_assets[5], "eval_seconds"),
         }
+        if controls:
+            stage_keys |= {
+                "control training": (round_assets[3], "training_seconds"),
+                "control eval": (round_assets[4], "eval_seconds"),
+                "eval": (round_assets[5], "eval_seconds"),
+            }
         in_stages = {name: metadata[asset][key].value for name, (asset, key) in stage_keys.items() if key in metadata[asset]}
         wall = end - start
         # Each stage ends at its asset's materialization event (Dagster picks the order of independent steps).
@@ -265,24 +330,68 @@ def run(teacher_steps: int) -> dict:
             "completion_tokens": student["compute/generated_tokens"].value,
         }
 
-        print("the same round with the subprocess launcher (payload processes, Dagster Pipes), from scratch", flush=True)
-        shutil.rmtree(lake.root_path / INDEX_DIR_NAME)  # nothing may be read back from the in-process round
-        grading.clear_cache()
-        payloads = lake_resources(lake, compute, launcher=StageLauncher(kind="subprocess"))
-        start, end, _, payload_metadata = round_one(payloads)
-        heavy = {name: asset for name, (asset, key) in stage_keys.items() if name != "consensus"}
-        stages["launcher"] = {
-            "round_seconds": {"inprocess": wall, "subprocess": end - start},
-            "stage_seconds": {
-                name: {
-                    "inprocess": metadata[asset][stage_keys[name][1]].value,
-                    "subprocess": payload_metadata[asset][stage_keys[name][1]].value,
-                    "payload_startup": payload_metadata[asset]["payload/startup_seconds"].value,
-                    "payload_overhead": payload_metadata[asset]["payload/overhead_seconds"].value,
-                }
-                for name, asset in heavy.items()
+        print("plain TRL GRPO and plain vLLM on the same checkpoint, problems and settings", flush=True)
+        step_of = {name: events[asset].step_key for name, (asset, _) in stage_keys.items()}
+        samples = metadata[round_assets[0]]
+        sampling = samples["sampling"].value
+        grpo = student["grpo_settings"].value
+        pseudo = lake.read_table(dg.AssetKey(list(layout.round_asset(1, layout.PSEUDO_LABELS))), ARM).filter("kept")
+        labeled = lake.read_table(dg.AssetKey(layout.LABELED_PROBLEMS), ARM)
+        # Under the machine's device lock, as the stages ran: no other heavy step shares the cores while they are timed.
+        with compute.exclusive(print):
+            plain_sampling = plain_vllm(
+                Path(samples["teacher"].value), problems["prompt"].to_list(), n=sampling["n"], temperature=sampling["temperature"],
+                top_p=sampling["top_p"], max_tokens=sampling["max_new_tokens"], seed=sampling["seed"], dtype=compute.settings.dtype,
+            )  # fmt: skip
+        with compute.exclusive(print):
+            plain_training = plain_grpo(Path(student["init_checkpoint"].value), labeled, pseudo, grpo, lake.root_path / "plain-grpo" / "model")
+        hash_start = time.time()
+        weights_sha256(Path(student["init_checkpoint"].value))
+        stages["framework_cost"] = {
+            "sampling": {
+                **cost_ratio(in_stages["sampling"], walls[step_of["sampling"]], plain_sampling["seconds"]),
+                "project": {"problems": problems.height, "completions": samples["samples"].value, "generated_tokens": samples["generated_tokens"].value},
+                "plain": plain_sampling,
+                "settings": sampling,
             },
+            "training": {
+                **cost_ratio(in_stages["training"], walls[step_of["training"]], plain_training["seconds"]),
+                "project": {
+                    "optimizer_steps": student["compute/optimizer_steps"].value,
+                    "prompts": student["compute/prompts"].value,
+                    "completions": student["compute/completions"].value,
+                    "generated_tokens": student["compute/generated_tokens"].value,
+                    "train_rows": student["train_rows"].value,
+                    "gold_rows": student["gold_rows"].value,
+                    "pseudo_rows": student["pseudo_rows"].value,
+                },
+                "plain": plain_training,
+                "settings": grpo,
+                "project_seconds_per_step": stages["grpo_step"]["phases"]["step"],
+                "checkpoint_hash_seconds": time.time() - hash_start,
+            },
+            "round_step_seconds": {name: walls[step] for name, step in step_of.items()},
         }
+
+        if "launcher" not in skip:
+            print("the same round with the subprocess launcher (payload processes, Dagster Pipes), from scratch", flush=True)
+            shutil.rmtree(lake.root_path / INDEX_DIR_NAME)  # nothing may be read back from the in-process round
+            grading.clear_cache()
+            payloads = lake_resources(lake, compute, launcher=StageLauncher(kind="subprocess"))
+            start, end, _, payload_metadata = round_one(payloads)
+            heavy = {name: asset for name, (asset, key) in stage_keys.items() if name != "consensus"}
+            stages["launcher"] = {
+                "round_seconds": {"inprocess": wall, "subprocess": end - start},
+                "stage_seconds": {
+                    name: {
+                        "inprocess": metadata[asset][stage_keys[name][1]].value,
+                        "subprocess": payload_metadata[asset][stage_keys[name][1]].value,
+                        "payload_startup": payload_metadata[asset]["payload/startup_seconds"].value,
+                        "payload_overhead": payload_metadata[asset]["payload/overhead_seconds"].value,
+                    }
+                    for name, asset in heavy.items()
+                },
+            }
     results["stages"] = stages
     results["settings"] = {"sampling": settings.as_dict(), "problems": problems.height, "teacher_steps": teacher_steps}
     return results
@@ -292,6 +401,8 @@ def markdown(results: dict) -> str:
     s, m = results["stages"], results["machine"]
     round_ = s["round"]
     lines = [
+        f"Run of {results['date']}, code of commit {results['commit']}"
+        + (f", without {', '.join(results['skipped'])} (`--skip`)" if results["skipped"] else "") + ".",
         f"Profile `{results['profile']}` on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB"
         + (f", {m['gpu']}" if m["gpu"] else ", no GPU") + f"); torch {m['torch']}, vLLM {m['vllm']}.",
         f"Generation: {results['settings']['problems']} problems x {results['settings']['sampling']['n']} samples, "
@@ -301,6 +412,8 @@ def markdown(results: dict) -> str:
         "|---|---|---|---|",
     ]
     for backend in ("vllm", "transformers"):
+        if f"generation_{backend}" not in s:
+            continue
         g = s[f"generation_{backend}"]
         lines.append(f"| generation, {backend} | {g['seconds']:.1f} | {g['tokens_per_second']:.0f} tokens/s ({g['generated_tokens']} tokens) | {g['peak_memory_gib']:.2f} |")
     c = s["consensus_grading"]
@@ -325,6 +438,9 @@ def markdown(results: dict) -> str:
     ]
     lines += [f"| {phase} | {step['phases'][phase]:.2f} |" for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step")]
     lines.append(f"| completion tokens generated in the run | {step['completion_tokens']:.0f} |")
+    lines += framework_cost_lines(s["framework_cost"])
+    if "launcher" not in s:
+        return "\n".join(lines) + "\n"
     launcher = s["launcher"]
     overhead = sum(stage["payload_overhead"] for stage in launcher["stage_seconds"].values())
     lines += [
@@ -352,11 +468,47 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+COUNTS = {
+    "sampling": ("problems", "completions", "generated_tokens"),
+    "training": ("optimizer_steps", "prompts", "completions", "generated_tokens", "train_rows", "gold_rows", "pseudo_rows"),
+}
+"""What each side of a framework-cost row did, reported side by side."""
+
+
+def framework_cost_lines(cost: dict) -> list[str]:
+    lines = [
+        "",
+        "The framework's cost: each stage against a plain script doing its work (`benchmarks/plain.py`: vLLM's `LLM`,",
+        "TRL's `GRPOTrainer` with peft LoRA; same checkpoint, problems and settings, no Dagster), project / plain,",
+        "from the stage's own timer and from the Dagster step's wall time:",
+        "",
+        "| stage | plain s | stage s | ratio | Dagster step s | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in COUNTS:
+        c = cost[name]
+        lines.append(
+            f"| {name} | {c['plain_seconds']:.1f} | {c['stage_seconds']:.1f} | {c['stage_ratio']:.3f} | {c['step_seconds']:.1f} | {c['step_ratio']:.3f} |"
+        )
+    lines += ["", "What each side did:", "", "| stage | count | project | plain |", "|---|---|---|---|"]
+    for name, counts in COUNTS.items():
+        lines += [f"| {name} | {count} | {cost[name]['project'][count]:.0f} | {cost[name]['plain'][count]:.0f} |" for count in counts]
+    if "seconds_per_step" in cost["training"]["plain"]:
+        lines += [
+            "",
+            f"A GRPO step by TRL's own timer (mean): {cost['training']['project_seconds_per_step']:.2f} s in the project's stage, "
+            f"{cost['training']['plain']['seconds_per_step']:.2f} s in the plain script.",
+        ]
+    lines += ["", f"Hashing one checkpoint's weights (the training step hashes two): {cost['training']['checkpoint_hash_seconds']:.2f} s."]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher-steps", type=int, default=2, help="GRPO steps of the labeled-RL teacher (default 2)")
+    parser.add_argument("--skip", action="append", default=[], choices=SKIPPABLE, help="leave a part out (repeatable); see above")
     args = parser.parse_args()
-    results = run(args.teacher_steps)
+    results = run(args.teacher_steps, set(args.skip))
     RESULTS_DIR.mkdir(exist_ok=True)
     stem = RESULTS_DIR / results["profile"]
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2))

@@ -14,6 +14,7 @@ from noisy_student_assets.core.settings import ComputeSettings
 from resources.derived import derived_class
 
 GPU_POOL = "gpu"
+DEVICE_LOCK_WAITING = "waiting for the device lock"
 DEVICE_LOCK_ACQUIRED = "acquired the device lock"
 DEVICE_LOCK_RELEASED = "released the device lock"
 
@@ -43,7 +44,7 @@ class ComputeResource(derived_class(ComputeSettings, "ComputeResourceFields", dg
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                log(f"waiting for the device lock {path}: another heavy step holds it")
+                log(f"{DEVICE_LOCK_WAITING} {path}: another heavy step holds it")
                 fcntl.flock(handle, fcntl.LOCK_EX)
             log(f"{DEVICE_LOCK_ACQUIRED} {path}")
             try:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from benchmarks.run import MemorySampler, phase_metrics
+from benchmarks.run import MemorySampler, cost_ratio, phase_metrics, step_seconds
 
 
 def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
@@ -44,3 +44,26 @@ def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
     assert found["loss forward"].endswith(".compute_loss") and found["rewards"].endswith(".answer_reward")
     with pytest.raises(ValueError, match="compute_loss"):
         phase_metrics([n for n in names if not n.endswith("compute_loss")])
+
+
+def test_a_step_lasts_from_its_start_to_its_success_less_its_wait_for_the_device_lock() -> None:
+    events = [
+        ("sampling", "STEP_START", 10.0, ""),
+        ("sampling", "", 11.0, "waiting for the device lock /tmp/noisy-student-cpu.lock: another heavy step holds it"),
+        ("sampling", "", 31.0, "acquired the device lock /tmp/noisy-student-cpu.lock"),
+        ("sampling", "ASSET_MATERIALIZATION", 40.0, ""),
+        ("sampling", "STEP_SUCCESS", 42.5, ""),
+        ("training", "STEP_START", 43.0, ""),
+        ("training", "", 43.5, "acquired the device lock /tmp/noisy-student-cpu.lock"),  # at once: nothing waited
+        ("training", "STEP_SUCCESS", 60.0, ""),
+        ("eval", "STEP_START", 61.0, ""),
+        ("eval", "STEP_FAILURE", 70.0, ""),
+        (None, "RUN_SUCCESS", 71.0, ""),
+    ]
+    assert step_seconds(events) == {"sampling": 12.5, "training": 17.0}
+
+
+def test_the_cost_ratio_is_project_over_plain_from_either_timer() -> None:
+    cost = cost_ratio(stage_seconds=105.0, step_seconds=120.0, plain_seconds=100.0)
+    assert cost["stage_ratio"] == pytest.approx(1.05) and cost["step_ratio"] == pytest.approx(1.2)
+    assert cost["stage_extra_seconds"] == pytest.approx(5.0) and cost["step_extra_seconds"] == pytest.approx(20.0)
