@@ -24,13 +24,17 @@ def fresh(lake_copy) -> DataLake:
 def leftovers(marker: str) -> list[str]:
     """Processes this test's payloads started that still run (they carry the test's marker in their environment)."""
     found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
+    for process in psutil.process_iter(["pid", "ppid", "cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
         try:
             marked = process.environ().get("NOISY_STUDENT_TEST_MARKER") == marker
         except psutil.Error:
             continue
-        if marked and process.pid != psutil.Process().pid and "_math_verify_worker" not in command:  # not this process's grader
+        # Not this process's grader, nor its multiprocessing resource tracker (started by an in-process vLLM engine):
+        # helpers of the test process that live as long as it does.
+        own = process.info["ppid"] == psutil.Process().pid
+        helper = "_math_verify_worker" in command or (own and "multiprocessing.resource_tracker" in command)
+        if marked and process.pid != psutil.Process().pid and not helper:
             found.append(command)
     return found
 

@@ -19,6 +19,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator, Sequence
+from multiprocessing import resource_tracker
 
 import dagster as dg
 import psutil
@@ -133,8 +134,13 @@ class _Watchdog:
             self._stop_children()
 
     def _stop_children(self) -> None:
-        """Stop the processes the stage started: SIGTERM, then SIGKILL to those still there after the grace."""
-        started = [child for child in _children() if _identity(child) not in self._earlier_children]
+        """Stop the processes the stage started: SIGTERM, then SIGKILL to those still there after the grace. Not
+        multiprocessing's resource tracker, which the stage's first spawned process (vLLM's engine) may have started:
+        it serves this whole process, and it is what cleans up the semaphores and shared memory of the workers
+        stopped here. multiprocessing keeps its pid there; a Python that does not has it stopped with the rest
+        (multiprocessing starts another when it is next needed)."""
+        tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+        started = [child for child in _children() if _identity(child) not in self._earlier_children and child.pid != tracker]
         for child in started:
             with contextlib.suppress(psutil.Error):
                 child.terminate()

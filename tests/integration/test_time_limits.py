@@ -1,6 +1,7 @@
 """A heavy stage that hangs ends at its time limit, under the in-process launcher (the default) and the subprocess
-one: sampling saves its first shard, starts a worker process and blocks forever (`tests/hangs.py`). The attempt
-fails naming the stage and its limit, the worker is stopped with it, and the retry resumes from the shard."""
+one: sampling saves its first shard, starts a worker process and blocks forever (`tests/hangs.py`); in process with
+vLLM's engine running too (`long`: the engine's start takes minutes on a CPU). The attempt fails naming the stage
+and its limit, the worker (and the engine) are stopped with it, and the retry resumes from the shard."""
 
 from __future__ import annotations
 
@@ -16,27 +17,32 @@ from resources.launchers.base import TERMINATION_GRACE_S
 from tests.faults import leftovers, retries
 from tests.hangs import hang_after_first_shard
 from tests.lakes import arms_instance, materialize, metadata_of
-from tests.tiny_configs import op, round_names, tiny_config
+from tests.tiny_configs import op, round_names, tiny_config, with_op_config
 
 ARM = "a"
 GENERATIONS = "/".join(layout.round_asset(1, layout.GENERATIONS))
 GENERATIONS_OP = op(*layout.round_asset(1, layout.GENERATIONS))
-LIMITS_S = {"inprocess": 30, "subprocess": 60}
-"""Time enough to reach the hang (model load, the first shard): the subprocess payload also starts an interpreter."""
+LIMITS_S = {"inprocess": 30, "subprocess": 60, "vllm": 400}
+"""Time enough to reach the hang (model load, the first shard): the subprocess payload also starts an interpreter,
+vLLM its engine."""
 SLACK_S = 3 * TERMINATION_GRACE_S + 60
 """What stopping the stage may take beyond its limit, generously (a loaded machine)."""
 
 
-@pytest.mark.parametrize("kind", ["inprocess", "subprocess"])
-def test_a_hung_stage_fails_at_its_time_limit_leaves_no_process_and_is_retried(kind, lake_copy, tiny_model_dir, fault, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("kind", "backend"), [("inprocess", "transformers"), ("subprocess", "transformers"), pytest.param("inprocess", "vllm", marks=pytest.mark.long)]
+)
+def test_a_hung_stage_fails_at_its_time_limit_leaves_no_process_and_is_retried(kind, backend, lake_copy, tiny_model_dir, fault, monkeypatch) -> None:
+    """Under vLLM the stage hangs with its engine's processes running beside it, which are stopped with it."""
     if kind == "inprocess":
         monkeypatch.setattr(SampleShards, "write", hang_after_first_shard(SampleShards.write))
     else:
         fault("hang-after-shard")
-    limit = LIMITS_S[kind]
+    limit = LIMITS_S["vllm" if backend == "vllm" else kind]
     launcher = StageLauncher(kind=kind, time_limit_base_s=limit, time_limit_per_step_s=0, time_limit_per_sample_s=0)
+    config = with_op_config(tiny_config(tiny_model_dir), GENERATIONS_OP, backend=backend)
     with arms_instance() as instance:
-        result = materialize(lake_copy(), round_names(1, layout.GENERATIONS), tiny_config(tiny_model_dir), ARM, instance, launcher=launcher)
+        result = materialize(lake_copy(), round_names(1, layout.GENERATIONS), config, ARM, instance, launcher=launcher)
         steps = [entry for entry in instance.all_logs(result.run_id) if entry.step_key == GENERATIONS_OP and entry.dagster_event]
 
     (retried,) = retries(result, GENERATIONS_OP)
