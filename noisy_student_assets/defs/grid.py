@@ -247,7 +247,11 @@ class Grid:
                     node = self.graph.get(self._key(asset))
                     latest[asset] = self._latest(asset, partition if node.partitions_def else None)
                     made[asset] = self._made_with(node.assets_def, arm)
-        recorded = {name: lineage.recorded(record, made[name][0], made[name][2]) for name, record in latest.items()}
+        versions = {name: (record.storage_id, lineage.data_version_of(record)) for name, record in latest.items() if record}
+        recorded = {
+            name: lineage.recorded(record, made[name][0], made[name][2], {parent: versions.get(parent, (None, "missing")) for parent in parents.get(name, [])})
+            for name, record in latest.items()
+        }
         stages, settings = {name: made[name][0] for name in targets}, {name: made[name][1] for name in targets}
         return latest, lineage.stale_assets(targets, parents, stages, settings, recorded)
 

@@ -11,7 +11,7 @@
   the recorded one (`stale_assets`).
 
 A materialization made before data versions were recorded has Dagster's own data version; its fingerprint is
-rebuilt from its `config` metadata and the input data versions Dagster recorded with it (`Recorded`).
+rebuilt from its `config` metadata and the input materializations Dagster recorded it read (`recorded`).
 """
 
 from __future__ import annotations
@@ -135,11 +135,15 @@ class Recorded:
     stage_version: str | None
 
 
-def recorded(record, stage: str, compute: Mapping | None) -> Recorded | None:
-    """What the materialization `record` (an `EventLogRecord`, or None) was made of. A materialization made before
-    fingerprints gets one rebuilt from its `config` metadata, the input data versions Dagster recorded with it, the
-    current version `stage` of its stage, `compute` (the compute settings of a heavy stage) and the active profile
-    (neither recorded then)."""
+def recorded(record, stage: str, compute: Mapping | None, inputs_now: Mapping[str, tuple[int, str]]) -> Recorded | None:
+    """What the materialization `record` (an `EventLogRecord`, or None) was made of.
+
+    A materialization made before fingerprints gets one rebuilt from its `config` metadata, the current version
+    `stage` of its stage, `compute` (the compute settings of a heavy stage) and the active profile (neither recorded
+    then), and its inputs: each input's data version now (`inputs_now`: its latest materialization's storage id and
+    data version) where the materialization Dagster recorded it read is that latest one, else a stand-in that
+    matches no data version. (Dagster records a partitioned input's data version in a form of its own, so the
+    recorded input versions cannot be compared with the inputs' own.)"""
     if record is None:
         return None
     materialization = record.asset_materialization
@@ -152,7 +156,11 @@ def recorded(record, stage: str, compute: Mapping | None) -> Recorded | None:
     if provenance is not None and provenance.is_user_provided:
         made_of = data_version
     else:
-        inputs = {key.to_user_string(): version.value for key, version in (provenance.input_data_versions if provenance else {}).items()}
+        read = {key.to_user_string(): storage_id for key, storage_id in (provenance.input_storage_ids if provenance else {}).items()}
+        inputs = {
+            name: version if read.get(name) == storage_id else f"another materialization ({read.get(name)})"
+            for name, (storage_id, version) in inputs_now.items()
+        }
         made_of = fingerprint(stage, settings, inputs)
     return Recorded(data_version, made_of, settings, metadata[STAGE_VERSION_KEY].value if STAGE_VERSION_KEY in metadata else None)
 

@@ -91,11 +91,18 @@ class _Record:
 
 
 def test_a_lake_made_before_fingerprints_is_current_when_its_config_is_unchanged() -> None:
-    """Its data versions are Dagster's own; its fingerprint is rebuilt from its `config` metadata and the input data
-    versions Dagster recorded, so nothing is redone until a setting changes."""
+    """Its data versions are Dagster's own; its fingerprint is rebuilt from its `config` metadata and the input
+    materializations Dagster recorded it read, so nothing is redone until a setting or an input changes."""
     config = {"k": 8, "temperature": 0.6}
-    tags = {"dagster/data_version": "dagster-own", "dagster/code_version": "run-1", "dagster/input_data_version/teacher": "teacher-v"}
-    before = recorded(_Record({"config": dg.MetadataValue.json(config)}, tags), "TeacherSamplingSettings@1", {"device": "cpu"})
+    tags = {
+        "dagster/data_version": "dagster-own",
+        "dagster/code_version": "run-1",
+        # Dagster's own form of a partitioned input's version, which is not the input's data version
+        "dagster/input_data_version/teacher": "dagster-partitioned-form",
+        "dagster/input_event_pointer/teacher": "41",
+    }
+    record = _Record({"config": dg.MetadataValue.json(config)}, tags)
+    before = recorded(record, "TeacherSamplingSettings@1", {"device": "cpu"}, {"teacher": (41, "teacher-v")})
     settings = {"config": config, "profile": "cpu", "compute": {"device": "cpu"}}
     assert before.data_version == "dagster-own" and before.stage_version is None
     assert before.fingerprint == fingerprint("TeacherSamplingSettings@1", settings, {"teacher": "teacher-v"})
@@ -104,11 +111,13 @@ def test_a_lake_made_before_fingerprints_is_current_when_its_config_is_unchanged
     assert stale_assets(["generations"], {"generations": ["teacher"]}, stages, {"generations": settings}, latest) == {}
     changed = {"generations": settings | {"config": config | {"k": 6}}}
     assert stale_assets(["generations"], {"generations": ["teacher"]}, stages, changed, latest) == {"generations": "settings changed: config.k: 8 -> 6"}
+    retrained = recorded(record, "TeacherSamplingSettings@1", {"device": "cpu"}, {"teacher": (57, "teacher-v")})
+    assert retrained.fingerprint != before.fingerprint, "a teacher materialized again after the samples were drawn"
 
 
 def test_a_recorded_fingerprint_is_read_back_as_it_was_set() -> None:
     tags = {"dagster/data_version": "fp", "dagster/code_version": "c", "dagster/data_version_is_user_provided": "true"}
-    again = recorded(_Record({"config": dg.MetadataValue.json({}), "stage_version": "S@1"}, tags), "S@2", None)
+    again = recorded(_Record({"config": dg.MetadataValue.json({}), "stage_version": "S@1"}, tags), "S@2", None, {})
     assert again == Recorded("fp", "fp", {"config": {}, "profile": "cpu"}, "S@1")
 
 
