@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -17,10 +16,10 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.defs.grid import experiment_assets
-from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env
+from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env, graphql, own_device_lock
 from tests.tiny_configs import SHARED, TINY_SAMPLING, op, round_names, tiny_config
 from tests.ui.conftest import CHROMIUM
-from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _code_location_loaded, _free_port, _open
+from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _open
 
 pytestmark = pytest.mark.ui
 
@@ -42,22 +41,13 @@ def changed_ui(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir):
     config["ops"][sampling_op] = {"config": {k: v for k, v in TINY_SAMPLING.items() if k != "k"}}  # K from its default
     grid = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config)],
-        cwd=cli.home, env=cli.env, capture_output=True, text=True, timeout=900,
+        cwd=cli.home, env=cli.env | own_device_lock(cli), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert grid.returncode == 0, grid.stdout[-3000:] + grid.stderr[-3000:]
     cli.env |= changed_defaults_env({"TeacherSamplingSettings": {"k": 6}})
-    port = _free_port()
-    log = cli.home / "dagster-dev.log"
-    process = cli.start("dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port), log=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + UI_START_TIMEOUT_S
-    while not _code_location_loaded(url):
-        assert process.poll() is None, f"dagster dev exited:\n{log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"the UI did not load the code location in {UI_START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}"
-        time.sleep(2)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    yield url
-    cli.stop(process)
+    with cli.dev(timeout=UI_START_TIMEOUT_S) as url:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        yield url
 
 
 def _stale(url: str, asset: str, partition: str | None) -> tuple[str, list[str]]:
@@ -67,10 +57,7 @@ def _stale(url: str, asset: str, partition: str | None) -> tuple[str, list[str]]
         "query($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { ... on AssetNode {"
         f" staleStatus{argument} staleCauses{argument} {{ key {{ path }} reason }} }} }} }}"
     )
-    body = json.dumps({"query": query, "variables": {"key": {"path": asset.split("/")}}}).encode()
-    request = urllib.request.Request(f"{url}/graphql", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        node = json.loads(response.read())["data"]["assetNodeOrError"]
+    node = graphql(url, query, {"key": {"path": asset.split("/")}})["assetNodeOrError"]
     return node["staleStatus"], [f"{'/'.join(cause['key']['path'])} {cause['reason']}" for cause in node["staleCauses"]]
 
 
