@@ -249,7 +249,7 @@ class Grid:
                     made[asset] = self._made_with(node.assets_def, arm)
         versions = {name: (record.storage_id, lineage.data_version_of(record)) for name, record in latest.items() if record}
         recorded = {
-            name: lineage.recorded(record, made[name][0], made[name][2], {parent: versions.get(parent, (None, "missing")) for parent in parents.get(name, [])})
+            name: lineage.recorded(record, made[name][0], made[name][2], {parent: versions.get(parent, (None, lineage.MISSING)) for parent in parents.get(name, [])})
             for name, record in latest.items()
         }
         stages, settings = {name: made[name][0] for name in targets}, {name: made[name][1] for name in targets}
@@ -284,7 +284,7 @@ class Grid:
         config_class = lineage.config_class(assets_def)
         op_config = self.run_config.get("ops", {}).get(assets_def.op.name, {}).get("config", {})
         config = config_class(**op_config) if config_class is not None else None
-        compute = self.resources["stage_resources"].compute.settings.model_dump() if lineage.is_heavy(assets_def) else None
+        compute = self.resources["stage_resources"].compute.settings.model_dump() if lineage.is_heavy(assets_def.op) else None
         settings = lineage.made_with(lineage.run_settings(config, arm), compute, active_profile())
         return lineage.stage_version(config_class), settings, compute
 

@@ -27,9 +27,12 @@ import dagster as dg
 from noisy_student_assets.core.profiles import active_profile
 from noisy_student_assets.core.settings import Settings, resolved
 from noisy_student_assets.defs.config import StageConfig, with_arm
+from noisy_student_assets.defs.sensors import latest_materialization
 from resources.compute import GPU_POOL
 
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster records every data version under this tag
+MISSING = "missing"
+"""The data version an input that was never materialized counts with, in the asset and in the grid alike."""
 STAGE_VERSION_KEY = "stage_version"
 """The metadata entry that names the stage version a materialization was made by."""
 
@@ -75,17 +78,15 @@ def data_version_of(record) -> str:
 
 def input_data_versions(instance: dg.DagsterInstance, graph, key: dg.AssetKey, partition: str | None) -> dict[str, str] | None:
     """The data version of each input of `key`'s materialization in `partition`: each parent's latest, of the same
-    partition where the parent is partitioned ("missing" where it has none). None where an input spans partitions
+    partition where the parent is partitioned (`MISSING` where it has none). None where an input spans partitions
     (the verdict reads every arm): such an asset keeps Dagster's own data version."""
     versions = {}
     for parent in graph.get(key).parent_keys:
         parent_partitioned = graph.get(parent).is_partitioned
         if parent_partitioned and partition is None:
             return None
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=parent, asset_partitions=[partition] if parent_partitioned else None), limit=1
-        ).records
-        versions[parent.to_user_string()] = data_version_of(records[0]) if records else "missing"
+        record = latest_materialization(instance, parent, partition if parent_partitioned else None)
+        versions[parent.to_user_string()] = data_version_of(record) if record else MISSING
     return versions
 
 
@@ -97,8 +98,9 @@ def reuse_key(content_key: str, settings: Settings) -> str:
     return content_key if version == 1 else _digest({"content": content_key, "stage_version": version}, 64)
 
 
-def is_heavy(assets_def: dg.AssetsDefinition) -> bool:
-    return assets_def.op.pool == GPU_POOL
+def is_heavy(op: dg.OpDefinition) -> bool:
+    """Whether an op runs a heavy stage (sampling, training, evaluation: the `gpu` pool's)."""
+    return op.pool == GPU_POOL
 
 
 def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:
@@ -181,7 +183,7 @@ def stale_assets(
     now: dict[str, str] = {}
     stale: dict[str, str] = {}
     for name in targets:
-        inputs = {parent: now.get(parent) or (latest[parent].data_version if latest.get(parent) else "missing") for parent in parents[name]}
+        inputs = {parent: now.get(parent) or (latest[parent].data_version if latest.get(parent) else MISSING) for parent in parents[name]}
         now[name] = fingerprint(stages[name], settings[name], inputs)
         before, redone_inputs = latest.get(name), [parent for parent in parents[name] if parent in stale]
         if before is None:

@@ -39,7 +39,15 @@ from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.checks import eval_not_degenerate
 from noisy_student_assets.defs.config import StageConfig, with_arm
-from noisy_student_assets.defs.lineage import STAGE_VERSION_KEY, fingerprint, input_data_versions, made_with, reuse_key, stage_version
+from noisy_student_assets.defs.lineage import (
+    STAGE_VERSION_KEY,
+    fingerprint,
+    input_data_versions,
+    is_heavy,
+    made_with,
+    reuse_key,
+    stage_version,
+)
 from resources.compute import GPU_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
@@ -116,7 +124,7 @@ def stage(
         context.log.warning(f"arm {arm.name} overrides the run config: {change}")
     run_config = resolved(settings) if isinstance(settings, Settings) else {}
     version = stage_version(type(config) if config is not None else None)
-    compute = resources.compute.settings.model_dump() if context.op_def.pool == GPU_POOL else None
+    compute = resources.compute.settings.model_dump() if is_heavy(context.op_def) else None
     try:
         with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
             current = StageRun(context, settings, arm, resources, run.info.run_id, made_with(run_config, compute, active_profile()), version)
@@ -124,7 +132,7 @@ def stage(
     except Exception as error:
         # Retried here, not by a Dagster RetryPolicy: Dagster retries an interrupted step that has one, so Ctrl-C
         # or SIGTERM would start an in-process stage over. An interrupt (not an Exception) stops the run.
-        if context.op_def.pool == GPU_POOL and _retryable(error):
+        if is_heavy(context.op_def) and _retryable(error):
             raise dg.RetryRequested(max_retries=HEAVY_RETRIES, seconds_to_wait=RETRY_DELAY_S) from error
         raise
     current.metadata |= {
