@@ -31,6 +31,8 @@ LABELED_RL_VALIDATION = "labeled_rl_validation"
 GENERATIONS = "generations"
 PSEUDO_LABELS = "pseudo_labels"
 STUDENT = "student_checkpoint"
+STUDENT_VALIDATION = "student_validation"
+"""The round's student on the arm's validation problems: what a patience reads (never the held-out set)."""
 EVAL_REPORT = "eval_report"
 
 STUDENT_ROLE = "student"
@@ -84,10 +86,11 @@ def control_eval(control: str) -> str:
     return f"{control}_eval"
 
 
-def round_asset_names(number: int, controls: tuple[str, ...]) -> list[str]:
+def round_asset_names(number: int, controls: tuple[str, ...], validated: bool = False) -> list[str]:
     """Round `number`'s assets of an arm whose experiment runs `controls`, in dependency order, as key
-    paths joined by '/' (`round_001/generations`, ..., `round_001/eval_report`)."""
-    chain = [GENERATIONS, PSEUDO_LABELS, STUDENT]
+    paths joined by '/' (`round_001/generations`, ..., `round_001/eval_report`); `validated`: with the student's
+    validation eval."""
+    chain = [GENERATIONS, PSEUDO_LABELS, STUDENT] + ([STUDENT_VALIDATION] if validated else [])
     for control in controls:
         chain += [control_checkpoint(control), control_eval(control)]
     return ["/".join(round_asset(number, name)) for name in [*chain, EVAL_REPORT]]

@@ -470,6 +470,26 @@ class SmokeSettings(Settings):
     )
 
 
+
+# --- rounds ----------------------------------------------------------------------------------------------
+
+
+class RoundsSettings(Settings):
+    """How many rounds an arm runs: up to `max_rounds`, and, with a `patience`, only while its students' greedy
+    accuracy on its validation problems improves (never the held-out set). Read by the next-round automation and
+    by the grid alike (`core/experiments/progress.py`); no asset's content depends on it."""
+
+    max_rounds: int = Field(default=2, ge=0, description="rounds the arm runs at most (adding one: raise it, then run the grid)")
+    patience: int | None = Field(
+        default=None,
+        ge=1,
+        description="stop once this many rounds in a row did not improve the best validation accuracy so far (labeled RL's "
+        "counts as round 0); null: run every round up to max_rounds",
+    )
+    min_improvement: float = Field(
+        default=0.0, ge=0, le=1, description="validation accuracy a round must gain over the best so far to count as an improvement"
+    )
+
 def resolved(settings: Settings) -> dict:
     """The settings a materialization ran with, every default filled in (the profile's problem source too)."""
     return settings.resolved() if isinstance(settings, _Sourced) else settings.model_dump()

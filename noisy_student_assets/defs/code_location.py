@@ -3,22 +3,30 @@
 import dagster as dg
 
 from noisy_student_assets.defs.assets import controls, models, problems, rounds, verdict
-from noisy_student_assets.defs.jobs import jobs_and_sensors
+from noisy_student_assets.defs.automation import next_round_automation, with_round_automation
+from noisy_student_assets.defs.jobs import jobs
 from noisy_student_assets.defs.lineage import with_code_versions
 from noisy_student_assets.defs.partitions import ROUNDS
 from resources import lake_resources
 from resources.data_lake import DataLake
 
 ASSET_DEFINITIONS = with_code_versions(
-    dg.Definitions.merge(
-        problems.defs,
-        models.defs,
-        *(rounds.round_definitions(number) for number in range(1, ROUNDS + 1)),
-        *(controls.round_controls(number) for number in range(1, ROUNDS + 1)),
-        verdict.defs,
+    with_round_automation(
+        dg.Definitions.merge(
+            problems.defs,
+            models.defs,
+            *(rounds.round_definitions(number) for number in range(1, ROUNDS + 1)),
+            *(controls.round_controls(number) for number in range(1, ROUNDS + 1)),
+            verdict.defs,
+        )
     )
 )
-defs = dg.Definitions.merge(ASSET_DEFINITIONS, jobs_and_sensors(ASSET_DEFINITIONS, ROUNDS), dg.Definitions(resources=lake_resources(DataLake())))
+defs = dg.Definitions.merge(
+    ASSET_DEFINITIONS,
+    jobs(ASSET_DEFINITIONS, ROUNDS),
+    next_round_automation(ASSET_DEFINITIONS),
+    dg.Definitions(resources=lake_resources(DataLake())),
+)
 
 ASSETS_AND_CHECKS = [*ASSET_DEFINITIONS.assets, *ASSET_DEFINITIONS.asset_checks]
 """What `dg.materialize` takes to run any selection of this code location in-process (scripts, tests)."""

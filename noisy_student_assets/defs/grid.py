@@ -43,16 +43,6 @@ INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
 """The errors of a step stopped by a signal: Dagster fails the step with the interrupt itself (nothing retries it)."""
 
 
-def experiment_assets(experiment, rounds: int) -> list[str]:
-    """The per-arm assets an experiment materializes (key paths joined by '/'), in dependency order."""
-    names = [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL]
-    names += [layout.LABELED_RL_EVAL] if experiment.held_out_eval or experiment.rounds else []
-    names += [layout.LABELED_RL_VALIDATION] if experiment.validate_labeled_rl else []
-    for number in range(1, min(experiment.rounds, rounds) + 1):
-        names += layout.round_asset_names(number, experiment.controls)
-    return names
-
-
 def checks_not_waiting(graph, checks: Iterable, waiting: set) -> list:
     """The `checks` that read none of the asset keys in `waiting` beside their own asset (a control's
     `compute_matched` also reads the round's student)."""
@@ -145,8 +135,8 @@ class Grid:
         if experiment_path.resolve().parent != directory:
             raise SystemExit(f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code location reads")
         self.experiment = load_experiments(directory)[experiment_path.stem]
-        if self.experiment.rounds > ROUNDS:
-            raise SystemExit(f"{self.experiment.name} asks for {self.experiment.rounds} rounds; the code location defines {ROUNDS}")
+        if self.experiment.max_rounds > ROUNDS:
+            raise SystemExit(f"{self.experiment.name} asks for {self.experiment.max_rounds} rounds; the code location defines {ROUNDS}")
         self.dg, self.arms_def = dg, ARMS
         self.graph = defs.resolve_asset_graph()
         self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
@@ -175,27 +165,60 @@ class Grid:
         self._set_gpu_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
         try:
             ok = self._materialize(self._shared_targets(), None)
-            targets = experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds)
             arms = self.experiment.all_arms()
             if parallel_arms == 1:
                 for arm in arms:
-                    ok = self._materialize(targets, arm) and ok
+                    ok = self.materialize_arm(arm, rounds) and ok
             else:
-                jobs = [(self.path, self.run_config, self.launcher_override, targets, arm.name) for arm in arms]
+                jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name) for arm in arms]
                 with ProcessPoolExecutor(max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")) as pool:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
             return self._materialize([layout.VERDICT], None, always=True) and ok
         finally:
             self._set_gpu_pool_limit(1)
 
+    def materialize_arm(self, arm, rounds: int | None = None) -> bool:
+        """Materialize what is missing or stale of one arm up to round `rounds` (default: its `max_rounds`), in one
+        run; with a patience, one run per round, each round only if the arm's stopping rule lets it run (the rule the
+        next-round automation applies). False if a run failed."""
+        from noisy_student_assets.core.experiments.progress import arm_assets
+
+        last = arm_rounds(arm, rounds)
+        if arm.stopping_rule.patience is None:
+            return self._materialize(arm_assets(self.experiment, arm, last), arm)
+        for number in range(last + 1):
+            if number and (reason := self._stop_reason(arm, number - 1)):
+                print(f"[grid] arm {arm.name}: stopped after round {number - 1}: {reason}", flush=True)
+                return True
+            if not self._materialize(arm_assets(self.experiment, arm, number), arm):
+                return False
+        return True
+
+    def _stop_reason(self, arm, done: int) -> str | None:
+        """Why `arm` runs no round after round `done` (`progress.stop_reason`, on the validation accuracy the instance
+        recorded), or None: the next round is due, or a validation eval it reads is not recorded yet."""
+        from noisy_student_assets.core.experiments.progress import stop_reason
+        from noisy_student_assets.defs.automation import validation_accuracies
+
+        validation = validation_accuracies(self.instance, arm.name, done) if arm.stopping_rule.patience is not None else ()
+        return None if validation is None else stop_reason(arm.stopping_rule, done, validation)
+
+    def _known_targets(self, arm, rounds: int | None) -> list[str]:
+        """The assets of `arm` up to round `rounds`, less the rounds its stopping rule rules out from what the
+        instance recorded so far."""
+        from noisy_student_assets.core.experiments.progress import arm_assets
+
+        last = arm_rounds(arm, rounds)
+        return arm_assets(self.experiment, arm, next((done for done in range(last) if self._stop_reason(arm, done)), last))
+
     def check_outcomes(self) -> list[dict]:
         """Each check of every arm's assets (and of the shared ones) on the asset's latest materialization: passed,
         failed, or not judged (never evaluated on it)."""
-        from noisy_student_assets.defs.sensors import check_outcomes_on
+        from noisy_student_assets.defs.records import check_outcomes_on
 
         rows, run_evaluations = [], {}
         scopes = [(None, self._shared_targets())]
-        scopes += [(arm.name, experiment_assets(self.experiment, self.experiment.rounds)) for arm in self.experiment.all_arms()]
+        scopes += [(arm.name, self._known_targets(arm, None)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
             for name in names:
                 checks = list(self.graph.get(self._key(name)).check_keys)
@@ -221,7 +244,7 @@ class Grid:
         return self.dg.AssetKey(name.split("/"))
 
     def _latest(self, name: str, partition: str | None):
-        from noisy_student_assets.defs.sensors import latest_materialization
+        from noisy_student_assets.defs.records import latest_materialization
 
         return latest_materialization(self.instance, self._key(name), partition)
 
@@ -229,9 +252,8 @@ class Grid:
         """What `run` would materialize, without materializing anything: per arm (None: the shared assets), each
         asset to redo and why."""
         self.register()
-        targets = experiment_assets(self.experiment, self.experiment.rounds if rounds is None else rounds)
         plan = {None: self._stale(self._shared_targets(), None)[1]}
-        return plan | {arm.name: self._stale(targets, arm)[1] for arm in self.experiment.all_arms()}
+        return plan | {arm.name: self._stale(self._known_targets(arm, rounds), arm)[1] for arm in self.experiment.all_arms()}
 
     def _stale(self, targets: list[str], arm) -> tuple[dict, dict[str, str]]:
         """The latest materialization of each target and of its inputs, and the targets to redo with the reason
@@ -291,7 +313,7 @@ class Grid:
     def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str, waiting_on: list[str] = ()) -> bool:
         """Run the checks of the assets `names` (not redone in this run) that never judged their latest
         materialization, except those that also read an asset in `waiting_on`; False if that run failed."""
-        from noisy_student_assets.defs.sensors import latest_check_targets
+        from noisy_student_assets.defs.records import latest_check_targets
 
         own_steps = [check for name in names for check in self.graph.get(self._key(name)).check_keys if check in self.check_steps]
         checks = checks_not_waiting(self.graph, own_steps, {self._key(name) for name in waiting_on})
@@ -333,9 +355,14 @@ class Grid:
 
 def _materialize_arm(job: tuple) -> bool:
     """One arm's part of a grid run, in a process of its own (`--parallel-arms`)."""
-    path, run_config, launcher, targets, arm_name = job
+    path, run_config, launcher, rounds, arm_name = job
     grid = Grid(path, run_config, launcher)
-    return grid._materialize(targets, next(arm for arm in grid.experiment.all_arms() if arm.name == arm_name))
+    return grid.materialize_arm(grid.experiment.arm(arm_name), rounds)
+
+
+def arm_rounds(arm, rounds: int | None) -> int:
+    """The last round of `arm` a grid run goes to: `rounds` (the command line's), at most the arm's `max_rounds`."""
+    return arm.stopping_rule.max_rounds if rounds is None else min(rounds, arm.stopping_rule.max_rounds)
 
 
 def with_experiment_resources(experiment, kind: str | None = None) -> dict:
@@ -401,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", choices=get_args(Launcher), help="where the heavy stages run (default: the experiment file's, else the resource's)")
     parser.add_argument(
         "--rounds", type=int, default=None,
-        help="run: stop after this round in every arm (default: the file's rounds); e.g. round 1 of every arm first,"
+        help="run: stop after this round in every arm (default: each arm's max_rounds); e.g. round 1 of every arm first,"
         " then a run without it adds the rest",
     )
     parser.add_argument("--parallel-arms", type=int, default=1, help="run: arms materialized at once (their heavy steps overlap only on Ray)")

@@ -1,10 +1,9 @@
-"""Jobs over the code location's assets, and the sensor that offers each arm its next round."""
+"""Jobs over the code location's assets."""
 
 import dagster as dg
 
 from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S
 from noisy_student_assets.defs.partitions import ARMS, VERDICT_GROUP, round_group
-from noisy_student_assets.defs.sensors import build_next_round_sensor
 
 ARM_JOB = "arm_job"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
@@ -14,8 +13,8 @@ past `RUN_TIME_LIMIT_S`. Job tags, not `run_tags`: a job's backfill gives its ru
 runs, in its own process, have no daemon to stop them; their stages' limits do."""
 
 
-def jobs_and_sensors(assets: dg.Definitions, rounds: int) -> dg.Definitions:
-    """`shared_inputs_job`, `arm_job`, one job per round, `verdict_job` and `next_round_sensor` over `assets`."""
+def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
+    """`shared_inputs_job`, `arm_job`, one job per round and `verdict_job` over `assets`."""
     shared = dg.AssetSelection.assets(*(a for a in assets.assets if a.partitions_def is None))
     round_jobs = [
         dg.define_asset_job(
@@ -27,7 +26,7 @@ def jobs_and_sensors(assets: dg.Definitions, rounds: int) -> dg.Definitions:
         )
         for number in range(1, rounds + 1)
     ]
-    jobs = [
+    defined = [
         dg.define_asset_job(
             "shared_inputs_job",
             selection=shared - dg.AssetSelection.groups(VERDICT_GROUP),
@@ -46,4 +45,4 @@ def jobs_and_sensors(assets: dg.Definitions, rounds: int) -> dg.Definitions:
             "verdict_job", selection=dg.AssetSelection.groups(VERDICT_GROUP), tags=RUN_TAGS, description="The verdict across every registered arm."
         ),
     ]
-    return dg.Definitions(jobs=jobs, sensors=[build_next_round_sensor(round_jobs)] if round_jobs else [])
+    return dg.Definitions(jobs=defined)

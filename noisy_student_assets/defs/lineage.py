@@ -27,7 +27,7 @@ import dagster as dg
 from noisy_student_assets.core.profiles import active_profile
 from noisy_student_assets.core.settings import Settings, resolved
 from noisy_student_assets.defs.config import StageConfig, with_arm
-from noisy_student_assets.defs.sensors import latest_materialization
+from noisy_student_assets.defs.records import latest_materialization
 from resources.compute import GPU_POOL
 
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster records every data version under this tag

@@ -20,8 +20,8 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
+from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
-from noisy_student_assets.defs.grid import experiment_assets
 from tests.cli import DagsterCli, changed_defaults_env
 from tests.tiny_configs import TINY_GRPO, TINY_SAMPLING, op, round_names, tiny_config, with_op_config
 
@@ -194,5 +194,5 @@ def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_prof
     assert "up to date" not in plan.stdout, plan.stdout
     planned = {line.split(": ")[1] for line in plan.stdout.splitlines() if line.startswith(f"[grid] arm {ARM}: ")}
     experiment = load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem]
-    assert planned == set(experiment_assets(experiment, experiment.rounds)), plan.stdout
+    assert planned == set(arm_assets(experiment, experiment.arm(ARM))), plan.stdout
     assert f'[grid] shared: {layout.PROBLEM_POOL}: settings changed: profile: "cpu" -> "gpu"' in plan.stdout, plan.stdout

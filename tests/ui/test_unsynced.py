@@ -15,7 +15,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
-from noisy_student_assets.defs.grid import experiment_assets
+from noisy_student_assets.core.experiments.progress import arm_assets
 from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env, graphql, own_device_lock
 from tests.tiny_configs import SHARED, TINY_SAMPLING, op, round_names, tiny_config
 from tests.ui.conftest import CHROMIUM
@@ -63,8 +63,7 @@ def _stale(url: str, asset: str, partition: str | None) -> tuple[str, list[str]]
 
 def test_the_ui_shows_exactly_what_the_grid_would_redo_as_unsynced(changed_ui) -> None:
     experiment = load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem]
-    arm_assets = experiment_assets(experiment, experiment.rounds)
-    status = {asset: _stale(changed_ui, asset, ARM) for asset in arm_assets}
+    status = {asset: _stale(changed_ui, asset, ARM) for asset in arm_assets(experiment, experiment.arm(ARM))}
     status |= {asset: _stale(changed_ui, asset, None) for asset in SHARED}
     unsynced = {asset for asset, (state, _) in status.items() if state == "STALE"}
     assert unsynced == REDONE, status

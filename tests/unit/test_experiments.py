@@ -8,7 +8,7 @@ import pytest
 
 from noisy_student_assets.core.experiments import arms as experiments
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
-from noisy_student_assets.core.settings import LabeledOnlySettings, LabeledRLSettings, PseudoLabelSettings
+from noisy_student_assets.core.settings import LabeledOnlySettings, LabeledRLSettings, PseudoLabelSettings, RoundsSettings
 from noisy_student_assets.defs.config import (
     EvalConfig,
     LabeledOnlyConfig,
@@ -29,12 +29,13 @@ def _write(directory: Path, name: str, text: str) -> Path:
 
 
 def test_an_experiment_file_with_defaults_that_arms_override(tmp_path: Path) -> None:
-    path = _write(tmp_path, "tau", "rounds: 3\ncontrols: [random_label, labeled_only]\ndefaults: {round_steps: 8, tau: 0.5}\n"
-                              "arms:\n  low: {seed: 1}\n  high: {seed: 1, tau: 0.8}\n")
+    path = _write(tmp_path, "tau", "controls: [random_label, labeled_only]\ndefaults: {max_rounds: 3, round_steps: 8, tau: 0.5}\n"
+                              "arms:\n  low: {seed: 1}\n  high: {seed: 1, tau: 0.8, max_rounds: 4, patience: 1}\n")
     experiment = load_experiment(path)
-    assert experiment.name == "tau" and experiment.rounds == 3
-    assert experiment.controls == ("labeled_only", "random_label")  # in their canonical order
     low, high = experiment.all_arms()
+    assert experiment.name == "tau" and experiment.max_rounds == 4
+    assert low.stopping_rule == RoundsSettings(max_rounds=3) and high.stopping_rule == RoundsSettings(max_rounds=4, patience=1)
+    assert experiment.controls == ("labeled_only", "random_label")  # in their canonical order
     assert (low.spec.tau, high.spec.tau, high.spec.round_steps, high.experiment) == (0.5, 0.8, 8, "tau")
 
 
@@ -42,6 +43,8 @@ def test_an_experiment_file_with_defaults_that_arms_override(tmp_path: Path) -> 
     ("text", "message"),
     [
         ("arms: {}\n", "at least one arm"),
+        ("rounds: 3\narms:\n  a: {}\n", r"the arm field `max_rounds` now: write `defaults: \{max_rounds: 3\}`"),
+        ("arms:\n  a: {patience: 0}\n", "greater than or equal to 1"),
         ("arms:\n  a: {tua: 0.5}\n", "tua"),
         ("arms:\n  a: {tau: 1.5}\n", "less than or equal to 1"),
         ("arms:\n  'a b': {}\n", "arm names must be"),
@@ -62,8 +65,8 @@ def test_bad_experiment_files_say_what_is_wrong(tmp_path: Path, text: str, messa
 
 
 def test_arm_names_are_unique_across_files_and_found_by_name(tmp_path: Path) -> None:
-    _write(tmp_path, "one", "rounds: 1\narms:\n  a: {}\n")
-    _write(tmp_path, "two", "rounds: 4\narms:\n  b: {seed: 2}\n")
+    _write(tmp_path, "one", "defaults: {max_rounds: 1}\narms:\n  a: {}\n")
+    _write(tmp_path, "two", "arms:\n  b: {seed: 2, max_rounds: 4}\n")
     assert max_rounds(tmp_path) == 4 and find_arm(tmp_path, "b").spec.seed == 2
     with pytest.raises(KeyError, match="arm 'c' is declared in no experiment file"):
         find_arm(tmp_path, "c")

@@ -5,23 +5,34 @@ from __future__ import annotations
 import dagster as dg
 
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
+from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.core.settings import ComputeSettings, LauncherSettings
 from noisy_student_assets.defs.grid import (
     checks_not_waiting,
-    experiment_assets,
     unevaluated_checks,
     with_experiment_resources,
 )
 
 
 def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> None:
-    experiment = Experiment(name="e", rounds=2, controls=("labeled_only",), arms={"a": ArmSpec()})
-    names = experiment_assets(experiment, rounds=3)
+    experiment = Experiment(name="e", controls=("labeled_only",), defaults=ArmSpec(max_rounds=2), arms={"a": ArmSpec()})
+    arm = experiment.arm("a")
+    names = arm_assets(experiment, arm, rounds=3)
     assert names[:5] == ["labeled_problems", "unlabeled_problems", "validation_problems", "labeled_rl_checkpoint", "labeled_rl_eval"]
     assert names.index("round_001/labeled_only_eval") < names.index("round_001/eval_report") < names.index("round_002/generations")
     assert "round_001/gold_label_checkpoint" not in names and names[-1] == "round_002/eval_report"
-    tuning = Experiment(name="t", rounds=0, validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()})
-    assert experiment_assets(tuning, rounds=3)[-2:] == ["labeled_rl_checkpoint", "labeled_rl_validation"]
+    assert arm_assets(experiment, arm, rounds=1)[-1] == "round_001/eval_report"
+    assert not [name for name in names if "validation" in name.split("/")[-1] and name != "validation_problems"], "no patience reads them"
+    tuning = Experiment(name="t", defaults=ArmSpec(max_rounds=0), validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()})
+    assert arm_assets(tuning, tuning.arm("a"), rounds=3)[-2:] == ["labeled_rl_checkpoint", "labeled_rl_validation"]
+
+
+def test_an_arm_with_a_patience_evaluates_labeled_rl_and_every_student_on_its_validation_problems() -> None:
+    experiment = Experiment(name="e", controls=("labeled_only",), arms={"a": ArmSpec(patience=2)})
+    names = arm_assets(experiment, experiment.arm("a"))
+    assert names.index("labeled_rl_validation") < names.index("round_001/generations")
+    assert names.index("round_001/student_checkpoint") < names.index("round_001/student_validation") < names.index("round_002/generations")
+    assert names[-1] == "round_002/eval_report", "max_rounds' default: 2"
 
 
 def test_a_check_is_evaluated_again_only_when_it_did_not_judge_the_latest_materialization() -> None:

@@ -1,25 +1,42 @@
-from noisy_student_assets.core.experiments.progress import RoundState, next_round
+"""The stopping rule (`progress.stop_reason`) that the next-round automation and the grid both apply."""
 
-DONE, MISSING, REGRESSED = RoundState(evaluated=True), RoundState(evaluated=False), RoundState(evaluated=True, regressed=True)
+import pytest
 
-
-def test_round_one_waits_for_the_labeled_rl_eval() -> None:
-    assert next_round(False, [MISSING, MISSING], planned=2) is None
-    assert next_round(True, [MISSING, MISSING], planned=2) == 1
+from noisy_student_assets.core.experiments.progress import stop_reason
+from noisy_student_assets.core.settings import RoundsSettings
 
 
-def test_the_first_missing_round_is_next() -> None:
-    assert next_round(True, [DONE, MISSING, MISSING], planned=3) == 2
-    assert next_round(True, [DONE, DONE, MISSING], planned=3) == 3
+def test_without_a_patience_an_arm_runs_every_round_up_to_max_rounds() -> None:
+    rule = RoundsSettings(max_rounds=3)
+    assert [stop_reason(rule, done) for done in range(3)] == [None, None, None]
+    assert stop_reason(rule, 3) == "max_rounds=3 reached"
+    assert stop_reason(RoundsSettings(max_rounds=0), 0) == "max_rounds=0 reached"
 
 
-def test_no_round_after_a_regression() -> None:
-    assert next_round(True, [REGRESSED, MISSING], planned=2) is None
-    assert next_round(True, [DONE, REGRESSED, MISSING], planned=3) is None
-    # A regression further back does not hold up a round whose own teacher held its ground.
-    assert next_round(True, [REGRESSED, DONE, MISSING], planned=3) == 3
+def test_patience_1_stops_after_the_first_round_whose_validation_accuracy_did_not_improve() -> None:
+    rule = RoundsSettings(max_rounds=10, patience=1)
+    assert stop_reason(rule, 0, [0.30]) is None, "round 1 always runs"
+    assert stop_reason(rule, 1, [0.30, 0.35]) is None
+    assert stop_reason(rule, 2, [0.30, 0.35, 0.40]) is None
+    reason = stop_reason(rule, 3, [0.30, 0.35, 0.40, 0.40])
+    assert reason and "round 2's 0.400" in reason, "a tie is no improvement"
+    assert stop_reason(rule, 1, [0.30, 0.25]), "worse than labeled RL (round 0)"
 
 
-def test_nothing_past_the_experiments_rounds() -> None:
-    assert next_round(True, [DONE, MISSING, MISSING], planned=1) is None
-    assert next_round(True, [DONE, DONE], planned=2) is None
+def test_a_longer_patience_forgives_rounds_that_did_not_improve_until_it_runs_out() -> None:
+    rule = RoundsSettings(max_rounds=10, patience=2)
+    assert stop_reason(rule, 1, [0.30, 0.29]) is None
+    assert stop_reason(rule, 2, [0.30, 0.29, 0.31]) is None, "round 2 beat labeled RL's 0.30: the count starts again"
+    assert stop_reason(rule, 3, [0.30, 0.29, 0.31, 0.20]) is None
+    assert stop_reason(rule, 4, [0.30, 0.29, 0.31, 0.20, 0.31]), "two rounds without beating round 2's 0.31"
+
+
+def test_an_improvement_counts_only_past_min_improvement() -> None:
+    rule = RoundsSettings(max_rounds=10, patience=1, min_improvement=0.02)
+    assert stop_reason(rule, 1, [0.30, 0.31]), "0.01 better is within min_improvement"
+    assert stop_reason(rule, 1, [0.30, 0.33]) is None
+
+
+def test_a_patience_needs_every_validation_accuracy_up_to_the_round() -> None:
+    with pytest.raises(ValueError, match="rounds 1..2"):
+        stop_reason(RoundsSettings(max_rounds=5, patience=1), 2, [0.3, 0.4])

@@ -115,7 +115,7 @@ def test_an_empty_lake_says_so(tmp_path: Path) -> None:
 def test_lake_arms_are_the_declared_arms_with_an_evaluation(lake: Path, tmp_path: Path) -> None:
     experiments = tmp_path / "experiments"
     experiments.mkdir()
-    (experiments / "grid.yaml").write_text("rounds: 2\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  never-run: {seed: 5}\n")
+    (experiments / "grid.yaml").write_text("defaults: {max_rounds: 2}\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  never-run: {seed: 5}\n")
     arms, rounds = lake_arms(lake, experiments)
     assert [arm.name for arm in arms] == ["tau50-s0"] and rounds == 2
 

@@ -1,14 +1,14 @@
 """Experiments and their arms (no Dagster here).
 
-An experiment is a versioned YAML file, `experiments/<name>.yaml`: how many rounds, which compute-matched
-controls, and its arms. An arm is a name plus overrides of the stage settings (seed, tau, K, sampling
-temperature, student init, GRPO steps, eval samples, the student's mode, reward, agreement band and noise); it is a partition of every per-arm asset, so each arm
+An experiment is a versioned YAML file, `experiments/<name>.yaml`: which compute-matched controls, and its
+arms. An arm is a name plus overrides of the stage settings (seed, tau, K, sampling temperature, student init,
+GRPO steps, eval samples, the student's mode, reward, agreement band and noise) and of its stopping rule (how many
+rounds at most, and a patience on validation accuracy); it is a partition of every per-arm asset, so each arm
 has its own split, labeled-RL checkpoint, rounds and controls, and the UI and backfills address it by name.
 
     description: tau 0.5 against 0.8, three seeds each
-    rounds: 2
     controls: [labeled_only, gold_label, random_label]
-    defaults: {labeled_rl_steps: 16, round_steps: 8}   # every arm's, unless the arm says otherwise
+    defaults: {max_rounds: 2, labeled_rl_steps: 16, round_steps: 8}   # every arm's, unless the arm says otherwise
     arms:
       tau50-seed0: {tau: 0.5, seed: 0}
       tau80-seed0: {tau: 0.8, seed: 0}
@@ -43,6 +43,7 @@ from noisy_student_assets.core.settings import (
     LauncherSettings,
     ProblemSplitSettings,
     PseudoLabelSettings,
+    RoundsSettings,
     Settings,
     StudentSettings,
     TeacherSamplingSettings,
@@ -52,8 +53,8 @@ from noisy_student_assets.core.training.modes.registry import accepted
 EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
-PROBLEM_SPLIT, LABELED_RL, SAMPLING, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL = (
-    "problem_split", "labeled_rl", "sampling", "pseudo_labels", "student", "labeled_only", "eval",
+PROBLEM_SPLIT, LABELED_RL, SAMPLING, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, ROUNDS = (
+    "problem_split", "labeled_rl", "sampling", "pseudo_labels", "student", "labeled_only", "eval", "rounds",
 )
 STAGE_SETTINGS: dict[str, type[Settings]] = {
     PROBLEM_SPLIT: ProblemSplitSettings,
@@ -63,8 +64,10 @@ STAGE_SETTINGS: dict[str, type[Settings]] = {
     STUDENT: StudentSettings,
     LABELED_ONLY: LabeledOnlySettings,
     EVAL: EvalSettings,
+    ROUNDS: RoundsSettings,
 }
-"""The settings an arm can change, by the stage that reads them."""
+"""The settings an arm can change, by the stage that reads them (`rounds`: the stopping rule, which the next-round
+automation and the grid read, and no asset)."""
 STAGES = tuple(STAGE_SETTINGS)
 
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -142,6 +145,9 @@ ARM_FIELDS: dict[str, ArmField] = {
     "dropout": ArmField(((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"),
     "sft_samples_per_problem": ArmField(((STUDENT, "sft_samples_per_problem"),)),
     "dpo_beta": ArmField(((STUDENT, "dpo_beta"),)),
+    "max_rounds": ArmField(((ROUNDS, "max_rounds"),)),
+    "patience": ArmField(((ROUNDS, "patience"),)),
+    "min_improvement": ArmField(((ROUNDS, "min_improvement"),)),
 }
 """The experiment vocabulary: each arm field and the stage settings it overrides (the one place they are mapped)."""
 
@@ -209,7 +215,6 @@ class Experiment(BaseModel):
 
     name: str
     description: str = ""
-    rounds: int = Field(default=2, ge=0, description="rounds of every arm (adding one: raise it, then run the grid)")
     controls: tuple[str, ...] = Field(default=CONTROLS, description=f"compute-matched controls per round: {', '.join(CONTROLS)}")
     validate_labeled_rl: bool = Field(default=False, description="also evaluate labeled RL on the validation split")
     held_out_eval: bool = Field(
@@ -225,6 +230,18 @@ class Experiment(BaseModel):
     )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rounds_is_an_arm_field(cls, document):
+        if isinstance(document, dict) and "rounds" in document:
+            raise ValueError(f"`rounds: {document['rounds']}` is the arm field `max_rounds` now: write `defaults: {{max_rounds: {document['rounds']}}}`")
+        return document
+
+    @property
+    def max_rounds(self) -> int:
+        """The most rounds any of its arms runs."""
+        return max(arm.stopping_rule.max_rounds for arm in self.all_arms())
 
     @field_validator("launcher", mode="before")
     @classmethod
@@ -290,6 +307,11 @@ class Arm(BaseModel):
     def overrides(self, stage: str) -> dict:
         return self.spec.overrides(stage)
 
+    @property
+    def stopping_rule(self) -> RoundsSettings:
+        """How many rounds this arm runs (its `rounds` settings, with the defaults filling what it leaves)."""
+        return RoundsSettings(**apply(RoundsSettings().model_dump(), self.overrides(ROUNDS)))
+
     def overrides_sha(self, stage: str) -> str:
         """Fingerprint of what this arm changes in `stage`: a stage whose fingerprint changed is stale."""
         return hashlib.sha256(json.dumps(self.overrides(stage), sort_keys=True).encode()).hexdigest()[:16]
@@ -312,7 +334,7 @@ def load_experiment(path: Path) -> Experiment:
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(document, dict):
-        raise ValueError(f"{path}: an experiment file holds a mapping (description, rounds, controls, defaults, arms)")
+        raise ValueError(f"{path}: an experiment file holds a mapping (description, controls, defaults, arms)")
     try:
         return Experiment(name=path.stem, **document)
     except ValueError as error:
@@ -344,4 +366,4 @@ def find_arm(directory: Path, name: str) -> Arm:
 
 def max_rounds(directory: Path) -> int:
     """The most rounds any experiment asks for: how many rounds the code location defines."""
-    return max((experiment.rounds for experiment in load_experiments(directory).values()), default=0)
+    return max((experiment.max_rounds for experiment in load_experiments(directory).values()), default=0)

@@ -1,33 +1,66 @@
-"""Which round of an arm comes next (no Dagster here): the rule the `next_round_sensor` applies.
+"""How far an arm's rounds go (no Dagster here): the assets each round of an arm materializes, and the
+stopping rule that the next-round automation (`defs/automation.py`) and the grid both apply.
 
-Round 1 starts once the arm's labeled-RL checkpoint is evaluated; round N > 1 once round N-1's eval report
-exists and did not regress (its `no_eval_regression` check passed). A round past the arm's experiment's
-`rounds` never starts, and neither does a round out of order: the UI offers only the next one.
+An arm runs round N once everything before it is materialized (round 0: its split, labeled RL and their
+evaluations), up to its `max_rounds`. With a `patience`, each round's student is also evaluated on the arm's
+validation problems, and the arm stops once `patience` rounds in a row did not raise the best validation accuracy
+so far by more than `min_improvement` (labeled RL's is round 0's). The held-out set never decides anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.settings import RoundsSettings
 
 
-@dataclass(frozen=True)
-class RoundState:
-    """What the instance knows of one round of one arm."""
-
-    evaluated: bool
-    """The round's eval report is materialized."""
-    regressed: bool = False
-    """The latest `no_eval_regression` check of that report failed."""
+def validated(arm) -> bool:
+    """Whether the arm's rounds are evaluated on its validation problems: its stopping rule reads them."""
+    return arm.stopping_rule.patience is not None
 
 
-def next_round(labeled_rl_evaluated: bool, rounds: Sequence[RoundState], planned: int) -> int | None:
-    """The round to launch next (numbered from 1), or None: nothing is ready, the last evaluated round
-    regressed, or all `planned` rounds are done. `rounds[i]` is round i + 1."""
-    if not labeled_rl_evaluated:
+def pre_round_assets(experiment, arm) -> list[str]:
+    """What round 1 of `arm` needs first (key paths joined by '/'), in dependency order."""
+    names = [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL]
+    names += [layout.LABELED_RL_EVAL] if experiment.held_out_eval or arm.stopping_rule.max_rounds else []
+    names += [layout.LABELED_RL_VALIDATION] if experiment.validate_labeled_rl or validated(arm) else []
+    return names
+
+
+def round_assets(number: int, experiment, arm) -> list[str]:
+    """Round `number`'s assets of `arm`, in dependency order."""
+    return layout.round_asset_names(number, experiment.controls, validated(arm))
+
+
+def arm_assets(experiment, arm, rounds: int | None = None) -> list[str]:
+    """Every asset of `arm` up to round `rounds` (default and at most: its `max_rounds`), in dependency order."""
+    last = arm.stopping_rule.max_rounds if rounds is None else min(rounds, arm.stopping_rule.max_rounds)
+    return pre_round_assets(experiment, arm) + [name for number in range(1, last + 1) for name in round_assets(number, experiment, arm)]
+
+
+def validation_assets(done: int) -> list[str]:
+    """The validation evals a stopping rule reads after round `done`: labeled RL's, then each round's student's."""
+    return [layout.LABELED_RL_VALIDATION] + ["/".join(layout.round_asset(number, layout.STUDENT_VALIDATION)) for number in range(1, done + 1)]
+
+
+def stop_reason(rule: RoundsSettings, done: int, validation: Sequence[float] = ()) -> str | None:
+    """Why an arm whose rounds 1..`done` are complete runs no further round, or None when round `done` + 1 is due.
+    `validation[i]` is the greedy validation accuracy after round i (0: labeled RL), read only with a patience."""
+    if done >= rule.max_rounds:
+        return f"max_rounds={rule.max_rounds} reached"
+    if rule.patience is None or done < rule.patience:
         return None
-    for number, state in enumerate(rounds[:planned], start=1):
-        if not state.evaluated:
-            teacher_regressed = number > 1 and rounds[number - 2].regressed
-            return None if teacher_regressed else number
+    if len(validation) != done + 1:
+        raise ValueError(f"a patience reads the validation accuracy of labeled RL and of rounds 1..{done}: got {len(validation)} values")
+    best, best_round = validation[0], 0
+    for number, accuracy in enumerate(validation[1:], start=1):
+        if accuracy > best + rule.min_improvement:
+            best, best_round = accuracy, number
+    if done - best_round >= rule.patience:
+        since = ", ".join(f"{accuracy:.3f}" for accuracy in validation[best_round + 1 :])
+        return (
+            f"patience={rule.patience}: validation accuracy did not improve on round {best_round}'s {best:.3f} "
+            f"(by more than {rule.min_improvement}) in the {done - best_round} round(s) since ({since})"
+        )
     return None

@@ -213,7 +213,7 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
         arm for experiment in experiments.values() for arm in experiment.all_arms()
         if any((directory / arm.name).is_dir() for directory in evaluated)
     ]
-    return arms, max((experiments[arm.experiment].rounds for arm in arms), default=0)
+    return arms, max((experiments[arm.experiment].max_rounds for arm in arms), default=0)
 
 
 def main(mlflow_store: str) -> None:

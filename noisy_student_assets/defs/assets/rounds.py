@@ -1,13 +1,15 @@
 """One Noisy Student round per arm, as one asset per artifact (made by `round_definitions(n)`):
 
     teacher ──► round_00n/generations ──► round_00n/pseudo_labels ──► round_00n/student_checkpoint ──► round_00n/eval_report
-    (labeled RL, or round n-1's student)                                ▲ teacher, generations,            ▲ pseudo-labels, labeled-only
-                                                                        labeled problems, base model       eval, earlier evals
+    (labeled RL, or round n-1's student)                                ▲ teacher, generations,  │         ▲ pseudo-labels, labeled-only
+                                                                        labeled problems,        │           eval, earlier evals
+                                                                        base model               └─► round_00n/student_validation
 
 Every read is a declared input, so the UI draws what fed what, and re-materializing `round_002/pseudo_labels*`
 with a new tau re-runs only the vote, the student and what is downstream: the generations are not an input of
 the vote's settings. Samples are also reused across arms: a sampling run with the same content key (teacher
-weights, problems, settings, prompt format) is read back, not repeated.
+weights, problems, settings, prompt format) is read back, not repeated. `student_validation` (the student on the
+arm's validation problems) is what an arm's patience reads; only arms with one materialize it.
 """
 
 import shutil
@@ -24,6 +26,7 @@ from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table
+from noisy_student_assets.defs.assets.models import checkpoint_eval
 from noisy_student_assets.defs.assets.stages import HEAVY, PROBLEMS_FILE, StageRun, evaluate, stage, train_checkpoint
 from noisy_student_assets.defs.checks import (
     checkpoint_checks,
@@ -52,7 +55,8 @@ def eval_input(key: dg.AssetKey | str) -> dg.AssetIn:
 
 
 def round_definitions(number: int) -> dg.Definitions:
-    """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, eval report."""
+    """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, its validation eval,
+    eval report."""
     key = partial(round_key, number)
     generations_key, labels_key, student_key, report_key = (
         key(layout.GENERATIONS), key(layout.PSEUDO_LABELS), key(layout.STUDENT), key(layout.EVAL_REPORT)
@@ -184,8 +188,9 @@ def round_definitions(number: int) -> dg.Definitions:
             current.settings.regression_tolerance,
         )
 
+    student_validation = checkpoint_eval(key(layout.STUDENT_VALIDATION), student_key, group=round_group(number), problems=layout.VALIDATION_PROBLEMS)
     return dg.Definitions(
-        assets=[generations, pseudo_labels, student_checkpoint, eval_report],
+        assets=[generations, pseudo_labels, student_checkpoint, student_validation, eval_report],
         asset_checks=checkpoint_checks(student_key, partitions_def=ARMS),
     )
 

@@ -1,0 +1,142 @@
+"""Rounds that launch themselves, through declarative automation, while they help.
+
+Every asset of round N carries `round_condition(N)`: requested for an arm once everything the round reads is
+there (round N-1 complete: each of its assets materialized after its inputs' latest materializations, each blocking
+check passed on its latest materialization; round 1: the arm's labeled RL and its evaluations) and the arm's stopping rule lets round
+N run (`core/experiments/progress.py`: `max_rounds`, a patience on validation accuracy). All of a round's assets
+become due in the same evaluation, so the sensor launches them as one run per arm. A round is requested once per
+teacher: a failed round is not retried in a loop, and a re-trained teacher starts it anew. Only the assets the
+arm's experiment file lists are requested (its controls; the validation eval where a patience reads it).
+
+`next_round_automation` evaluates the conditions (*Automation*; off by default, as the grid drives rounds itself).
+It replaces the `next_round_sensor` that did this before with one difference, on purpose: that sensor stopped an
+arm whose held-out accuracy regressed, which chose on the held-out set; the stopping rule reads validation only.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dagster as dg
+
+from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
+from noisy_student_assets.core.experiments.progress import pre_round_assets, round_assets, stop_reason, validation_assets
+from noisy_student_assets.core import layout
+from noisy_student_assets.defs.jobs import RUN_TAGS
+from noisy_student_assets.defs.partitions import teacher_key
+from noisy_student_assets.defs.records import check_outcomes_on, latest_materialization
+
+NEXT_ROUND_AUTOMATION = "next_round_automation"
+
+
+def _key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(name.split("/"))
+
+
+def _latest(instance: dg.DagsterInstance, graph, key: dg.AssetKey, arm: str):
+    return latest_materialization(instance, key, arm if graph.get(key).partitions_def else None)
+
+
+def validation_accuracies(instance: dg.DagsterInstance, arm: str, done: int) -> list[float] | None:
+    """Greedy validation accuracy of labeled RL and of rounds 1..`done`'s students of `arm`, as their materializations
+    recorded it; None while one is missing."""
+    records = [latest_materialization(instance, _key(name), arm) for name in validation_assets(done)]
+    if any(record is None for record in records):
+        return None
+    return [record.asset_materialization.metadata["greedy_accuracy"].value for record in records]
+
+
+def why_not_due(instance: dg.DagsterInstance, graph, experiment, arm: Arm, number: int, run_evaluations: dict | None = None) -> str | None:
+    """Why round `number` of `arm` is not due now, or None when it is."""
+    before = pre_round_assets(experiment, arm) if number == 1 else round_assets(number - 1, experiment, arm)
+    for name in before:
+        node = graph.get(_key(name))
+        record = _latest(instance, graph, node.key, arm.name)
+        if record is None:
+            return f"{name} is not materialized"
+        inputs = [parent for parent in (_latest(instance, graph, key, arm.name) for key in node.parent_keys) if parent]
+        if any(parent.storage_id > record.storage_id for parent in inputs):
+            return f"{name} was materialized before one of its inputs (not redone since)"
+        blocking = [check for check in node.check_keys if graph.get_check_spec(check).blocking]
+        passed = check_outcomes_on(instance, record, blocking, arm.name, run_evaluations)
+        if not all(passed.get(check) for check in blocking):
+            return f"{name}: a blocking check did not pass on its latest materialization"
+    rule = arm.stopping_rule
+    validation = validation_accuracies(instance, arm.name, number - 1) if rule.patience is not None else ()
+    return stop_reason(rule, number - 1, validation or ())
+
+
+class RoundDue(dg.AutomationCondition):
+    """True for the arms whose round `number` is due (`why_not_due`) and whose experiment lists this asset."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    @property
+    def name(self) -> str:
+        return f"{layout.round_prefix(self.number)}_due"
+
+    @property
+    def description(self) -> str:
+        return f"round {self.number - 1} complete with its blocking checks passed, and the arm's stopping rule lets round {self.number} run"
+
+    def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
+        instance, graph = context.asset_graph_view.instance, context.asset_graph
+        arms = {name: experiment for experiment in load_experiments(default_experiments_dir()).values() for name in experiment.arms}
+        name, due, run_evaluations = context.key.to_user_string(), set(), {}
+        for partition in context.candidate_subset.expensively_compute_partition_keys():
+            experiment = arms.get(partition)
+            if experiment is None:
+                continue
+            arm = experiment.arm(partition)
+            if (
+                name in round_assets(self.number, experiment, arm)
+                and why_not_due(instance, graph, experiment, arm, self.number, run_evaluations) is None
+            ):
+                due.add(partition)
+        return dg.AutomationResult(context, context.candidate_subset.compute_intersection_with_partition_keys(due))
+
+
+def round_condition(number: int) -> dg.AutomationCondition:
+    """Round `number`'s assets' condition: due, not in progress, and not requested since the round became due for
+    a missing asset or its teacher was updated."""
+    due = RoundDue(number)
+    handled = (dg.AutomationCondition.newly_requested() | dg.AutomationCondition.newly_updated()).with_label("handled")
+    triggered = (
+        (due & dg.AutomationCondition.missing()).newly_true()
+        | dg.AutomationCondition.asset_matches(teacher_key(number), dg.AutomationCondition.newly_updated())
+    ).with_label("became due, or its teacher was updated")
+    return (due & ~dg.AutomationCondition.in_progress() & triggered.since(handled)).with_label(f"round {number}, when due")
+
+
+def with_round_automation(definitions: dg.Definitions) -> dg.Definitions:
+    """`definitions` with `round_condition` on every round asset (an asset keyed under a round prefix)."""
+
+    def automated(spec: dg.AssetSpec) -> dg.AssetSpec:
+        if len(spec.key.path) < 2:
+            return spec
+        return spec.replace_attributes(automation_condition=round_condition(layout.round_number(spec.key.path[0])))
+
+    with warnings.catch_warnings():  # a preview API of Dagster's: its warning would print on every load of the code location
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return definitions.map_asset_specs(func=automated)
+
+
+def next_round_automation(assets: dg.Definitions) -> dg.Definitions:
+    """The sensor that evaluates the round assets' conditions, over the round assets of `assets` (none: no sensor)."""
+    round_keys = [key for assets_def in assets.assets for key in assets_def.keys if len(key.path) > 1]
+    if not round_keys:
+        return dg.Definitions()
+    with warnings.catch_warnings():  # beta: `use_user_code_server`, which conditions written in Python need
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        sensor = dg.AutomationConditionSensorDefinition(
+            NEXT_ROUND_AUTOMATION,
+            target=dg.AssetSelection.assets(*round_keys),
+            run_tags=RUN_TAGS,
+            minimum_interval_seconds=60,
+            default_status=dg.DefaultSensorStatus.STOPPED,
+            use_user_code_server=True,  # the round conditions are Python of this code location's
+            emit_backfills=False,  # a run per arm and round, as the grid's
+            description="Launches each arm's next round once the previous one is complete and its stopping rule lets it run.",
+        )
+    return dg.Definitions(sensors=[sensor])
