@@ -59,6 +59,7 @@ def tiny_config(tiny_model_dir: Path, rounds: int = 2, tau: float = 0.0, min_cov
             op(prefix, layout.GENERATIONS): {"config": TINY_SAMPLING},
             op(prefix, layout.PSEUDO_LABELS): {"config": {"tau": tau, "min_coverage": min_coverage}},
             op(prefix, layout.STUDENT): {"config": {"grpo": TINY_GRPO}},
+            op(prefix, layout.STUDENT_VALIDATION): {"config": TINY_GREEDY_EVAL},
             op(prefix, layout.EVAL_REPORT): {"config": TINY_EVAL},
         }
         checkpoints.append(op(prefix, layout.STUDENT))

@@ -19,9 +19,9 @@ import warnings
 
 import dagster as dg
 
+from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
 from noisy_student_assets.core.experiments.progress import pre_round_assets, round_assets, stop_reason, validation_assets
-from noisy_student_assets.core import layout
 from noisy_student_assets.defs.jobs import RUN_TAGS
 from noisy_student_assets.defs.partitions import teacher_key
 from noisy_student_assets.defs.records import check_outcomes_on, latest_materialization

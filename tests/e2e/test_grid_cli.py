@@ -155,9 +155,9 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
     assert not gpu_pool.claimed_slots, "the interrupted step's gpu pool slot was freed"
 
 
-def _grid_done(dagster_cli: DagsterCli, config: dict, log: Path, *options: str, env: dict | None = None) -> str:
+def _grid_done(dagster_cli: DagsterCli, config: dict, log: Path, *options: str, env: dict | None = None, experiment: Path = EXPERIMENT) -> str:
     """Run the grid to its end; its output."""
-    grid = dagster_cli.grid(EXPERIMENT, config, log, *options, env=env)
+    grid = dagster_cli.grid(experiment, config, log, *options, env=env)
     assert grid.wait(timeout=900) == 0, log.read_text()[-3000:]
     return log.read_text()
 
@@ -196,3 +196,28 @@ def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_prof
     experiment = load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem]
     assert planned == set(arm_assets(experiment, experiment.arm(ARM))), plan.stdout
     assert f'[grid] shared: {layout.PROBLEM_POOL}: settings changed: profile: "cpu" -> "gpu"' in plan.stdout, plan.stdout
+
+
+def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_accuracy_did_not_improve(
+    dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch
+) -> None:
+    """The grid applies the stopping rule the next-round automation applies (`progress.stop_reason`), on the
+    validation accuracy its own runs recorded: tests/experiments/patience.yaml's arm cannot improve, so round 2 never runs."""
+    patience, arm = EXPERIMENT.parent / "patience.yaml", "patient-grid"
+    config = tiny_config(tiny_model_dir, rounds=2)
+    _enter_home(dagster_cli, monkeypatch)
+    text = _grid_done(dagster_cli, config, tmp_path / "grid.log", experiment=patience)
+    assert f"[grid] arm {arm}: stopped after round 1: patience=1: validation accuracy did not improve on round 0's" in text, text[-3000:]
+    with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
+        made = {
+            name: instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(name.split("/")), asset_partitions=[arm]), limit=1).records
+            for name in (layout.LABELED_RL_VALIDATION, *round_names(1, layout.STUDENT_VALIDATION), *round_names(2, layout.GENERATIONS))
+        }
+    assert made[layout.LABELED_RL_VALIDATION] and made[round_names(1, layout.STUDENT_VALIDATION)[0]], "what the rule read"
+    assert not made[round_names(2, layout.GENERATIONS)[0]], "round 2 never ran"
+
+    plan = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "plan", str(patience), "--config-json", json.dumps(config)],
+        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert plan.returncode == 0 and f"[grid] arm {arm}: up to date" in plan.stdout, "the plan knows the arm stopped: " + plan.stdout

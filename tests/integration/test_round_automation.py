@@ -8,45 +8,22 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import pre_round_assets, round_assets
 from noisy_student_assets.definitions import defs
 from noisy_student_assets.defs.partitions import ARMS
 from tests.conftest import TEST_EXPERIMENTS
+from tests.stand_ins import GRAPH, record
 
 EXPERIMENT = load_experiments(TEST_EXPERIMENTS)["automation"]
-GRAPH = defs.resolve_asset_graph()
-
-
-def _stand_in(key: dg.AssetKey, batch: set[dg.AssetKey], failing: str | None, validation: float | None) -> dg.AssetsDefinition:
-    checks = [check.name for check in GRAPH.get(key).check_keys if GRAPH.get_check_spec(check).blocking]
-    inputs = [parent for parent in GRAPH.get(key).parent_keys if parent in batch]  # so that they run in the real order
-    validated = key.path[-1] in (layout.LABELED_RL_VALIDATION, layout.STUDENT_VALIDATION)
-
-    @dg.asset(key=key, partitions_def=ARMS, deps=inputs, check_specs=[dg.AssetCheckSpec(check, asset=key) for check in checks])
-    def stand_in():
-        yield dg.MaterializeResult(metadata={"greedy_accuracy": validation} if validated else None)
-        for check in checks:
-            yield dg.AssetCheckResult(check_name=check, passed=check != failing)
-
-    return stand_in
-
-
-def _record(instance: dg.DagsterInstance, names: list[str], arm: str, *, failing: str | None = None, validation: float | None = None) -> None:
-    """Materialize stand-ins of `names` for `arm`, each blocking check passed (`failing`: that check failed), and
-    a validation eval recording `validation` as its greedy accuracy."""
-    keys = {dg.AssetKey(name.split("/")) for name in names}
-    stand_ins = [_stand_in(dg.AssetKey(name.split("/")), keys, failing, validation) for name in names]
-    assert dg.materialize(stand_ins, instance=instance, partition_key=arm).success
 
 
 def _ready_for_round_1(instance: dg.DagsterInstance, arm: str, validation: float | None = None) -> None:
-    _record(instance, pre_round_assets(EXPERIMENT, EXPERIMENT.arm(arm)), arm, validation=validation)
+    record(instance, pre_round_assets(EXPERIMENT, EXPERIMENT.arm(arm)), arm, validation=validation)
 
 
 def _round(instance: dg.DagsterInstance, number: int, arm: str, **kwargs) -> None:
-    _record(instance, round_assets(number, EXPERIMENT, EXPERIMENT.arm(arm)), arm, **kwargs)
+    record(instance, round_assets(number, EXPERIMENT, EXPERIMENT.arm(arm)), arm, **kwargs)
 
 
 class Ticks:
@@ -102,7 +79,7 @@ def test_a_retrained_teacher_starts_its_round_anew(instance: dg.DagsterInstance)
     _round(instance, 2, "auto", failing="eval_not_degenerate")  # the round stops at its eval report
     assert tick() == {}
 
-    _record(instance, ["round_001/student_checkpoint"], "auto")
+    record(instance, ["round_001/student_checkpoint"], "auto")
     assert tick() == {}, "round 1's evals are older than its retrained student: round 1 is not complete until they are redone"
     _round(instance, 1, "auto")
     assert tick() == {"auto": set(round_assets(2, EXPERIMENT, EXPERIMENT.arm("auto")))}, "round 2 again, from the new teacher"

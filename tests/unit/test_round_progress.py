@@ -38,5 +38,5 @@ def test_an_improvement_counts_only_past_min_improvement() -> None:
 
 
 def test_a_patience_needs_every_validation_accuracy_up_to_the_round() -> None:
-    with pytest.raises(ValueError, match="rounds 1..2"):
+    with pytest.raises(ValueError, match=r"rounds 1\.\.2"):
         stop_reason(RoundsSettings(max_rounds=5, patience=1), 2, [0.3, 0.4])
