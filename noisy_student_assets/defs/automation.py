@@ -61,9 +61,16 @@ def why_not_due(instance: dg.DagsterInstance, graph, experiment, arm: Arm, numbe
         passed = check_outcomes_on(instance, record, blocking, arm.name, run_evaluations)
         if not all(passed.get(check) for check in blocking):
             return f"{name}: a blocking check did not pass on its latest materialization"
-    rule = arm.stopping_rule
-    validation = validation_accuracies(instance, arm.name, number - 1) if rule.patience is not None else ()
-    return stop_reason(rule, number - 1, validation or ())
+    if arm.stopping_rule.patience is not None and validation_accuracies(instance, arm.name, number - 1) is None:
+        return "a validation eval its patience reads is not materialized"
+    return stopped(instance, arm, number - 1)
+
+
+def stopped(instance: dg.DagsterInstance, arm: Arm, done: int) -> str | None:
+    """Why `arm` runs no round after round `done` (`progress.stop_reason`, on the validation accuracy the instance
+    recorded), or None: the next round may run, or a validation eval the rule reads is not recorded yet."""
+    validation = validation_accuracies(instance, arm.name, done) if arm.stopping_rule.patience is not None else ()
+    return None if validation is None else stop_reason(arm.stopping_rule, done, validation)
 
 
 class RoundDue(dg.AutomationCondition):

@@ -182,34 +182,27 @@ class Grid:
         run; with a patience, one run per round, each round only if the arm's stopping rule lets it run (the rule the
         next-round automation applies). False if a run failed."""
         from noisy_student_assets.core.experiments.progress import arm_assets
+        from noisy_student_assets.defs.automation import stopped
 
         last = arm_rounds(arm, rounds)
         if arm.stopping_rule.patience is None:
             return self._materialize(arm_assets(self.experiment, arm, last), arm)
         for number in range(last + 1):
-            if number and (reason := self._stop_reason(arm, number - 1)):
+            if number and (reason := stopped(self.instance, arm, number - 1)):
                 print(f"[grid] arm {arm.name}: stopped after round {number - 1}: {reason}", flush=True)
                 return True
             if not self._materialize(arm_assets(self.experiment, arm, number), arm):
                 return False
         return True
 
-    def _stop_reason(self, arm, done: int) -> str | None:
-        """Why `arm` runs no round after round `done` (`progress.stop_reason`, on the validation accuracy the instance
-        recorded), or None: the next round is due, or a validation eval it reads is not recorded yet."""
-        from noisy_student_assets.core.experiments.progress import stop_reason
-        from noisy_student_assets.defs.automation import validation_accuracies
-
-        validation = validation_accuracies(self.instance, arm.name, done) if arm.stopping_rule.patience is not None else ()
-        return None if validation is None else stop_reason(arm.stopping_rule, done, validation)
-
     def _known_targets(self, arm, rounds: int | None) -> list[str]:
         """The assets of `arm` up to round `rounds`, less the rounds its stopping rule rules out from what the
         instance recorded so far."""
         from noisy_student_assets.core.experiments.progress import arm_assets
+        from noisy_student_assets.defs.automation import stopped
 
         last = arm_rounds(arm, rounds)
-        return arm_assets(self.experiment, arm, next((done for done in range(last) if self._stop_reason(arm, done)), last))
+        return arm_assets(self.experiment, arm, next((done for done in range(last) if stopped(self.instance, arm, done)), last))
 
     def check_outcomes(self) -> list[dict]:
         """Each check of every arm's assets (and of the shared ones) on the asset's latest materialization: passed,
