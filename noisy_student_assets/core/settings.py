@@ -470,7 +470,6 @@ class SmokeSettings(Settings):
     )
 
 
-
 # --- rounds ----------------------------------------------------------------------------------------------
 
 
@@ -489,6 +488,7 @@ class RoundsSettings(Settings):
     min_improvement: float = Field(
         default=0.0, ge=0, le=1, description="validation accuracy a round must gain over the best so far to count as an improvement"
     )
+
 
 def resolved(settings: Settings) -> dict:
     """The settings a materialization ran with, every default filled in (the profile's problem source too)."""

@@ -37,6 +37,10 @@ def _latest(instance: dg.DagsterInstance, graph, key: dg.AssetKey, arm: str):
     return latest_materialization(instance, key, arm if graph.get(key).partitions_def else None)
 
 
+def _is_round_asset(key: dg.AssetKey) -> bool:
+    return len(key.path) > 1 and key.path[0].startswith(layout.ROUND_PREFIX)
+
+
 def validation_accuracies(instance: dg.DagsterInstance, arm: str, done: int) -> list[float] | None:
     """Greedy validation accuracy of labeled RL and of rounds 1..`done`'s students of `arm`, as their materializations
     recorded it; None while one is missing."""
@@ -61,16 +65,23 @@ def why_not_due(instance: dg.DagsterInstance, graph, experiment, arm: Arm, numbe
         passed = check_outcomes_on(instance, record, blocking, arm.name, run_evaluations)
         if not all(passed.get(check) for check in blocking):
             return f"{name}: a blocking check did not pass on its latest materialization"
-    if arm.stopping_rule.patience is not None and validation_accuracies(instance, arm.name, number - 1) is None:
+    validation = _rule_inputs(instance, arm, number - 1)
+    if validation is None:
         return "a validation eval its patience reads is not materialized"
-    return stopped(instance, arm, number - 1)
+    return stop_reason(arm.stopping_rule, number - 1, validation)
 
 
 def stopped(instance: dg.DagsterInstance, arm: Arm, done: int) -> str | None:
     """Why `arm` runs no round after round `done` (`progress.stop_reason`, on the validation accuracy the instance
     recorded), or None: the next round may run, or a validation eval the rule reads is not recorded yet."""
-    validation = validation_accuracies(instance, arm.name, done) if arm.stopping_rule.patience is not None else ()
+    validation = _rule_inputs(instance, arm, done)
     return None if validation is None else stop_reason(arm.stopping_rule, done, validation)
+
+
+def _rule_inputs(instance: dg.DagsterInstance, arm: Arm, done: int) -> list[float] | tuple | None:
+    """The validation accuracies `arm`'s stopping rule reads after round `done`: none without a patience, None while
+    one is not recorded."""
+    return validation_accuracies(instance, arm.name, done) if arm.stopping_rule.patience is not None else ()
 
 
 class RoundDue(dg.AutomationCondition):
@@ -120,7 +131,7 @@ def with_round_automation(definitions: dg.Definitions) -> dg.Definitions:
     """`definitions` with `round_condition` on every round asset (an asset keyed under a round prefix)."""
 
     def automated(spec: dg.AssetSpec) -> dg.AssetSpec:
-        if len(spec.key.path) < 2:
+        if not _is_round_asset(spec.key):
             return spec
         return spec.replace_attributes(automation_condition=round_condition(layout.round_number(spec.key.path[0])))
 
@@ -131,7 +142,7 @@ def with_round_automation(definitions: dg.Definitions) -> dg.Definitions:
 
 def next_round_automation(assets: dg.Definitions) -> dg.Definitions:
     """The sensor that evaluates the round assets' conditions, over the round assets of `assets` (none: no sensor)."""
-    round_keys = [key for assets_def in assets.assets for key in assets_def.keys if len(key.path) > 1]
+    round_keys = [key for assets_def in assets.assets for key in assets_def.keys if _is_round_asset(key)]
     if not round_keys:
         return dg.Definitions()
     with warnings.catch_warnings():  # beta: `use_user_code_server`, which conditions written in Python need

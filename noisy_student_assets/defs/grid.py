@@ -181,10 +181,10 @@ class Grid:
         """Materialize what is missing or stale of one arm up to round `rounds` (default: its `max_rounds`), in one
         run; with a patience, one run per round, each round only if the arm's stopping rule lets it run (the rule the
         next-round automation applies). False if a run failed."""
-        from noisy_student_assets.core.experiments.progress import arm_assets
+        from noisy_student_assets.core.experiments.progress import arm_assets, last_round
         from noisy_student_assets.defs.automation import stopped
 
-        last = arm_rounds(arm, rounds)
+        last = last_round(arm, rounds)
         if arm.stopping_rule.patience is None:
             return self._materialize(arm_assets(self.experiment, arm, last), arm)
         for number in range(last + 1):
@@ -198,10 +198,10 @@ class Grid:
     def _known_targets(self, arm, rounds: int | None) -> list[str]:
         """The assets of `arm` up to round `rounds`, less the rounds its stopping rule rules out from what the
         instance recorded so far."""
-        from noisy_student_assets.core.experiments.progress import arm_assets
+        from noisy_student_assets.core.experiments.progress import arm_assets, last_round
         from noisy_student_assets.defs.automation import stopped
 
-        last = arm_rounds(arm, rounds)
+        last = last_round(arm, rounds)
         return arm_assets(self.experiment, arm, next((done for done in range(last) if stopped(self.instance, arm, done)), last))
 
     def check_outcomes(self) -> list[dict]:
@@ -351,11 +351,6 @@ def _materialize_arm(job: tuple) -> bool:
     path, run_config, launcher, rounds, arm_name = job
     grid = Grid(path, run_config, launcher)
     return grid.materialize_arm(grid.experiment.arm(arm_name), rounds)
-
-
-def arm_rounds(arm, rounds: int | None) -> int:
-    """The last round of `arm` a grid run goes to: `rounds` (the command line's), at most the arm's `max_rounds`."""
-    return arm.stopping_rule.max_rounds if rounds is None else min(rounds, arm.stopping_rule.max_rounds)
 
 
 def with_experiment_resources(experiment, kind: str | None = None) -> dict:

@@ -33,10 +33,16 @@ def round_assets(number: int, experiment, arm) -> list[str]:
     return layout.round_asset_names(number, experiment.controls, validated(arm))
 
 
+def last_round(arm, rounds: int | None = None) -> int:
+    """The last round of `arm` up to round `rounds` (default and at most: its `max_rounds`)."""
+    return arm.stopping_rule.max_rounds if rounds is None else min(rounds, arm.stopping_rule.max_rounds)
+
+
 def arm_assets(experiment, arm, rounds: int | None = None) -> list[str]:
-    """Every asset of `arm` up to round `rounds` (default and at most: its `max_rounds`), in dependency order."""
-    last = arm.stopping_rule.max_rounds if rounds is None else min(rounds, arm.stopping_rule.max_rounds)
-    return pre_round_assets(experiment, arm) + [name for number in range(1, last + 1) for name in round_assets(number, experiment, arm)]
+    """Every asset of `arm` up to round `last_round(arm, rounds)`, in dependency order."""
+    return pre_round_assets(experiment, arm) + [
+        name for number in range(1, last_round(arm, rounds) + 1) for name in round_assets(number, experiment, arm)
+    ]
 
 
 def validation_assets(done: int) -> list[str]:
