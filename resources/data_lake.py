@@ -124,6 +124,9 @@ class DataLake(dg.ConfigurableResource):
             (staged / name).write_text(text)
         return self.publish(staged, asset_key, partition_key) / layout.TABLE_FILE_NAME
 
+    def has_table(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> bool:
+        return (self.artifact_dir(asset_key, partition_key) / layout.TABLE_FILE_NAME).exists()
+
     def read_table(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> pl.DataFrame:
         path = self.artifact_dir(asset_key, partition_key) / layout.TABLE_FILE_NAME
         if not path.exists():

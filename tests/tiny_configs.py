@@ -17,6 +17,10 @@ TINY_EVAL = {"backend": "transformers", "max_new_tokens": 8, "samples": 2, "ks":
 TINY_SMOKE = {"prompts": 2, "max_new_tokens": 8, "max_empty_rate": 1.0, "max_truncation_rate": 1.0}
 TINY_GREEDY_EVAL = TINY_EVAL | {"samples": 0, "ks": []}
 TINY_SAMPLING = {"backend": "transformers", "k": 3, "max_new_tokens": 8, "shard_size": 2}
+TINY_VERIFIER = {
+    "backend": "transformers", "k": 4, "temperature": 1.0, "max_new_tokens": 8, "max_steps": 2, "pairs_per_step": 2, "max_length": 64,
+    "score_batch_size": 4,
+}  # fmt: skip
 N_LABELED, N_UNLABELED, N_VALIDATION = 4, 6, 3
 TWO_DIGIT = {"kind": "reasoning_gym", "name": "basic_arithmetic", "task_options_json": TWO_DIGIT_ADDITION}
 
@@ -57,6 +61,7 @@ def tiny_config(tiny_model_dir: Path, rounds: int = 2, tau: float = 0.0, min_cov
         prefix = layout.round_prefix(number)
         ops |= {
             op(prefix, layout.GENERATIONS): {"config": TINY_SAMPLING},
+            op(prefix, layout.VERIFIER): {"config": TINY_VERIFIER},
             op(prefix, layout.PSEUDO_LABELS): {"config": {"tau": tau, "min_coverage": min_coverage}},
             op(prefix, layout.STUDENT): {"config": {"grpo": TINY_GRPO}},
             op(prefix, layout.STUDENT_VALIDATION): {"config": TINY_GREEDY_EVAL},

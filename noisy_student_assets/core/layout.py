@@ -29,6 +29,10 @@ LABELED_RL_VALIDATION = "labeled_rl_validation"
 
 # One per arm and round, under the round's prefix.
 GENERATIONS = "generations"
+VERIFIER = "verifier"
+"""The round's outcome verifier, trained on the teacher's samples of labeled problems (arms whose label source reads it)."""
+VERIFIER_SCORES = "verifier_scores"
+"""The verifier's score of each of the round's samples: what the vote of such an arm reads."""
 PSEUDO_LABELS = "pseudo_labels"
 STUDENT = "student_checkpoint"
 STUDENT_VALIDATION = "student_validation"
@@ -86,11 +90,16 @@ def control_eval(control: str) -> str:
     return f"{control}_eval"
 
 
-def round_asset_names(number: int, controls: tuple[str, ...], validated: bool = False) -> list[str]:
+def round_asset_names(number: int, controls: tuple[str, ...], validated: bool = False, verified: bool = False) -> list[str]:
     """Round `number`'s assets of an arm whose experiment runs `controls`, in dependency order, as key
     paths joined by '/' (`round_001/generations`, ..., `round_001/eval_report`); `validated`: with the student's
-    validation eval."""
-    chain = [GENERATIONS, PSEUDO_LABELS, STUDENT] + ([STUDENT_VALIDATION] if validated else [])
+    validation eval; `verified`: with the verifier and its scores, which the vote reads."""
+    chain = (
+        [GENERATIONS]
+        + ([VERIFIER, VERIFIER_SCORES] if verified else [])
+        + [PSEUDO_LABELS, STUDENT]
+        + ([STUDENT_VALIDATION] if validated else [])
+    )
     for control in controls:
         chain += [control_checkpoint(control), control_eval(control)]
     return ["/".join(round_asset(number, name)) for name in [*chain, EVAL_REPORT]]

@@ -9,6 +9,10 @@ Reproducibility: a seed fixes the samples of both backends, but differently.  tr
 from one generator seeded per call, so samples also depend on ``batch_size`` and problem order.
 vLLM gives every problem a generator of its own, so a problem's samples depend only on the
 checkpoint, its prompt and id, and the settings.
+
+Every sample also carries its tokens' log-probabilities under the model's own distribution, before
+temperature and top-p (vLLM's raw logprobs; for transformers, a forward pass over each generated
+batch): the model's confidence in what it sampled, whatever the decoding settings.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +35,9 @@ from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT, prompt_temp
 from noisy_student_assets.core.settings import BACKENDS, DTYPES
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from vllm.outputs import CompletionOutput
 
     from noisy_student_assets.core.settings import ComputeSettings, TeacherSamplingSettings
 
@@ -44,11 +51,17 @@ GENERATION_SCHEMA = pl.Schema(
         "answer": pl.Utf8,
         "n_tokens": pl.Int32,
         "finish_reason": pl.Utf8,
+        "token_logprobs": pl.List(pl.Float64),
+        "mean_logprob": pl.Float64,
         "checkpoint": pl.Utf8,
         "backend": pl.Utf8,
         "sampling": pl.Utf8,
     }
 )
+
+GENERATIONS_FORMAT = 2
+"""What a generations table holds (2 adds the token log-probabilities), in the sampling cache key: samples of an
+older format are not reused."""
 
 # vLLM on CPU, when the caller's environment does not say otherwise. Without an explicit KV cache
 # size the CPU worker claims gpu_memory_utilization (0.92 by default) of *all* RAM, and fails on a
@@ -60,6 +73,9 @@ VLLM_CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVE
 
 VLLM_MIN_BATCHED_TOKENS = 4096
 """vLLM's own default token budget per engine step on CPU; raised only for longer sequences."""
+
+LOGPROB_ROWS_PER_PASS = 8
+"""Generated rows the transformers backend scores per forward pass: its logits hold rows x length x vocabulary."""
 
 Progress = Callable[[int, int], None]
 ShardCallback = Callable[[int, pl.DataFrame], None]
@@ -105,6 +121,9 @@ class Sample:
     """Generated tokens, the end-of-sequence token included."""
     finish_reason: str
     """``"stop"`` (end-of-sequence emitted) or ``"length"`` (``max_new_tokens`` reached)."""
+    token_logprobs: tuple[float, ...]
+    """Each generated token's log-probability (``n_tokens`` of them) under the model's raw distribution: the
+    log-softmax of its logits, before temperature and top-p."""
 
 
 def generate_samples(
@@ -210,6 +229,7 @@ def sampling_cache_key(
         "settings": settings.as_dict(),
         "backend": backend,
         "prompt_template": prompt_template,
+        "generations_format": GENERATIONS_FORMAT,
     }
     if backend == "transformers":
         identity["batch_size"] = batch_size
@@ -347,6 +367,8 @@ def _samples_table(
             "answer": extract_answer(sample.completion),
             "n_tokens": sample.n_tokens,
             "finish_reason": sample.finish_reason,
+            "token_logprobs": list(sample.token_logprobs),
+            "mean_logprob": statistics.fmean(sample.token_logprobs) if sample.token_logprobs else None,
             "checkpoint": checkpoint,
             "backend": backend,
             "sampling": sampling,
@@ -404,13 +426,39 @@ def _sample_with_transformers(
                         max_new_tokens=settings.max_new_tokens,
                         num_return_sequences=settings.n,
                     )
-                    generated = output[:, inputs["input_ids"].shape[1] :].tolist()
-                    decoded = [_decode_generated(tokenizer, ids, stop_ids) for ids in generated]
+                    prompt_mask = inputs["attention_mask"].repeat_interleave(settings.n, dim=0)
+                    logprobs = _generated_token_logprobs(model, output, prompt_mask)
+                    generated = output[:, prompt_mask.shape[1] :].tolist()
+                    decoded = [
+                        _decode_generated(tokenizer, ids, row_logprobs, stop_ids)
+                        for ids, row_logprobs in zip(generated, logprobs, strict=True)
+                    ]
                     shard_samples.extend(_chunks(decoded, settings.n))  # rows come grouped by prompt
                 shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
     return sample_sets
+
+
+def _generated_token_logprobs(model: PreTrainedModel, sequences: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[float]]:
+    """The log-probability of every generated token of ``sequences`` (``generate``'s output: left-padded prompts
+    whose mask is ``prompt_mask``, then the new tokens) under the model's raw distribution, from teacher-forced
+    forward passes over a few rows at a time. Not ``generate(output_logits=True)``: that keeps the logits of
+    every step, steps x rows x vocabulary, for the whole batch."""
+    import torch
+
+    prompt_length = prompt_mask.shape[1]
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(sequences.shape[0], sequences.shape[1] - prompt_length)], dim=1)
+    # The positions generate gave: counted from each row's first prompt token, past the left padding.
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logprobs = []
+    for start in range(0, sequences.shape[0], LOGPROB_ROWS_PER_PASS):
+        rows = slice(start, start + LOGPROB_ROWS_PER_PASS)
+        logits = model(input_ids=sequences[rows], attention_mask=mask[rows], position_ids=positions[rows]).logits
+        # The logits at position t predict token t + 1.
+        predicted = logits[:, prompt_length - 1 : -1].float().log_softmax(-1)
+        logprobs.append(predicted.gather(-1, sequences[rows, prompt_length:, None]).squeeze(-1))
+    return torch.cat(logprobs).tolist()
 
 
 def _transformers_sampling_kwargs(settings: SamplingSettings) -> dict:
@@ -427,14 +475,16 @@ def _stop_token_ids(generation_eos: int | list[int] | None, tokenizer: PreTraine
     return set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
 
 
-def _decode_generated(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop_ids: set[int]) -> Sample:
-    """Cut one generated row after its first stop token (the rest is padding) and decode it."""
+def _decode_generated(tokenizer: PreTrainedTokenizerBase, ids: list[int], logprobs: list[float], stop_ids: set[int]) -> Sample:
+    """Cut one generated row (and its tokens' log-probabilities) after its first stop token (the rest is padding)
+    and decode it."""
     stop_at = next((position for position, token in enumerate(ids) if token in stop_ids), None)
     kept = ids if stop_at is None else ids[: stop_at + 1]
     return Sample(
         completion=tokenizer.decode(kept, skip_special_tokens=True),
         n_tokens=len(kept),
         finish_reason="length" if stop_at is None else "stop",
+        token_logprobs=tuple(logprobs[: len(kept)]),
     )
 
 
@@ -463,6 +513,7 @@ def _sample_with_vllm(
         dtype=dtype,
         seed=settings_list[0].seed,
         max_model_len=max_model_len,
+        logprobs_mode="raw_logprobs",  # vLLM's default, named: the logprobs must be untempered and unfiltered
         **(_vllm_cpu_engine_args(max_model_len) if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
     )
     sample_sets: list[list[list[Sample]]] = []
@@ -473,10 +524,7 @@ def _sample_with_vllm(
                 prompts = [{"prompt_token_ids": prompt_ids[index]} for index in shard]
                 params = [_vllm_sampling_params(settings, problem_ids[index]) for index in shard]
                 outputs = llm.generate(prompts, params, use_tqdm=False)
-                shard_samples = [
-                    [Sample(c.text, len(c.token_ids), c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)]
-                    for o in outputs
-                ]
+                shard_samples = [[_vllm_sample(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outputs]
                 shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
@@ -485,6 +533,12 @@ def _sample_with_vllm(
         # memory and cores for whatever runs next (another engine, the transformers backend).
         llm.llm_engine.engine_core.shutdown()
     return sample_sets
+
+
+def _vllm_sample(completion: CompletionOutput) -> Sample:
+    """One of vLLM's ``CompletionOutput``s; its ``logprobs`` hold, for each generated token, the chosen token's alone."""
+    logprobs = tuple(position[token].logprob for token, position in zip(completion.token_ids, completion.logprobs, strict=True))
+    return Sample(completion.text, len(completion.token_ids), completion.finish_reason, logprobs)
 
 
 def _vllm_cpu_engine_args(max_model_len: int) -> dict:
@@ -515,4 +569,5 @@ def _vllm_sampling_params(settings: SamplingSettings, problem_id: str):
         top_p=settings.top_p,
         max_tokens=settings.max_new_tokens,
         seed=int.from_bytes(digest[:6], "big"),
+        logprobs=0,  # the chosen token's logprob alone, at each position
     )

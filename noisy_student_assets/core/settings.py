@@ -410,12 +410,47 @@ class TeacherSamplingSettings(Settings):
 
 
 class PseudoLabelSettings(Settings):
-    """The majority vote over the teacher's samples: which labels to keep, and the floors below which the round
-    must not train on them."""
+    """The vote over the teacher's samples: whose judgement weighs each sample (the label source), which labels to
+    keep, and the floors below which the round must not train on them."""
 
-    tau: float = Field(default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement >= tau")
+    label_source: str = Field(
+        default="majority", description="who weighs each sample's vote: a label source registered in pseudo_labels/sources/registry.py"
+    )
+    drop_least_confident: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="label source confidence: share of each problem's samples, the least confident, left out of the vote",
+    )
+    tau: float = Field(
+        default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement (the winner's share of the vote's weight) >= tau"
+    )
     min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
     min_mean_agreement: float = Field(default=0.0, ge=0, le=1, description="floor on the mean vote agreement")
+
+
+class VerifierSettings(Settings):
+    """A round's outcome verifier: the teacher's backbone with a scalar head and LoRA, trained with TRL's
+    `RewardTrainer` (Bradley-Terry) on pairs of the teacher's right and wrong samples of labeled problems (graded
+    against their gold), and measured on its samples of the validation problems. The unlabeled problems never reach
+    it; it only scores their samples."""
+
+    k: int = Field(default=by_profile(cpu=4, gpu=8), ge=2, description="the teacher's samples per labeled and per validation problem")
+    temperature: float = Field(default=by_profile(cpu=0.8, gpu=1.0), gt=0, description="their sampling temperature")
+    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    backend: Backend = Field(default="vllm", description="vllm | transformers: how the teacher samples them")
+    seed: int = Field(default=0, description="sampling and training seed (arm field `seed`)")
+    max_pairs_per_problem: int = Field(default=4, ge=1, description="(right, wrong) sample pairs taken from each labeled problem at most")
+    max_steps: int = Field(default=by_profile(cpu=24, gpu=300), ge=1, description="optimizer steps of the reward model")
+    pairs_per_step: int = Field(default=by_profile(cpu=8, gpu=32), ge=1, description="pairs per optimizer step")
+    learning_rate: float = Field(default=by_profile(cpu=2e-4, gpu=5e-5), gt=0, description="peak learning rate, decaying linearly to 0")
+    max_length: int = Field(
+        default=by_profile(cpu=256, gpu=1024), ge=16, description="tokens of prompt + completion the verifier reads at most"
+    )
+    use_lora: bool = Field(default=True, description="LoRA adapters on the backbone (the scalar head trains whole); false: every weight")
+    lora_r: int = Field(default=16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator")
+    score_batch_size: int = Field(default=by_profile(cpu=16, gpu=64), ge=1, description="samples scored per forward pass")
 
 
 # --- evaluation and checks -------------------------------------------------------------------------------

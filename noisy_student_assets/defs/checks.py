@@ -23,6 +23,7 @@ EVAL_NOT_DEGENERATE = "eval_not_degenerate"
 FINITE_WEIGHTS = "finite_weights"
 SMOKE_GENERATION = "smoke_generation"
 COMPUTE_MATCHED = "compute_matched"
+VERIFIER_INFORMATIVE = "verifier_informative"
 
 
 def pseudo_label_quality_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
@@ -62,6 +63,28 @@ def eval_not_degenerate(asset_key: dg.AssetKey, health: OutputHealth, failure: s
         description=failure,
         severity=dg.AssetCheckSeverity.ERROR,
         metadata=health.as_dict(),
+    )
+
+
+def verifier_informative_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        VERIFIER_INFORMATIVE,
+        asset=asset_key,
+        blocking=True,
+        description="Blocking: the verifier's scores of the validation problems' samples are finite and not all the same; "
+        "otherwise its votes would be noise (or no votes at all) and nothing downstream runs.",
+    )
+
+
+def verifier_informative(asset_key: dg.AssetKey, failure: str | None, metrics: dict[str, float]) -> dg.AssetCheckResult:
+    """ERROR when the verifier cannot tell samples apart (`failure`: why, from `verifier.score_failure`)."""
+    return dg.AssetCheckResult(
+        check_name=VERIFIER_INFORMATIVE,
+        asset_key=asset_key,
+        passed=failure is None,
+        description=failure,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={name: float(value) for name, value in metrics.items() if value is not None},
     )
 
 

@@ -22,6 +22,7 @@ from noisy_student_assets.core.settings import (
     SmokeSettings,
     StudentSettings,
     TeacherSamplingSettings,
+    VerifierSettings,
 )
 from noisy_student_assets.core.training.modes.registry import accepted
 from resources.derived import derived_class
@@ -54,6 +55,7 @@ BaseModelConfig = stage_config(BaseModelSettings)
 LabeledRLConfig = stage_config(LabeledRLSettings)
 SamplingConfig = stage_config(TeacherSamplingSettings)
 PseudoLabelConfig = stage_config(PseudoLabelSettings)
+VerifierConfig = stage_config(VerifierSettings)
 StudentConfig = stage_config(StudentSettings)
 LabeledOnlyConfig = stage_config(LabeledOnlySettings)
 EvalConfig = stage_config(EvalSettings)

@@ -1,5 +1,6 @@
 """The configuration reference (`docs/configuration.md`), generated from the code: every op's settings with their
-defaults under both profiles and their help, the arm fields and what they set, the student modes, the resources.
+defaults under both profiles and their help, the arm fields and what they set, the student modes, the label sources,
+the resources.
 
     python -m noisy_student_assets.defs.reference > docs/configuration.md     # `make docs`
 
@@ -103,6 +104,7 @@ def _op_groups(ops: dict) -> dict[str, list[str]]:
 def render() -> str:
     """The reference page."""
     from noisy_student_assets.core.experiments.arms import ARM_FIELDS
+    from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
     from noisy_student_assets.core.settings import SOURCE_KIND_FIELDS
     from noisy_student_assets.core.training.modes.registry import MODES
 
@@ -145,6 +147,9 @@ def render() -> str:
         lines.append(f"| `{name}` | {targets} | {_cell(field.help or field.setting().description or '')} |")
     lines += ["", "## Student modes (`mode`)", "", "Registered in `core/training/modes/registry.py`.", "", "| mode | trains |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(mode.description)} |" for name, mode in MODES.items()]
+    lines += ["", "## Label sources (`label_source`)", "", "Registered in `core/pseudo_labels/sources/registry.py`.", ""]
+    lines += ["| source | weighs each sample's vote by |", "|---|---|"]
+    lines += [f"| `{name}` | {_cell(source.description)} |" for name, source in SOURCES.items()]
     lines += ["", "## Resources", ""]
     for name, resource in cpu["resources"].items():
         # The lake and the compute nest into other resources (IO managers, stage_resources): each is documented once.

@@ -8,7 +8,14 @@ from typing import Annotated, Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, LauncherSettings, StudentSettings, TeacherSamplingSettings
+from noisy_student_assets.core.settings import (
+    ComputeSettings,
+    EvalSettings,
+    LauncherSettings,
+    StudentSettings,
+    TeacherSamplingSettings,
+    VerifierSettings,
+)
 
 
 class _Spec(BaseModel):
@@ -81,7 +88,35 @@ class EvalSpec(_Spec):
         return 0, _rows(self.problems) * (1 + self.settings.samples)  # a greedy completion and the sampled ones
 
 
+class VerifierSpec(_Spec):
+    """A round's verifier: the teacher's samples of the labeled and validation problems (parquet, with their gold),
+    the reward model trained on the labeled ones and measured on the others, written into `output_dir`."""
+
+    stage: Literal["verifier"] = "verifier"
+    teacher_dir: str
+    labeled: str
+    validation: str
+    settings: VerifierSettings
+    output_dir: str
+
+    def work(self) -> tuple[int, int]:
+        return self.settings.max_steps, (_rows(self.labeled) + _rows(self.validation)) * self.settings.k
+
+
+class ScoreSpec(_Spec):
+    """The verifier's score of each sample of `samples` (parquet: problem_id, sample_index, prompt, completion),
+    written to `output` (parquet)."""
+
+    stage: Literal["score"] = "score"
+    verifier_dir: str
+    samples: str
+    output: str
+
+    def work(self) -> tuple[int, int]:
+        return 0, _rows(self.samples)  # a forward pass each, far cheaper than generating one
+
+
 class StageSpec(BaseModel):
     """Any stage's spec, told apart by `stage`."""
 
-    spec: Annotated[SampleSpec | TrainSpec | EvalSpec, Field(discriminator="stage")]
+    spec: Annotated[SampleSpec | TrainSpec | EvalSpec | VerifierSpec | ScoreSpec, Field(discriminator="stage")]

@@ -12,7 +12,7 @@ from typing import Protocol
 import polars as pl
 
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
-from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, TrainSpec
+from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, ScoreSpec, TrainSpec, VerifierSpec
 
 ERROR, RESULT, STEP = "error", "result", "step"
 """The keys of the custom messages a payload sends through Pipes: its failure, its result, one step's logs."""
@@ -102,9 +102,36 @@ def evaluate(spec: EvalSpec, reporter: Reporter) -> dict:
     return {"resumed_passes": resumed}
 
 
-STAGES = {"sample": sample, "train": train, "evaluate": evaluate}
+def verifier(spec: VerifierSpec, reporter: Reporter) -> dict:
+    from noisy_student_assets.core.verifier import build_verifier
+
+    metrics = build_verifier(
+        Path(spec.teacher_dir),
+        pl.read_parquet(spec.labeled),
+        pl.read_parquet(spec.validation),
+        spec.settings,
+        spec.compute,
+        Path(spec.output_dir),
+        work_dir=Path(spec.work_dir),
+        report_to=list(reporter.report_to),
+        callbacks=[_step_callback(reporter)],
+        progress=reporter.info,
+    )
+    return {"metrics": metrics}
 
 
-def run(spec: SampleSpec | TrainSpec | EvalSpec, reporter: Reporter) -> dict:
+def score(spec: ScoreSpec, reporter: Reporter) -> dict:
+    from noisy_student_assets.core.verifier import score_round
+
+    scores = score_round(Path(spec.verifier_dir), pl.read_parquet(spec.samples), spec.compute)
+    scores.write_parquet(spec.output)
+    reporter.info(f"scored {scores.height} samples")
+    return {"samples": scores.height}
+
+
+STAGES = {"sample": sample, "train": train, "evaluate": evaluate, "verifier": verifier, "score": score}
+
+
+def run(spec: SampleSpec | TrainSpec | EvalSpec | VerifierSpec | ScoreSpec, reporter: Reporter) -> dict:
     """Run the stage `spec` names."""
     return STAGES[spec.stage](spec, reporter)

@@ -1,24 +1,27 @@
 """Sampling with the transformers and vLLM backends, on tiny random Llamas (real libraries, no mocks).
 
-Each vLLM engine start costs about 30 s on a 2-core CPU; the vLLM tests start three.
+Each vLLM engine start costs about 30 s on a 2-core CPU; the vLLM tests start five.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from noisy_student_assets.core.grading import extract_answer
+from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT, render_prompt
 from noisy_student_assets.core.sampling import (
     GENERATION_SCHEMA,
     Sample,
     SampleShards,
     SamplingSettings,
     _decode_generated,
+    _samples_table,
     generate_sample_sets,
     generate_samples,
     generate_samples_resumable,
@@ -33,6 +36,8 @@ PROBLEMS = pl.DataFrame(
 )
 SAMPLING = SamplingSettings(n=4, temperature=1.0, top_p=0.95, max_new_tokens=12, seed=3)
 GREEDY = SamplingSettings(n=1, temperature=0.0, max_new_tokens=16)
+TEMPERED = SamplingSettings(n=3, temperature=0.5, top_p=0.9, max_new_tokens=6, seed=7)
+LOGPROB_COLUMNS = ("token_logprobs", "mean_logprob")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +81,38 @@ def assert_finish_reasons_consistent(samples: pl.DataFrame, max_new_tokens: int)
     lengths = samples.filter(pl.col("finish_reason") == "length")["n_tokens"]
     assert (lengths == max_new_tokens).all()
     assert samples["n_tokens"].is_between(1, max_new_tokens).all()
+
+
+def assert_logprobs_close(samples: pl.DataFrame, expected: pl.DataFrame) -> None:
+    """The same tokens' logprobs, up to the float32 rounding that another backend or batching brings."""
+    assert samples["token_logprobs"].explode().to_list() == pytest.approx(expected["token_logprobs"].explode().to_list(), abs=1e-3)
+
+
+def teacher_forced_logprobs(
+    model_dir: Path, problems: pl.DataFrame, samples: pl.DataFrame, temperature: float
+) -> tuple[list[float], list[float]]:
+    """Every sampled token's log-probability, raw and at `temperature`, computed apart from the backends: one
+    unpadded forward pass per sample, in float32. The samples' token ids are their completions tokenized again
+    (and the end-of-turn token when they stopped), which holds for the sevens model's "7"s."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompts = dict(zip(problems["problem_id"], problems["prompt"], strict=True))
+    raw, tempered = [], []
+    for sample in samples.iter_rows(named=True):
+        rendered = render_prompt(tokenizer, prompts[sample["problem_id"]], DEFAULT_SYSTEM_PROMPT)
+        prompt = tokenizer(rendered, add_special_tokens=False).input_ids
+        generated = tokenizer(sample["completion"], add_special_tokens=False).input_ids
+        generated += [tokenizer.eos_token_id] if sample["finish_reason"] == "stop" else []
+        assert len(generated) == sample["n_tokens"], "the completion tokenizes back into its tokens"
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
+        tokens = torch.tensor(generated)[:, None]
+        raw += logits.log_softmax(-1).gather(-1, tokens).squeeze(-1).tolist()
+        tempered += (logits / temperature).log_softmax(-1).gather(-1, tokens).squeeze(-1).tolist()
+    return raw, tempered
 
 
 # --- transformers backend -------------------------------------------------------------------------
@@ -137,9 +174,17 @@ def test_generation_is_cut_after_the_first_stop_token(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     eos = tokenizer.eos_token_id
     words = tokenizer("The answer is 5", add_special_tokens=False).input_ids
-    stopped = _decode_generated(tokenizer, [*words, eos, eos, eos], {eos})  # padded with EOS after the stop
-    assert stopped == Sample("The answer is 5", len(words) + 1, "stop")
-    assert _decode_generated(tokenizer, words, {eos}) == Sample("The answer is 5", len(words), "length")
+    logprobs = [-0.5 * position for position in range(1, len(words) + 4)]
+    stopped = _decode_generated(tokenizer, [*words, eos, eos, eos], logprobs, {eos})  # padded with EOS after the stop
+    assert stopped == Sample("The answer is 5", len(words) + 1, "stop", tuple(logprobs[: len(words) + 1]))
+    unstopped = _decode_generated(tokenizer, words, logprobs[: len(words)], {eos})
+    assert unstopped == Sample("The answer is 5", len(words), "length", tuple(logprobs[: len(words)]))
+
+
+def test_mean_logprob_is_null_without_tokens():
+    table = _samples_table(["p-empty"], [[Sample("", 0, "length", ())]], checkpoint="c", backend="vllm", sampling="{}")
+    assert table.schema == GENERATION_SCHEMA
+    assert table["token_logprobs"].to_list() == [[]] and table["mean_logprob"].to_list() == [None]
 
 
 # --- input validation -----------------------------------------------------------------------------
@@ -189,6 +234,32 @@ def test_vllm_and_transformers_agree_on_greedy_completions(tiny_model_dir):
     by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers")
     assert by_vllm["completion"].to_list() == by_transformers["completion"].to_list()
     assert by_vllm["n_tokens"].to_list() == by_transformers["n_tokens"].to_list()
+    assert_logprobs_close(by_vllm, by_transformers)
+
+
+# --- token log-probabilities ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_every_generated_token_has_a_logprob_and_the_mean_is_theirs(backend, request):
+    samples, _ = request.getfixturevalue(f"{backend}_run")
+    assert samples["token_logprobs"].list.len().to_list() == samples["n_tokens"].to_list()
+    logprobs = samples["token_logprobs"].explode()
+    assert logprobs.is_finite().all() and (logprobs <= 0).all()
+    assert samples["mean_logprob"].to_list() == pytest.approx([statistics.fmean(lp) for lp in samples["token_logprobs"]])
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_recorded_logprobs_are_the_models_own_whatever_the_temperature(backend, sevens_model_dir):
+    """Sampled at temperature 0.5 and top-p 0.9, the logprobs recorded are those of the untempered, unfiltered
+    distribution; the tempered ones differ by far more than the tolerance. The sevens model says "7" or ends its
+    turn, with a probability that a temperature changes a lot."""
+    problems = PROBLEMS.head(2)
+    samples = generate_samples(sevens_model_dir, problems, TEMPERED, backend=backend)
+    raw, tempered = teacher_forced_logprobs(sevens_model_dir, problems, samples, TEMPERED.temperature)
+    recorded = samples["token_logprobs"].explode().to_list()
+    assert recorded == pytest.approx(raw, abs=1e-4)
+    assert max(abs(logprob - at_temperature) for logprob, at_temperature in zip(recorded, tempered, strict=True)) > 0.05
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
@@ -200,7 +271,9 @@ def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tin
     )
     separately = transformers_run[0] if backend == "transformers" else vllm_run[0]
     assert sampled.equals(separately)
-    assert greedy.equals(generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(pl.lit(backend).alias("backend")))
+    by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(backend=pl.lit(backend))
+    assert greedy.drop(LOGPROB_COLUMNS).equals(by_transformers.drop(LOGPROB_COLUMNS))
+    assert_logprobs_close(greedy, by_transformers)  # batched otherwise: 2 prompts a call in the sets, 16 alone
     assert reports[-1] == (2 * PROBLEMS.height, 2 * PROBLEMS.height)
     assert [done for done, _ in reports] == sorted(done for done, _ in reports)
 

@@ -89,7 +89,10 @@ def test_every_heavy_asset_runs_in_the_gpu_pool() -> None:
     heavy = {name for name, asset_pools in pools.items() if asset_pools and GPU_POOL in asset_pools}
     expected = {layout.BASE_MODEL_EVAL, layout.LABELED_RL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION}
     for number in range(1, ROUNDS + 1):
-        expected |= {_round(number, name) for name in (layout.GENERATIONS, layout.STUDENT, layout.STUDENT_VALIDATION, layout.EVAL_REPORT)}
+        expected |= {
+            _round(number, name)
+            for name in (layout.GENERATIONS, layout.VERIFIER, layout.VERIFIER_SCORES, layout.STUDENT, layout.STUDENT_VALIDATION, layout.EVAL_REPORT)
+        }
         expected |= {_round(number, name) for c in layout.CONTROLS for name in (layout.control_checkpoint(c), layout.control_eval(c))}
     assert heavy == expected
 
@@ -105,7 +108,9 @@ def test_every_real_input_is_a_drawn_edge() -> None:
     assert ROUNDS == 3  # tests/experiments/automation.yaml
     assert _parents(_round(1, layout.GENERATIONS)) == {layout.LABELED_RL, layout.UNLABELED_PROBLEMS}
     assert _parents(_round(2, layout.GENERATIONS)) == {_round(1, layout.STUDENT), layout.UNLABELED_PROBLEMS}
-    assert _parents(_round(2, layout.PSEUDO_LABELS)) == {_round(2, layout.GENERATIONS), layout.UNLABELED_PROBLEMS}
+    assert _parents(_round(2, layout.PSEUDO_LABELS)) == {_round(2, layout.GENERATIONS), _round(2, layout.VERIFIER_SCORES), layout.UNLABELED_PROBLEMS}
+    assert _parents(_round(2, layout.VERIFIER)) == {_round(1, layout.STUDENT), layout.LABELED_PROBLEMS, layout.VALIDATION_PROBLEMS}
+    assert _parents(_round(2, layout.VERIFIER_SCORES)) == {_round(2, layout.VERIFIER), _round(2, layout.GENERATIONS), layout.UNLABELED_PROBLEMS}
     assert {_round(2, layout.PSEUDO_LABELS), _round(1, layout.STUDENT), layout.LABELED_PROBLEMS} <= _parents(_round(2, layout.STUDENT))
     assert _parents(_round(2, layout.EVAL_REPORT)) >= {
         _round(2, layout.STUDENT), _round(2, layout.PSEUDO_LABELS), _round(2, "labeled_only_eval"), _round(1, layout.EVAL_REPORT),

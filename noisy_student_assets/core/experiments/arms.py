@@ -47,19 +47,21 @@ from noisy_student_assets.core.settings import (
     Settings,
     StudentSettings,
     TeacherSamplingSettings,
+    VerifierSettings,
 )
 from noisy_student_assets.core.training.modes.registry import accepted
 
 EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
-PROBLEM_SPLIT, LABELED_RL, SAMPLING, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, ROUNDS = (
-    "problem_split", "labeled_rl", "sampling", "pseudo_labels", "student", "labeled_only", "eval", "rounds",
+PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, ROUNDS = (
+    "problem_split", "labeled_rl", "sampling", "verifier", "pseudo_labels", "student", "labeled_only", "eval", "rounds",
 )
 STAGE_SETTINGS: dict[str, type[Settings]] = {
     PROBLEM_SPLIT: ProblemSplitSettings,
     LABELED_RL: LabeledRLSettings,
     SAMPLING: TeacherSamplingSettings,
+    VERIFIER: VerifierSettings,
     PSEUDO_LABELS: PseudoLabelSettings,
     STUDENT: StudentSettings,
     LABELED_ONLY: LabeledOnlySettings,
@@ -120,13 +122,18 @@ def _ks_for(samples: int) -> list[int]:
 
 ARM_FIELDS: dict[str, ArmField] = {
     "seed": ArmField(
-        ((PROBLEM_SPLIT, "seed"), (LABELED_RL, "grpo.seed"), (SAMPLING, "seed"), (STUDENT, "grpo.seed"), (LABELED_ONLY, "grpo.seed"), (EVAL, "seed")),
-        "labeled/unlabeled split, every GRPO run, the teacher's and the eval's samples",
+        (
+            (PROBLEM_SPLIT, "seed"), (LABELED_RL, "grpo.seed"), (SAMPLING, "seed"), (VERIFIER, "seed"), (STUDENT, "grpo.seed"),
+            (LABELED_ONLY, "grpo.seed"), (EVAL, "seed"),
+        ),
+        "labeled/unlabeled split, every GRPO run, the verifier, the teacher's and the eval's samples",
     ),
     "n_labeled": ArmField(((PROBLEM_SPLIT, "n_labeled"),)),
     "n_unlabeled": ArmField(((PROBLEM_SPLIT, "n_unlabeled"),)),
     "test_time": ArmField(((PROBLEM_SPLIT, "test_time"),)),
     "tau": ArmField(((PSEUDO_LABELS, "tau"),)),
+    "label_source": ArmField(((PSEUDO_LABELS, "label_source"),)),
+    "drop_least_confident": ArmField(((PSEUDO_LABELS, "drop_least_confident"),)),
     "k": ArmField(((SAMPLING, "k"),), "teacher samples per unlabeled problem"),
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
     "student_init": ArmField(((STUDENT, "student_init"),)),
@@ -311,6 +318,11 @@ class Arm(BaseModel):
     def stopping_rule(self) -> RoundsSettings:
         """How many rounds this arm runs (its `rounds` settings, with the defaults filling what it leaves)."""
         return RoundsSettings(**apply(RoundsSettings().model_dump(), self.overrides(ROUNDS)))
+
+    @property
+    def label_source(self) -> str:
+        """Whose judgement weighs this arm's votes (its `label_source`, else the default)."""
+        return PseudoLabelSettings(**apply(PseudoLabelSettings().model_dump(), self.overrides(PSEUDO_LABELS))).label_source
 
     def overrides_sha(self, stage: str) -> str:
         """Fingerprint of what this arm changes in `stage`: a stage whose fingerprint changed is stale."""

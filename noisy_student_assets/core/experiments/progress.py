@@ -12,12 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.pseudo_labels.sources.registry import label_source
 from noisy_student_assets.core.settings import RoundsSettings
 
 
 def validated(arm) -> bool:
     """Whether the arm's rounds are evaluated on its validation problems: its stopping rule reads them."""
     return arm.stopping_rule.patience is not None
+
+
+def verified(arm) -> bool:
+    """Whether the arm's rounds train a verifier: its label source weighs samples by the verifier's scores."""
+    return label_source(arm.label_source).reads_verifier
 
 
 def pre_round_assets(experiment, arm) -> list[str]:
@@ -30,7 +36,7 @@ def pre_round_assets(experiment, arm) -> list[str]:
 
 def round_assets(number: int, experiment, arm) -> list[str]:
     """Round `number`'s assets of `arm`, in dependency order."""
-    return layout.round_asset_names(number, experiment.controls, validated(arm))
+    return layout.round_asset_names(number, experiment.controls, validated(arm), verified(arm))
 
 
 def last_round(arm, rounds: int | None = None) -> int:

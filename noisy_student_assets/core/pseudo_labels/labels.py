@@ -1,5 +1,6 @@
-"""Pseudo-labels from a teacher's K samples: majority vote, confidence filter, and an audit against the
-hidden gold (no Dagster here).
+"""Pseudo-labels from a teacher's K samples: a vote weighed by a label source (`sources/`; the plain majority by
+default), a confidence filter, and an audit against the hidden gold, with every source's label-quality frontier
+(no Dagster here).
 
 Noisy Student (Xie et al. 2020, "Self-training with Noisy Student improves ImageNet classification")
 labels unlabeled data with the teacher and keeps confident labels; for LLM math the label is the
@@ -21,7 +22,9 @@ import polars as pl
 
 from noisy_student_assets.core.grading import answers_equivalent
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
+from noisy_student_assets.core.pseudo_labels.consensus import weighted_vote
+from noisy_student_assets.core.pseudo_labels.frontier import frontier
+from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 
 if TYPE_CHECKING:
     from noisy_student_assets.core.settings import PseudoLabelSettings
@@ -45,33 +48,36 @@ AUDIT_FILE = "audit.json"
 """Beside the pseudo-labels table: tau and the audit's headline figures."""
 AUDIT_BUCKETS_FILE = "audit_by_agreement.json"
 """Beside the pseudo-labels table: `LabelAudit.buckets`."""
+FRONTIER_FILE, SOURCES_FILE = "frontier.json", "label_sources.json"
+"""Beside the pseudo-labels table: `PseudoLabels.frontier` and `PseudoLabels.sources`."""
 
 AGREEMENT_BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9)
 """Lower edges of the agreement buckets of the audit: [0, 0.3), [0.3, 0.5), ..., [0.9, 1]."""
 
 
-def vote_pseudo_labels(generations: pl.DataFrame, problems: pl.DataFrame, tau: float) -> pl.DataFrame:
-    """One row per problem (in `problems` order): the majority answer of its samples and the vote's
-    statistics; `kept` where a label exists and its agreement is at least `tau`.
+def vote_pseudo_labels(samples: pl.DataFrame, problems: pl.DataFrame, tau: float) -> pl.DataFrame:
+    """One row per problem (in `problems` order): the answer its samples vote for and the vote's statistics; `kept`
+    where a label exists and its agreement is at least `tau`.
 
-    Reads only `problem_id`/`prompt` of `problems`, and `problem_id`/`sample_index`/`answer` of
-    `generations`.
+    Reads only `problem_id`/`prompt` of `problems`, and `problem_id`/`sample_index`/`answer` of `samples`, with
+    each sample's `weight` where there is one (a label source's, `sources`), else a head count.
     """
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau must be within [0, 1], got {tau}")
+    weight = pl.col("weight") if "weight" in samples.columns else pl.lit(1.0)
     answers = (
-        generations.select("problem_id", "sample_index", "answer")
+        samples.select("problem_id", "sample_index", "answer", weight.cast(pl.Float64).alias("weight"))
         .sort("problem_id", "sample_index")
         .group_by("problem_id", maintain_order=True)
-        .agg(pl.col("answer"))
+        .agg(pl.col("answer"), pl.col("weight"))
     )
-    by_problem = dict(answers.iter_rows())
+    by_problem = {problem_id: (answers, weights) for problem_id, answers, weights in answers.iter_rows()}
     missing = [pid for pid in problems["problem_id"] if pid not in by_problem]
     if missing:
         raise ValueError(f"{len(missing)} problems have no generations (first: {missing[0]!r})")
     rows = []
     for problem_id, prompt in problems.select("problem_id", "prompt").iter_rows():
-        vote = majority_vote(by_problem[problem_id])
+        vote = weighted_vote(*by_problem[problem_id])
         rows.append(
             {
                 "problem_id": problem_id,
@@ -114,10 +120,7 @@ def audit_pseudo_labels(
 ) -> LabelAudit:
     """Compare labels and samples with the unlabeled problems' hidden gold answers."""
     gold = dict(unlabeled_problems.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
-    labels = pseudo_labels.with_columns(
-        pl.struct("problem_id", "pseudo_label")
-        .map_elements(lambda row: answers_equivalent(gold[row["problem_id"]], row["pseudo_label"]), return_dtype=pl.Boolean)
-        .alias("label_correct"),
+    labels = with_label_correct(pseudo_labels, gold).with_columns(
         pl.col("agreement").cut(list(AGREEMENT_BUCKETS[1:]), left_closed=True, labels=_bucket_labels()).alias("bucket"),
     )
     samples = generations.select("problem_id", "answer")
@@ -149,6 +152,15 @@ def audit_pseudo_labels(
     )
 
 
+def with_label_correct(labels: pl.DataFrame, gold: dict[str, str]) -> pl.DataFrame:
+    """`labels` with `label_correct`: each label's equivalence to its problem's hidden gold (null: ungraded)."""
+    return labels.with_columns(
+        pl.struct("problem_id", "pseudo_label")
+        .map_elements(lambda row: answers_equivalent(gold[row["problem_id"]], row["pseudo_label"]), return_dtype=pl.Boolean)
+        .alias("label_correct")
+    )
+
+
 def _bucket_labels() -> list[str]:
     edges = [*AGREEMENT_BUCKETS, 1.0]
     return [f"[{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'}" for low, high in pairwise(edges)]
@@ -176,24 +188,43 @@ def label_floor_failure(
 
 @dataclass(frozen=True)
 class PseudoLabels:
-    """A round's vote, audited: the table, the headline figures, the audit by agreement, and why the labels must
-    not train a student (None when they clear the floors)."""
+    """A round's vote, audited: the table, the headline figures, the audit by agreement, why the labels must not
+    train a student (None when they clear the floors), and every label source's frontier from the same samples."""
 
     labels: pl.DataFrame
     stats: dict[str, float]
     buckets: pl.DataFrame
     floor_failure: str | None
+    label_source: str
+    frontier: pl.DataFrame
+    """`frontier.CURVE_SCHEMA`: each source's label accuracy at each coverage, and the oracle's."""
+    sources: pl.DataFrame
+    """Per source: label accuracy at matched coverages, and its operating point (coverage and kept-label accuracy at tau)."""
 
-    def sidecars(self, tau: float) -> dict[str, str]:
-        """The small files published beside the table: the audit's figures (with tau and the floor failure, which
-        the student reads before it trains) and the audit by agreement."""
-        return {AUDIT_FILE: json.dumps(self.stats | {"tau": tau, "floor_failure": self.floor_failure}), AUDIT_BUCKETS_FILE: self.buckets.write_json()}
+    def sidecars(self, tau: float, stats: dict[str, float] | None = None) -> dict[str, str]:
+        """The small files published beside the table: the audit's figures (`stats`, default `self.stats`, with tau, the
+        source and the floor failure, which the student reads before it trains), the audit by agreement, and the frontier."""
+        audit = (self.stats if stats is None else stats) | {"tau": tau, "label_source": self.label_source, "floor_failure": self.floor_failure}
+        return {
+            AUDIT_FILE: json.dumps(audit),
+            AUDIT_BUCKETS_FILE: self.buckets.write_json(),
+            FRONTIER_FILE: self.frontier.write_json(),
+            SOURCES_FILE: self.sources.write_json(),
+        }
 
 
-def pseudo_label(generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: PseudoLabelSettings) -> PseudoLabels:
-    """The pseudo-label stage: the majority vote over the teacher's samples, kept at tau, audited against the hidden
-    gold (which shapes no label), and judged against the quality floors."""
-    labels = vote_pseudo_labels(generations, unlabeled, settings.tau)
+def pseudo_label(
+    generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: PseudoLabelSettings, verifier_scores: pl.DataFrame | None = None
+) -> PseudoLabels:
+    """The pseudo-label stage: the vote over the teacher's samples, each weighed by the settings' label source, kept at
+    tau, audited against the hidden gold (which shapes no label), and judged against the quality floors; and the vote
+    of every other source that can judge the same samples, for the frontier."""
+    votes = {
+        name: vote_pseudo_labels(source.weighted(generations, settings, verifier_scores), unlabeled, settings.tau)
+        for name, source in SOURCES.items()
+        if name == settings.label_source or source.missing_input(generations, verifier_scores) is None
+    }
+    labels = votes[settings.label_source]
     audit = audit_pseudo_labels(labels, generations, unlabeled)
     stats = {
         "coverage": audit.coverage,
@@ -207,4 +238,26 @@ def pseudo_label(generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: P
         "ungraded": float(labels["ungraded"].sum()),
     }
     failure = label_floor_failure(labels, settings.tau, settings.min_coverage, settings.min_mean_agreement)
-    return PseudoLabels(labels=labels, stats=stats, buckets=audit.buckets, floor_failure=failure)
+    gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+    audited = {name: with_label_correct(vote, gold) for name, vote in votes.items()}
+    curve, matched = frontier(audited, audit.teacher_pass_at_k)
+    operating = pl.DataFrame(
+        [
+            {
+                "source": name,
+                "at tau: coverage": vote["kept"].mean() if vote.height else 0.0,
+                "at tau: label_accuracy": vote.filter("kept")["label_correct"].mean(),
+            }
+            for name, vote in audited.items()
+        ],
+        schema={"source": pl.Utf8, "at tau: coverage": pl.Float64, "at tau: label_accuracy": pl.Float64},
+    )
+    return PseudoLabels(
+        labels=labels,
+        stats=stats,
+        buckets=audit.buckets,
+        floor_failure=failure,
+        label_source=settings.label_source,
+        frontier=curve,
+        sources=matched.join(operating, on="source", how="left", maintain_order="left"),
+    )

@@ -108,3 +108,24 @@ def accuracy_by_round(accuracy: pl.DataFrame, metric: str = "greedy_accuracy") -
     ax.set_title(f"{metric} by round" + (" (mean ± sd over seeds)" if chains.group_by("group", "checkpoint", "round").len()["len"].max() > 1 else ""))
     ax.legend(fontsize=7, loc="best")
     return _png(fig)
+
+
+def label_frontier(curve: pl.DataFrame, operating_points: pl.DataFrame, oracle: str) -> bytes:
+    """Kept-label accuracy against the hidden gold by coverage, one line per label source and the oracle's ceiling
+    dashed, each source's operating point (its tau) marked. `curve`: source, coverage, label_accuracy;
+    `operating_points`: source, "at tau: coverage", "at tau: label_accuracy"."""
+    fig, ax = _figure(6.4, 4.0)
+    for index, source in enumerate(curve["source"].unique(maintain_order=True).to_list()):
+        points = curve.filter(pl.col("source") == source)
+        color = "grey" if source == oracle else f"C{index}"
+        ax.plot(points["coverage"], points["label_accuracy"], color=color, linestyle="--" if source == oracle else "-", label=source)
+        point = operating_points.filter(pl.col("source") == source)
+        if point.height and point["at tau: label_accuracy"][0] is not None:
+            ax.plot(point["at tau: coverage"][0], point["at tau: label_accuracy"][0], marker="o", color=color)
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("coverage (share of unlabeled problems kept, most confident first)")
+    ax.set_ylabel("kept-label accuracy vs hidden gold")
+    ax.set_title("Label-quality frontier (dot: the operating point at tau)")
+    ax.legend(fontsize=8, loc="lower left")
+    return _png(fig)

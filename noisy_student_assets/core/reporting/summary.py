@@ -19,15 +19,19 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, SOURCES_FILE
 from noisy_student_assets.core.reporting import test_time
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
+from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
+from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.training.compute import compute_comparison
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
-AUDIT_COLUMNS = ("tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k", "teacher_pass_at_k")
+AUDIT_COLUMNS = (
+    "label_source", "tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k",
+    "teacher_pass_at_k", "verifier_validation_auroc",
+)  # fmt: skip
 
 
 def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
@@ -65,6 +69,10 @@ class ExperimentResults:
     """Per arm and round: the pseudo-label audit against the hidden gold."""
     calibration: pl.DataFrame
     """Per experiment, group, round and agreement bucket, over the group's seeds: labels, labels correct, accuracy."""
+    sources: pl.DataFrame
+    """Per arm, round and label source: kept-label accuracy at matched coverages, and at the source's tau."""
+    flips: pl.DataFrame
+    """Per arm, round and eval set: the problems the student got right that its teacher got wrong, and the reverse."""
     validation: pl.DataFrame
     """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
     sentences: list[str]
@@ -75,7 +83,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, by_group = [], [], [], [], {}
+    accuracy, audits, calibration, validation, sources, flips, by_group = [], [], [], [], [], [], {}
     for arm in arms:
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         if validated:
@@ -102,9 +110,13 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     pl.lit(arm.experiment).alias("experiment"), pl.lit(row["group"]).alias("group"), pl.lit(number).alias("round"),
                     "bucket", "problems", "labels_correct",
                 ))  # fmt: skip
+            if (labels_dir / SOURCES_FILE).exists():
+                sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(_arm_columns(row, number), pl.all()))
+            student = evaluations.get((number, layout.STUDENT_ROLE))
+            if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
+                flips.append(student.table(FLIPS_TABLE).select(_arm_columns(row, number), pl.all()))
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
-                student = evaluations.get((number, layout.STUDENT_ROLE))
                 transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
                 audits.append(
                     row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS} | {"student_transductive_greedy": transductive}
@@ -139,6 +151,8 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
         audits=pl.DataFrame(audits) if audits else pl.DataFrame(),
         calibration=_pooled_calibration(calibration),
+        sources=pl.concat(sources, how="diagonal_relaxed") if sources else pl.DataFrame(),
+        flips=pl.concat(flips) if flips else pl.DataFrame(),
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
     )
@@ -148,6 +162,10 @@ _ACCURACY_SCHEMA = {
     "experiment": pl.Utf8, "group": pl.Utf8, "arm": pl.Utf8, "seed": pl.Utf8,
     "round": pl.Int64, "checkpoint": pl.Utf8, "greedy_accuracy": pl.Float64,
 }
+
+
+def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
+    return [pl.lit(row["group"]).alias("group"), pl.lit(row["arm"]).alias("arm"), pl.lit(number).alias("round")]
 
 
 def accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
@@ -179,6 +197,15 @@ def summary_markdown(results: ExperimentResults) -> str:
         lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
     if results.audits.height:
         lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(results.audits.drop("experiment", "group"))]
+    if results.sources.height:
+        lines += [
+            "",
+            "## Label sources at matched coverage (kept-label accuracy vs the hidden gold; oracle: pass@K)",
+            "",
+            markdown_table(results.sources, max_rows=None),
+        ]
+    if results.flips.height:
+        lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]
     if results.calibration.height:
         lines += ["", "## Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)", "", markdown_table(results.calibration)]
     if results.validation.height:

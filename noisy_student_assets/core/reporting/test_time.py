@@ -83,3 +83,32 @@ def yardstick(audit: dict, teacher_scores: pl.DataFrame, student_scores: pl.Data
 def greedy_accuracy_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> float:
     """An eval's greedy accuracy over the problems of `eval_set`."""
     return float(scores_in(scores, sets, eval_set)["greedy_correct"].cast(pl.Float64).mean())
+
+
+FLIP_SCHEMA = pl.Schema(
+    {"eval_set": pl.Utf8, "problems": pl.Int64, "right_to_wrong": pl.Int64, "wrong_to_right": pl.Int64, "difference": pl.Float64}
+)
+
+
+def flips(before: pl.DataFrame, after: pl.DataFrame, sets: pl.DataFrame | None = None) -> pl.DataFrame:
+    """How many problems went from right to wrong and from wrong to right between two evals' greedy answers (a
+    teacher's and its student's), over the problems both scored, beside the accuracy difference they add up to: over
+    the whole held-out set, and apart on each set of a test-time arm (`eval_sets`, None or empty otherwise)."""
+    paired = (
+        before.select("problem_id", pl.col("greedy_correct").alias("before"))
+        .join(after.select("problem_id", pl.col("greedy_correct").alias("after")), on="problem_id")
+        .drop_nulls()
+    )
+    labelled = paired.with_columns(pl.lit(ALL_EVAL).alias("eval_set"))
+    if sets is not None and sets.height:
+        labelled = pl.concat([labelled, paired.join(sets, on="problem_id")])
+    return (
+        labelled.group_by("eval_set", maintain_order=True)
+        .agg(
+            pl.len().cast(pl.Int64).alias("problems"),
+            (pl.col("before") & ~pl.col("after")).sum().cast(pl.Int64).alias("right_to_wrong"),
+            (~pl.col("before") & pl.col("after")).sum().cast(pl.Int64).alias("wrong_to_right"),
+        )
+        .with_columns(((pl.col("wrong_to_right") - pl.col("right_to_wrong")) / pl.col("problems")).alias("difference"))
+        .match_to_schema(FLIP_SCHEMA)
+    )

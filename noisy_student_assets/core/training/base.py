@@ -135,7 +135,7 @@ def fit(
     trainer_class: type,
     trainer_kwargs: dict,
     tokenizer: PreTrainedTokenizerBase,
-    settings: GRPOSettings,
+    max_consecutive_skipped_steps: int,
     init_checkpoint: Path,
     out_dir: Path,
     *,
@@ -147,7 +147,8 @@ def fit(
     logged: tuple[tuple[str, str], ...],
 ) -> TrainingResult:
     """Train a TRL trainer (`trainer_class(**trainer_kwargs)`, its args checkpointing into `work_dir`) from
-    `init_checkpoint` with the non-finite step guard, resuming from the latest checkpoint in `work_dir`;
+    `init_checkpoint` with the non-finite step guard (failing after `max_consecutive_skipped_steps` in a row), resuming
+    from the latest checkpoint in `work_dir`;
     save the merged model into `out_dir` and check its weights are finite. `logged` maps log keys to the names
     whose first- and last-quarter means the metrics report."""
     from transformers import AutoConfig
@@ -155,7 +156,7 @@ def fit(
 
     from noisy_student_assets.core.training.guards import assert_finite_checkpoint, guarded_trainer_class, step_guard_callback
 
-    guard = step_guard_callback(settings.max_consecutive_skipped_steps, warn)
+    guard = step_guard_callback(max_consecutive_skipped_steps, warn)
     trainer = guarded_trainer_class(trainer_class)(**trainer_kwargs, callbacks=[guard, *(callbacks or [])])
     resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
     resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0

@@ -89,6 +89,6 @@ def train_dpo(
         peft_config=lora_config(settings) if settings.use_lora else None,
     )
     return fit(
-        DPOTrainer, trainer_kwargs, tokenizer, settings, init_checkpoint, out_dir,
+        DPOTrainer, trainer_kwargs, tokenizer, settings.max_consecutive_skipped_steps, init_checkpoint, out_dir,
         work_dir=work_dir, callbacks=callbacks, warn=warn, what="DPO", label_sources=[PSEUDO] * len(dataset), logged=DPO_LOGGED,
     )

@@ -232,7 +232,7 @@ def train_grpo(
             peft_config=lora_config(settings) if settings.use_lora else None,
         ),
         tokenizer,
-        settings,
+        settings.max_consecutive_skipped_steps,
         init_checkpoint,
         out_dir,
         work_dir=work_dir,

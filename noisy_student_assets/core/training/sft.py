@@ -87,6 +87,6 @@ def train_sft(
         peft_config=lora_config(settings) if settings.use_lora else None,
     )
     return fit(
-        SFTTrainer, trainer_kwargs, tokenizer, settings, init_checkpoint, out_dir,
+        SFTTrainer, trainer_kwargs, tokenizer, settings.max_consecutive_skipped_steps, init_checkpoint, out_dir,
         work_dir=work_dir, callbacks=callbacks, warn=warn, what="SFT", label_sources=[PSEUDO] * len(dataset), logged=SFT_LOGGED,
     )

@@ -21,9 +21,10 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
+from noisy_student_assets.core.reporting.eval_report import PublishedEval
+from noisy_student_assets.core.reporting.round_report import RoundEvidence, round_report
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.assets.models import checkpoint_eval
@@ -35,16 +36,15 @@ from noisy_student_assets.defs.checks import (
     no_eval_regression_spec,
     pseudo_label_quality,
     pseudo_label_quality_spec,
+    verifier_informative,
+    verifier_informative_spec,
 )
-from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig, StudentConfig
+from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig, StudentConfig, VerifierConfig
 from noisy_student_assets.defs.lineage import reuse_key
 from noisy_student_assets.defs.partitions import ARMS, round_group, round_key, teacher_key
 from resources.data_lake import CONTENT_KEY_FILE, LakeTable
+from resources.io_managers import OPTIONAL
 from resources.stage_resources import StageResources
-
-ACCURACY_TABLE = "Accuracy per round and chain"
-"""A table of each round's eval report: greedy accuracy of the arm's checkpoints up to that round (the next
-round's report extends it)."""
 
 BASE_MODEL_INPUT = dg.AssetIn(layout.BASE_MODEL, input_manager_key="checkpoint_io_manager")
 """The init of a round's student and of its gold- and random-label controls when `student_init` is base_model."""
@@ -58,8 +58,9 @@ def round_definitions(number: int) -> dg.Definitions:
     """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, its validation eval,
     eval report."""
     key = partial(round_key, number)
-    generations_key, labels_key, student_key, report_key = (
-        key(layout.GENERATIONS), key(layout.PSEUDO_LABELS), key(layout.STUDENT), key(layout.EVAL_REPORT)
+    generations_key, verifier_key, scores_key, labels_key, student_key, report_key = (
+        key(layout.GENERATIONS), key(layout.VERIFIER), key(layout.VERIFIER_SCORES), key(layout.PSEUDO_LABELS), key(layout.STUDENT),
+        key(layout.EVAL_REPORT),
     )
     teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
     heavy = {"group_name": round_group(number), "partitions_def": ARMS, **HEAVY}
@@ -82,23 +83,77 @@ def round_definitions(number: int) -> dg.Definitions:
         return current.output(table)
 
     @dg.asset(
+        key=verifier_key,
+        io_manager_key="checkpoint_io_manager",
+        ins={
+            "teacher": teacher,
+            "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
+            "validation_problems": dg.AssetIn(layout.VALIDATION_PROBLEMS),
+        },
+        check_specs=[verifier_informative_spec(verifier_key)],
+        description="An outcome verifier (reward model: the teacher's backbone with a scalar head and LoRA, TRL's RewardTrainer) "
+        "trained on the teacher's right and wrong samples of the labeled problems, measured on its samples of the validation "
+        "problems (AUROC, label accuracy). Only arms whose label source reads it materialize it.",
+        **heavy,
+    )
+    def verifier(
+        context: dg.AssetExecutionContext,
+        config: VerifierConfig,
+        teacher: Path,
+        labeled_problems: pl.DataFrame,
+        validation_problems: pl.DataFrame,
+        stage_resources: StageResources,
+    ):
+        with stage(context, config, stage_resources, params={"teacher": str(teacher)}) as current:
+            staged, check = _train_verifier(current, teacher, labeled_problems, validation_problems)
+        yield current.output(staged)
+        yield check
+
+    @dg.asset(
+        key=scores_key,
+        ins={
+            "verifier": dg.AssetIn(verifier_key, input_manager_key="checkpoint_io_manager"),
+            "generations": dg.AssetIn(generations_key),
+            "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
+        },
+        description="The verifier's score (a logit) of each of the round's samples: what a verifier-weighted vote reads.",
+        **heavy,
+    )
+    def verifier_scores(
+        context: dg.AssetExecutionContext,
+        verifier: Path,
+        generations: pl.DataFrame,
+        unlabeled_problems: pl.DataFrame,
+        stage_resources: StageResources,
+    ) -> dg.Output[LakeTable]:
+        with stage(context, None, stage_resources) as current:
+            table = _score_samples(current, verifier, generations, unlabeled_problems)
+        return current.output(table)
+
+    @dg.asset(
         key=labels_key,
         group_name=round_group(number),
         partitions_def=ARMS,
-        ins={"generations": dg.AssetIn(generations_key), "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS)},
+        ins={
+            "generations": dg.AssetIn(generations_key),
+            "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
+            "verifier_scores": dg.AssetIn(scores_key, metadata={OPTIONAL: True}),
+        },
         check_specs=[pseudo_label_quality_spec(labels_key)],
-        description="Majority-vote answer over the round's generations, with agreement; `kept` where >= tau. "
-        "Audited against the hidden gold.",
+        description="The vote over the round's generations, each sample weighed by the arm's label source (majority: a head "
+        "count), with agreement; `kept` where >= tau. Audited against the hidden gold, with every source's label-quality "
+        "frontier. The verifier's scores are read where the arm materialized them.",
     )
     def pseudo_labels(
         context: dg.AssetExecutionContext,
         config: PseudoLabelConfig,
         generations: pl.DataFrame,
         unlabeled_problems: pl.DataFrame,
+        verifier_scores: LakeTable | None,
         stage_resources: StageResources,
     ):
         with stage(context, config, stage_resources) as current:
-            table, check = _pseudo_label(current, generations, unlabeled_problems)
+            table, check = _pseudo_label(current, generations, unlabeled_problems, verifier_scores)
         yield current.output(table)
         yield check
 
@@ -174,8 +229,18 @@ def round_definitions(number: int) -> dg.Definitions:
                 checkpoint_dir=student,
                 eval_problems=eval_problems,
                 deltas_against={name: baselines[name] for name in ("previous_round", "labeled_rl", "base_model") if name in baselines},
-                extras=lambda metrics, scores: _report_extras(
-                    number, arm, pseudo_labels, baselines, metrics, scores, labeled_only_eval, baselines[reference_name], eval_problems
+                extras=partial(
+                    round_report,
+                    RoundEvidence(
+                        number,
+                        arm,
+                        pseudo_labels.frame,
+                        pseudo_labels.extra_files,
+                        labeled_only_eval,
+                        baselines[reference_name],
+                        baselines,
+                        eval_problems,
+                    ),
                 ),
             )
         yield current.output(staged)
@@ -190,7 +255,7 @@ def round_definitions(number: int) -> dg.Definitions:
 
     student_validation = checkpoint_eval(key(layout.STUDENT_VALIDATION), student_key, group=round_group(number), problems=layout.VALIDATION_PROBLEMS)
     return dg.Definitions(
-        assets=[generations, pseudo_labels, student_checkpoint, student_validation, eval_report],
+        assets=[generations, verifier, verifier_scores, pseudo_labels, student_checkpoint, student_validation, eval_report],
         asset_checks=checkpoint_checks(student_key, partitions_def=ARMS),
     )
 
@@ -304,138 +369,113 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
     return LakeTable(generations, {CONTENT_KEY_FILE: cache_key})
 
 
-def _pseudo_label(current: StageRun, generations: pl.DataFrame, unlabeled: pl.DataFrame) -> tuple[LakeTable, dg.AssetCheckResult]:
+def _train_verifier(current: StageRun, teacher: Path, labeled: pl.DataFrame, validation: pl.DataFrame) -> tuple[Path, dg.AssetCheckResult]:
+    """The verifier stage (`core.verifier.build_verifier`) through the launcher, its validation figures as metadata
+    and MLflow metrics, and the `verifier_informative` check."""
+    from noisy_student_assets.core.verifier import read_verifier_metrics
+    from noisy_student_assets.payloads.specs import VerifierSpec
+
+    context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
+    work_dir = lake.work_dir(context.asset_key, current.partition, weights_sha256(teacher)[:16])
+    work_dir.mkdir(parents=True, exist_ok=True)
+    labeled.write_parquet(work_dir / "labeled.parquet")
+    validation.write_parquet(work_dir / "validation.parquet")
+    staged = lake.staging_dir()
+    spec = VerifierSpec(
+        teacher_dir=str(teacher), labeled=str(work_dir / "labeled.parquet"), validation=str(work_dir / "validation.parquet"),
+        settings=settings, compute=compute.settings, work_dir=str(work_dir), output_dir=str(staged),
+    )  # fmt: skip
+    with current.resources.launcher.device_held(compute, context.log.info), current.timed("verifier_seconds"):
+        ran = current.resources.launcher.run(context, spec)
+    current.metadata |= ran.metadata
+    for step, logs in ran.steps:
+        current.resources.tracking.log_metrics(logs, step=step)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    metrics, failure = read_verifier_metrics(staged)
+    current.log_metrics({f"verifier/{name}": value for name, value in metrics.items() if value is not None})
+    current.metadata |= {name: value for name, value in metrics.items() if value is not None} | {
+        "teacher": dg.MetadataValue.path(str(teacher)),
+        "teacher_weights_sha256": weights_sha256(teacher),
+    }
+    if failure:
+        context.log.error(f"verifier_informative fails: {failure}")
+    return staged, verifier_informative(context.asset_key, failure, metrics)
+
+
+def _score_samples(current: StageRun, verifier: Path, generations: pl.DataFrame, unlabeled: pl.DataFrame) -> LakeTable:
+    """The verifier's score of every sample of the round (`core.verifier.score_round`) through the launcher; its
+    validation figures travel beside the table, for the vote's report."""
+    from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
+    from noisy_student_assets.payloads.specs import ScoreSpec
+
+    context, lake, compute = current.context, current.lake, current.resources.compute
+    work_dir = lake.work_dir(context.asset_key, current.partition, weights_sha256(verifier)[:16])
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # Only what the verifier reads: the prompt and the sample (the hidden gold must not reach it).
+    samples = generations.select("problem_id", "sample_index", "completion").join(
+        unlabeled.select("problem_id", "prompt"), on="problem_id", how="left"
+    )
+    samples.write_parquet(work_dir / "samples.parquet")
+    output = lake.staging_dir() / "scores.parquet"
+    spec = ScoreSpec(
+        verifier_dir=str(verifier),
+        samples=str(work_dir / "samples.parquet"),
+        compute=compute.settings,
+        work_dir=str(work_dir),
+        output=str(output),
+    )
+    with current.resources.launcher.device_held(compute, context.log.info), current.timed("scoring_seconds"):
+        ran = current.resources.launcher.run(context, spec)
+    current.metadata |= ran.metadata
+    scores = pl.read_parquet(output)
+    shutil.rmtree(output.parent, ignore_errors=True)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    current.metadata |= {
+        "dagster/row_count": scores.height,
+        "mean_score": scores["score"].mean(),
+        "verifier": dg.MetadataValue.path(str(verifier)),
+        "preview": markdown_table(scores),
+    }
+    return LakeTable(scores, {VERIFIER_METRICS_FILE: (verifier / VERIFIER_METRICS_FILE).read_text()})
+
+
+def _pseudo_label(
+    current: StageRun, generations: pl.DataFrame, unlabeled: pl.DataFrame, verifier_scores: LakeTable | None
+) -> tuple[LakeTable, dg.AssetCheckResult]:
     """The pseudo-label stage (`core.pseudo_labels.labels.pseudo_label`), its audit as metadata, MLflow table and
     sidecar files, and the `pseudo_label_quality` check."""
+    import json
+
     import mlflow
 
     from noisy_student_assets.core.pseudo_labels.labels import pseudo_label
+    from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
 
     settings = current.settings
-    with current.timed("consensus_seconds"):
-        voted = pseudo_label(generations, unlabeled, settings)
-    labels, stats = voted.labels, voted.stats
+    scores = verifier_scores.frame if verifier_scores is not None else None
+    try:
+        with current.timed("consensus_seconds"):
+            voted = pseudo_label(generations, unlabeled, settings, scores)
+    except ValueError as cannot:  # a source without its input: the same inputs would fail again
+        raise dg.Failure(str(cannot), allow_retries=False) from cannot
+    labels, stats = voted.labels, dict(voted.stats)
+    if verifier_scores is not None:
+        verifier = json.loads(verifier_scores.extra_files[VERIFIER_METRICS_FILE])["metrics"]
+        stats |= {f"verifier_{name}": float(value) for name, value in verifier.items() if isinstance(value, int | float)}
     current.log_metrics(stats)
     mlflow.log_table(voted.buckets.to_pandas(), artifact_file="label_audit_by_agreement.json")
+    mlflow.log_table(voted.sources.to_pandas(), artifact_file="label_sources_at_matched_coverage.json")
     check = pseudo_label_quality(
         current.context.asset_key, voted.floor_failure, stats["coverage"], stats["mean_agreement"], settings.min_coverage, settings.min_mean_agreement
     )
     kept = labels.filter("kept")
-    current.context.log.info(f"{kept.height}/{labels.height} pseudo-labels kept at tau={settings.tau}; audit {stats}")
+    current.context.log.info(f"{kept.height}/{labels.height} pseudo-labels kept at tau={settings.tau} ({settings.label_source}); audit {stats}")
     current.metadata |= stats | {
         "tau": settings.tau,
+        "label_source": settings.label_source,
         "dagster/row_count": labels.height,
         "audit_by_agreement": markdown_table(voted.buckets, max_rows=voted.buckets.height),
+        "label_sources_at_matched_coverage": markdown_table(voted.sources, max_rows=None),
         "preview": markdown_table(kept.select("problem_id", "pseudo_label", "agreement", "n_clusters")),
     }
-    return LakeTable(labels, voted.sidecars(settings.tau)), check
-
-
-def _report_extras(
-    number: int,
-    arm: str,
-    pseudo_labels: LakeTable,
-    baselines: dict[str, PublishedEval | None],
-    metrics: dict[str, float],
-    scores: pl.DataFrame,
-    control: PublishedEval,
-    teacher: PublishedEval,
-    eval_problems: pl.DataFrame,
-) -> ReportExtras:
-    """The verdict against the labeled-only control, the arm's accuracy round by round (the previous report's
-    table plus this round), and how well the round's pseudo-labels matched the hidden gold; on a test-time arm, the
-    verdict on its transductive and transfer problems too, and TTRL's yardstick."""
-    import json
-
-    from noisy_student_assets.core.reporting import plots, test_time
-    from noisy_student_assets.core.training.compute import compute_comparison
-
-    labels = pseudo_labels.frame
-    sets = test_time.eval_sets(eval_problems, labels["problem_id"])
-    by_set = test_time.set_differences(
-        [(scores, control.scores, sets)], treatment_name=f"{layout.round_prefix(number)} (arm {arm})", control_name="its labeled-only control"
-    )
-    difference = by_set[test_time.ALL_EVAL]
-    matched, compute_table = compute_comparison(metrics, control.metrics)
-    lead = f"**Verdict.** {difference.sentence()} " + (
-        "Both spent the same optimizer steps, prompts and completions since the base model."
-        if matched
-        else "**Not compute-matched**: see the compute table; the difference is not a gain at equal compute."
-    )
-    accuracy = _accuracy_by_round(number, baselines, metrics, control.metrics)
-    audit = json.loads(pseudo_labels.extra_files[AUDIT_FILE])
-    buckets = pl.read_json(pseudo_labels.extra_files[AUDIT_BUCKETS_FILE].encode())
-    extra_metrics, extra_tables = {}, {}
-    if sets.height:
-        counts = dict(sets["eval_set"].value_counts().iter_rows())
-        lead += (
-            f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {eval_problems.height} eval problems are this arm's "
-            f"unlabeled problems: the **transductive** set, whose prompts the teacher sampled and the student trained on (their "
-            f"gold stayed hidden). The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
-            "**transfer**. The verdict above is over the whole set, both halves together."
-        )
-        for eval_set, own in by_set.items():
-            if eval_set == test_time.ALL_EVAL:
-                continue
-            lead += f"\n\n- {eval_set.capitalize()}: {own.sentence()}"
-            extra_metrics |= {
-                f"{eval_set}/greedy_accuracy": test_time.greedy_accuracy_in(scores, sets, eval_set),
-                f"verdict/{eval_set}/difference": own.estimate,
-                f"verdict/{eval_set}/ci_low": own.low,
-                f"verdict/{eval_set}/ci_high": own.high,
-            }
-        yardstick = test_time.yardstick(audit, teacher.scores, scores, control.scores, sets)
-        extra_metrics |= {f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"}
-        extra_tables = {test_time.YARDSTICK_TABLE: yardstick}
-    return ReportExtras(
-        metrics={
-            "verdict/difference": difference.estimate,
-            "verdict/ci_low": difference.low,
-            "verdict/ci_high": difference.high,
-            "verdict/compute_matched": float(matched),
-            **extra_metrics,
-        },
-        figures={
-            "accuracy_by_round": plots.accuracy_by_round(accuracy),
-            "agreement_histogram": plots.agreement_histogram(labels["agreement"].to_list(), audit["tau"], int(labels["k"].max())),
-            "label_accuracy_vs_agreement": plots.label_accuracy_vs_agreement(buckets),
-        },
-        tables={
-            ACCURACY_TABLE: accuracy,
-            "Compute since the base model": compute_table,
-            "Pseudo-label calibration": buckets,  # label accuracy against the hidden gold by agreement
-            "Pseudo-label audit": pl.DataFrame([{k: v for k, v in audit.items() if k != "floor_failure"}]),
-            **extra_tables,
-        },
-        text=lead,
-    )
-
-
-def _accuracy_by_round(
-    number: int, baselines: dict[str, PublishedEval | None], metrics: dict[str, float], control_metrics: dict[str, float]
-) -> pl.DataFrame:
-    """Greedy accuracy of the arm's student and labeled-only chains up to round `number`: round 0 is labeled RL
-    (both chains start there), with the base model beside it."""
-    schema = {"round": pl.Int64, "checkpoint": pl.Utf8, "greedy_accuracy": pl.Float64}
-    if number > 1:
-        table = baselines["previous_round"].table(ACCURACY_TABLE)
-    else:
-        base, labeled_rl = baselines["base_model"], baselines["labeled_rl"]
-        table = pl.DataFrame(
-            [
-                {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"] if base else None},
-                {"round": 0, "checkpoint": layout.STUDENT_ROLE, "greedy_accuracy": labeled_rl.metrics["greedy_accuracy"]},
-                {"round": 0, "checkpoint": layout.LABELED_ONLY, "greedy_accuracy": labeled_rl.metrics["greedy_accuracy"]},
-            ],
-            schema=schema,
-        )
-    return pl.concat([
-        table,
-        pl.DataFrame(
-            [
-                {"round": number, "checkpoint": layout.STUDENT_ROLE, "greedy_accuracy": metrics["greedy_accuracy"]},
-                {"round": number, "checkpoint": layout.LABELED_ONLY, "greedy_accuracy": control_metrics["greedy_accuracy"]},
-            ],
-            schema=schema,
-        ),
-    ])
+    return LakeTable(labels, voted.sidecars(settings.tau, stats)), check

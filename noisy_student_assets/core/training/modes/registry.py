@@ -2,7 +2,8 @@
 configuration reference all look modes up here). The settings cannot: the modes import them, and settings stay a
 leaf; so settings are checked against their mode where they enter (`accepted`)."""
 
-from noisy_student_assets.core.settings import Settings, StudentSettings
+from noisy_student_assets.core.pseudo_labels.sources.registry import label_source
+from noisy_student_assets.core.settings import PseudoLabelSettings, Settings, StudentSettings
 from noisy_student_assets.core.training.modes.base import StudentMode
 from noisy_student_assets.core.training.modes.dpo import DPOMode
 from noisy_student_assets.core.training.modes.grpo import GRPOMode
@@ -26,7 +27,10 @@ def student_mode_for(settings: StudentSettings) -> StudentMode:
 
 
 def accepted(settings: Settings) -> Settings:
-    """`settings`, checked where they enter (run config, arm, experiment file): a student's against its mode."""
+    """`settings`, checked where they enter (run config, arm, experiment file): a student's against its mode, a vote's
+    label source against the registered ones."""
     if isinstance(settings, StudentSettings):
         student_mode_for(settings)
+    if isinstance(settings, PseudoLabelSettings):
+        label_source(settings.label_source)
     return settings

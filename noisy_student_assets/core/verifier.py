@@ -1,0 +1,360 @@
+"""A learned outcome verifier: a reward model that scores how likely a sample's final answer is right (no Dagster here).
+
+Cobbe et al. 2021 ("Training Verifiers to Solve Math Word Problems") train an outcome verifier on a generator's
+own samples, graded against the gold answers, and let it rank new samples. Here the verifier is the teacher's
+backbone with a scalar head (`AutoModelForSequenceClassification`, one label), trained with TRL's
+`RewardTrainer` on (right, wrong) pairs of the teacher's samples of the labeled problems: the Bradley-Terry loss
+-log sigmoid(score(right) - score(wrong)) only asks that a right sample outscores a wrong one of the same
+problem, so the verifier learns what tells them apart rather than how hard each problem is. Its score of a
+sample of an unlabeled problem then weighs that sample's vote (`pseudo_labels/sources/verifier.py`).
+
+The training chat and the scored chat are the same messages (`verifier_messages`: the problem's prompt as every
+stage renders it, then the sample as the assistant's turn) through the tokenizer's chat template, so the
+verifier scores exactly the kind of text it was trained on.
+
+The ML libraries are imported inside the functions that use them, so that loading the code location does not
+wait for them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+
+from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.prompts import build_messages
+from noisy_student_assets.core.training.base import GOLD, LOGGING_STEPS, fit
+
+if TYPE_CHECKING:
+    import datasets
+
+    from noisy_student_assets.core.settings import ComputeSettings, VerifierSettings
+
+VERIFIER_LOGGED = (("loss", "train_loss"), ("accuracy", "pair_accuracy"), ("margin", "reward_margin"))
+"""TRL's reward-model step logs summarised in the training metrics (first and last quarter)."""
+
+MAX_CONSECUTIVE_SKIPPED_STEPS = 3
+"""Non-finite optimizer steps in a row that stop the verifier's training (GRPO's default)."""
+
+CHECKPOINTS_PER_RUN = 10
+"""Resumable TRL checkpoints a training saves at most: a killed run loses at most a tenth of its steps."""
+
+CONSTANT_TOLERANCE = 1e-6
+"""Scores that all lie within this of each other rank nothing."""
+
+VERIFIER_METRICS_FILE = "verifier.json"
+"""In a verifier's directory: {"metrics": training and validation figures, "settings": its `VerifierSettings`}."""
+VALIDATION_SCORES_FILE, TRAINING_PAIRS_FILE = "validation_scores.parquet", "training_pairs.parquet"
+"""In a verifier's directory: its validation samples, graded and scored; the (right, wrong) pairs it trained on."""
+
+
+def verifier_messages(prompt: str, completion: str) -> list[dict[str, str]]:
+    """The chat the verifier reads, in training and in scoring: the problem as every stage asks it, answered by
+    `completion`."""
+    return [*build_messages(prompt), {"role": "assistant", "content": completion}]
+
+
+def graded_samples(generations: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
+    """The samples (`sampling.GENERATION_SCHEMA`) of problems with a gold answer (`problem_id`, `prompt`,
+    `gold_answer`), with their problem's prompt and whether their answer is the gold one: columns
+    `problem_id`, `sample_index`, `prompt`, `completion`, `answer`, `correct`. A sample without an answer is
+    wrong; one whose check was ungraded is left out (ungraded is not wrong)."""
+    samples = generations.select("problem_id", "sample_index", "completion", "answer").join(
+        problems.select("problem_id", "prompt", "gold_answer"), on="problem_id", how="left"
+    )
+    orphans = samples.filter(pl.col("prompt").is_null())
+    if orphans.height:
+        raise ValueError(f"{orphans.height} samples are of problems missing from the problem table (e.g. {orphans['problem_id'][0]!r})")
+    verdicts = [answers_equivalent(gold, answer) for gold, answer in samples.select("gold_answer", "answer").iter_rows()]
+    return (
+        samples.with_columns(pl.Series("correct", verdicts, dtype=pl.Boolean))
+        .drop_nulls("correct")
+        .select("problem_id", "sample_index", "prompt", "completion", "answer", "correct")
+    )
+
+
+def preference_pairs(graded: pl.DataFrame, max_pairs_per_problem: int, seed: int) -> datasets.Dataset:
+    """Up to `max_pairs_per_problem` (right, wrong) pairs of each problem of `graded` (`graded_samples`) that has
+    both, drawn without replacement from all its pairs, seeded per problem (a problem's pairs do not depend on the
+    others). TRL's conversational implicit-prompt preference rows: `chosen` and `rejected` are the whole chats
+    (`verifier_messages`), beside the `problem_id` (which the trainer ignores)."""
+    import datasets
+
+    rows, n_all_right, n_all_wrong = [], 0, 0
+    by_problem = graded.sort("problem_id", "sample_index").group_by("problem_id", maintain_order=True)
+    for (problem_id,), samples in by_problem:
+        right = samples.filter(pl.col("correct"))["completion"].to_list()
+        wrong = samples.filter(~pl.col("correct"))["completion"].to_list()
+        n_all_right += not wrong
+        n_all_wrong += not right
+        pairs = list(itertools.product(right, wrong))
+        prompt = samples["prompt"][0]
+        for chosen, rejected in random.Random(f"{seed}:{problem_id}").sample(pairs, min(max_pairs_per_problem, len(pairs))):
+            rows.append(
+                {
+                    "problem_id": problem_id,
+                    "chosen": verifier_messages(prompt, chosen),
+                    "rejected": verifier_messages(prompt, rejected),
+                }
+            )
+    if not rows:
+        raise ValueError(
+            f"no labeled problem has both a right and a wrong graded sample ({n_all_right} problems have only right "
+            f"ones, {n_all_wrong} only wrong ones): the verifier has no pair to learn from. Sample more per problem "
+            "(verifier k) or at a higher temperature, or start from a teacher that solves some of the problems"
+        )
+    return datasets.Dataset.from_list(rows)
+
+
+def train_verifier(
+    init_dir: Path,
+    pairs: datasets.Dataset,
+    settings: VerifierSettings,
+    out_dir: Path,
+    *,
+    work_dir: Path,
+    device: str = "cpu",
+    dtype: str = "float32",
+    report_to: list[str] | None = None,
+    callbacks: list | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Train a verifier from the checkpoint `init_dir` (its backbone, a new scalar head) on `pairs`
+    (`preference_pairs`) with TRL's `RewardTrainer`, and save it merged (safetensors and tokenizer, no adapters)
+    into `out_dir`; return the training metrics (`base.TrainingResult.metrics` with the `VERIFIER_LOGGED`
+    quarters, and `pairs`).
+
+    `settings.max_steps` steps of `settings.pairs_per_step` pairs at `settings.learning_rate` decaying linearly;
+    a pair longer than `settings.max_length` tokens is left out (TRL's filter). With `settings.use_lora`, LoRA
+    adapters on every linear layer of the backbone and the whole head trained (peft's sequence-classification
+    task saves the `score` head whole); otherwise every weight. `dtype` is the compute precision (mixed precision
+    over float32 weights unless float32). As the other trainers (`base.fit`), it resumes from the latest
+    checkpoint in `work_dir`, skips steps with a non-finite loss or gradient norm (reported through `warn`), and
+    checks the saved weights are finite.
+    """
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
+    from trl import RewardConfig, RewardTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    set_seed(settings.seed)  # the head is initialised at random: the seed fixes it
+    model = AutoModelForSequenceClassification.from_pretrained(init_dir, num_labels=1, dtype=torch.float32, use_safetensors=True)
+    # RewardTrainer sets the tokenizer's pad token (its eos when it has none) and the model config's pad_token_id,
+    # which the head reads to find each sequence's last token, and which the saved config keeps for scoring.
+    args = RewardConfig(
+        output_dir=str(work_dir),
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.pairs_per_step,
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type="linear",
+        seed=settings.seed,
+        save_strategy="steps",
+        save_steps=max(1, settings.max_steps // CHECKPOINTS_PER_RUN),
+        save_total_limit=1,
+        bf16=dtype == "bfloat16",  # explicit: TRL turns bf16 on when it is left unset
+        fp16=dtype == "float16",
+        # A step holds 2 x pairs_per_step chats of up to max_length tokens: too many activations for a GPU, and on
+        # the CPU (short chats) recomputing them would only slow the step.
+        gradient_checkpointing=device != "cpu",
+        logging_steps=LOGGING_STEPS,
+        report_to=report_to or ["none"],
+        use_cpu=device == "cpu",
+        max_length=settings.max_length,
+    )
+    lora = LoraConfig(task_type="SEQ_CLS", r=settings.lora_r, lora_alpha=settings.lora_alpha, target_modules="all-linear")
+    trainer_kwargs = dict(
+        model=model, args=args, train_dataset=pairs, processing_class=tokenizer, peft_config=lora if settings.use_lora else None
+    )
+    result = fit(
+        RewardTrainer, trainer_kwargs, tokenizer, MAX_CONSECUTIVE_SKIPPED_STEPS, init_dir, out_dir,
+        work_dir=work_dir, callbacks=callbacks, warn=warn, what="verifier", label_sources=[GOLD] * len(pairs), logged=VERIFIER_LOGGED,
+    )  # fmt: skip
+    return result.metrics | {"pairs": float(len(pairs))}
+
+
+def score_samples(
+    verifier_dir: Path,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    batch_size: int,
+    max_length: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> list[float]:
+    """The verifier's score (a logit: higher, more likely right) of each completion of its problem's prompt, in
+    order. Each chat is tokenized as in training (`verifier_messages` through the chat template) and cut to its
+    first `max_length` tokens; chats of similar length share a batch of `batch_size`, padded on the right, and
+    the head reads each one's last token that is not padding."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(verifier_dir, dtype=getattr(torch, dtype), use_safetensors=True)
+    if model.config.num_labels != 1 or model.config.pad_token_id != tokenizer.pad_token_id:
+        raise ValueError(
+            f"{verifier_dir} is not a verifier: it has {model.config.num_labels} labels (a verifier 1) and pad token id "
+            f"{model.config.pad_token_id} against its tokenizer's {tokenizer.pad_token_id} (a verifier the same)"
+        )
+    model.to(device).eval()
+    ids = [
+        tokenizer.apply_chat_template(verifier_messages(prompt, completion), tokenize=True, return_dict=True)["input_ids"][:max_length]
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
+    order = sorted(range(len(ids)), key=lambda index: len(ids[index]))  # less padding
+    scores = [0.0] * len(ids)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            inputs = tokenizer.pad({"input_ids": [ids[index] for index in batch]}, padding_side="right", return_tensors="pt")
+            logits = model(**inputs.to(device)).logits[:, 0].float().tolist()
+            for index, score in zip(batch, logits, strict=True):
+                scores[index] = score
+    return scores
+
+
+def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """The area under the ROC curve of `scores` separating right (`labels` true) from wrong samples: the chance
+    that a right sample outscores a wrong one, ties counting half (Mann-Whitney U over both counts). None when
+    either class is absent."""
+    values, right = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    if values.shape != right.shape:
+        raise ValueError(f"{values.size} scores but {right.size} labels")
+    if not np.isfinite(values).all():
+        raise ValueError("scores must be finite to be ranked")
+    n_right = int(right.sum())
+    n_wrong = right.size - n_right
+    if not (n_right and n_wrong):
+        return None
+    _, tie_group, tie_counts = np.unique(values, return_inverse=True, return_counts=True)
+    mid_ranks = np.cumsum(tie_counts) - (tie_counts - 1) / 2  # 1-based ranks, a tie sharing its mean rank
+    rank_sum = mid_ranks[tie_group][right].sum()
+    return float((rank_sum - n_right * (n_right + 1) / 2) / (n_right * n_wrong))
+
+
+def score_failure(scores: Sequence[float]) -> str | None:
+    """Why the verifier's scores cannot weigh samples (none, some not finite, or all the same within
+    `CONSTANT_TOLERANCE`), or None."""
+    values = np.asarray(scores, dtype=float)
+    if values.size == 0:
+        return "the verifier scored no samples"
+    non_finite = int((~np.isfinite(values)).sum())
+    if non_finite:
+        return f"{non_finite} of {values.size} verifier scores are NaN or infinite"
+    if values.max() - values.min() <= CONSTANT_TOLERANCE:
+        return f"all {values.size} verifier scores are {values[0]:.6g} (within {CONSTANT_TOLERANCE:g}): the verifier tells no sample from another"
+    return None
+
+
+def build_verifier(
+    teacher_dir: Path,
+    labeled: pl.DataFrame,
+    validation: pl.DataFrame,
+    settings: VerifierSettings,
+    compute: ComputeSettings,
+    out_dir: Path,
+    *,
+    work_dir: Path,
+    report_to: list[str] | None = None,
+    callbacks: list | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, float | None]:
+    """The verifier stage: the teacher's `settings.k` samples of every labeled and validation problem (one model
+    load, saved shard by shard in `work_dir` and resumed from there), a verifier trained on pairs of the labeled
+    problems' samples, and its measure on the validation problems' samples. Writes into `out_dir` the verifier,
+    `VERIFIER_METRICS_FILE`, the validation samples with their scores and the training pairs; returns the metrics.
+
+    Only the labeled problems' gold trains it; the validation problems' gold measures it. No unlabeled problem is
+    read here."""
+    from noisy_student_assets.core.sampling import SampleShards, SamplingSettings, generate_samples_resumable
+
+    say = progress or (lambda _: None)
+    problems = pl.concat([labeled, validation]).select("problem_id", "prompt", "gold_answer")
+    decoding = SamplingSettings(n=settings.k, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed)
+    generations, _ = generate_samples_resumable(
+        teacher_dir,
+        problems.select("problem_id", "prompt"),
+        decoding,
+        SampleShards(work_dir / "samples"),
+        backend=settings.backend,
+        progress=lambda done, total: say(f"verifier: sampled {done}/{total} problems"),
+        **compute.generation_options(),
+    )
+    graded = graded_samples(generations, problems)
+    on_labeled = graded.filter(pl.col("problem_id").is_in(labeled["problem_id"].implode()))
+    pairs = preference_pairs(on_labeled, settings.max_pairs_per_problem, settings.seed)
+    say(f"verifier: {len(pairs)} (right, wrong) pairs from {on_labeled['problem_id'].n_unique()} labeled problems")
+    training = train_verifier(
+        teacher_dir, pairs, settings, out_dir, work_dir=work_dir / "trainer", device=compute.resolved_device(), dtype=compute.dtype,
+        report_to=report_to, callbacks=callbacks, warn=say,
+    )  # fmt: skip
+    on_validation = graded.filter(pl.col("problem_id").is_in(validation["problem_id"].implode()))
+    scores = score_samples(
+        out_dir, on_validation["prompt"].to_list(), on_validation["completion"].to_list(), batch_size=settings.score_batch_size,
+        max_length=settings.max_length, device=compute.resolved_device(), dtype=compute.dtype,
+    )  # fmt: skip
+    scored = on_validation.with_columns(pl.Series("score", scores, dtype=pl.Float64))
+    metrics = training | validation_metrics(scored, validation) | {"labeled_samples_right": float(on_labeled["correct"].mean())}
+    scored.drop("prompt").write_parquet(out_dir / VALIDATION_SCORES_FILE)
+    pairs_table = [{"problem_id": row["problem_id"], "chosen": json.dumps(row["chosen"]), "rejected": json.dumps(row["rejected"])} for row in pairs]
+    pl.DataFrame(pairs_table, schema={"problem_id": pl.Utf8, "chosen": pl.Utf8, "rejected": pl.Utf8}).write_parquet(out_dir / TRAINING_PAIRS_FILE)
+    (out_dir / VERIFIER_METRICS_FILE).write_text(json.dumps({"metrics": metrics, "settings": settings.model_dump()}, indent=2))
+    return metrics
+
+
+def validation_metrics(scored: pl.DataFrame, validation: pl.DataFrame) -> dict[str, float | None]:
+    """How well the verifier judges the validation problems' samples (`scored`: `graded_samples` with `score`):
+    AUROC of right against wrong samples, and the share of problems whose label is right when the vote is weighted
+    by it, beside the plain majority's (maj@K) and the oracle's (pass@K: a right sample exists), the label headroom
+    a judge of the samples has."""
+    from noisy_student_assets.core.pseudo_labels.labels import vote_pseudo_labels, with_label_correct
+    from noisy_student_assets.core.pseudo_labels.sources.registry import label_source
+    from noisy_student_assets.core.settings import PseudoLabelSettings
+
+    gold = dict(validation.select("problem_id", "gold_answer").iter_rows())
+    voted = {}
+    for name in ("majority", "verifier"):
+        source = label_source(name)
+        weighted = source.weighted(scored, PseudoLabelSettings(label_source=name), scored.select("problem_id", "sample_index", "score"))
+        labels = with_label_correct(vote_pseudo_labels(weighted, validation, tau=0.0), gold)
+        voted[name] = float(labels["label_correct"].fill_null(False).mean())
+    solved = scored.group_by("problem_id").agg(pl.col("correct").any())["correct"].sum()
+    return {
+        "validation_auroc": auroc(scored["score"].to_list(), scored["correct"].to_list())
+        if score_failure(scored["score"]) is None
+        else None,
+        "validation_label_accuracy": voted["verifier"],
+        "validation_maj_at_k": voted["majority"],
+        "validation_pass_at_k": solved / validation.height,
+        "validation_samples_right": float(scored["correct"].mean()),
+    }
+
+
+def score_round(verifier_dir: Path, samples: pl.DataFrame, compute: ComputeSettings) -> pl.DataFrame:
+    """The verifier's score of each sample (`problem_id`, `sample_index`, `prompt`, `completion`), as `SCORE_SCHEMA`,
+    read with the verifier's own training settings (its `max_length`)."""
+    from noisy_student_assets.core.pseudo_labels.sources.base import SCORE_SCHEMA
+    from noisy_student_assets.core.settings import VerifierSettings
+
+    settings = VerifierSettings.model_validate(json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["settings"])
+    scores = score_samples(
+        verifier_dir, samples["prompt"].to_list(), samples["completion"].to_list(), batch_size=settings.score_batch_size,
+        max_length=settings.max_length, device=compute.resolved_device(), dtype=compute.dtype,
+    )  # fmt: skip
+    return samples.select("problem_id", "sample_index", pl.Series("score", scores, dtype=pl.Float64)).match_to_schema(SCORE_SCHEMA)
+
+
+def read_verifier_metrics(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
+    """A built verifier's metrics, and why its validation scores cannot weigh a vote (None when they can)."""
+    metrics = json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["metrics"]
+    return metrics, score_failure(pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list())
