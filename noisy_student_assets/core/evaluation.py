@@ -21,7 +21,6 @@ from noisy_student_assets.core.grading import answers_equivalent, format_reward
 from noisy_student_assets.core.problems import fingerprint
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.sampling import (
-    GENERATIONS_FORMAT,
     Progress,
     SampleShards,
     SamplingSettings,
@@ -122,10 +121,9 @@ class EvalResult:
 
 def eval_content_key(weights_sha256: str, eval_problems: pl.DataFrame, settings: EvalSettings) -> str:
     """The identity of an eval's completions: the same weights on the same problems with the same generation
-    settings give the same completions, whichever asset or arm asked (and a table of an older `GENERATIONS_FORMAT`
-    is not reused)."""
+    settings give the same completions, whichever asset or arm asked."""
     generation = settings.model_dump(include=set(settings.GENERATION_FIELDS))
-    identity = ["eval", weights_sha256, fingerprint(eval_problems), generation, settings.backend, settings.batch_size, GENERATIONS_FORMAT]
+    identity = ["eval", weights_sha256, fingerprint(eval_problems), generation, settings.backend, settings.batch_size]
     if settings.backend == "transformers":  # its samples follow the batches, which shards cut
         identity.append(settings.shard_size)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()

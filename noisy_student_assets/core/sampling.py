@@ -59,10 +59,6 @@ GENERATION_SCHEMA = pl.Schema(
     }
 )
 
-GENERATIONS_FORMAT = 2
-"""What a generations table holds (2 adds the token log-probabilities), in the sampling cache key: samples of an
-older format are not reused."""
-
 # vLLM on CPU, when the caller's environment does not say otherwise. Without an explicit KV cache
 # size the CPU worker claims gpu_memory_utilization (0.92 by default) of *all* RAM, and fails on a
 # shared machine; 2 GiB holds 41k tokens of SmolLM2-135M in float32 (64 problems x 8 samples x
@@ -229,7 +225,6 @@ def sampling_cache_key(
         "settings": settings.as_dict(),
         "backend": backend,
         "prompt_template": prompt_template,
-        "generations_format": GENERATIONS_FORMAT,
     }
     if backend == "transformers":
         identity["batch_size"] = batch_size

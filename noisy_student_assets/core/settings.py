@@ -395,6 +395,9 @@ class StudentSettings(Settings):
 class TeacherSamplingSettings(Settings):
     """How the teacher samples K answers per unlabeled problem."""
 
+    stage_version: ClassVar[int] = 2
+    """2: every sample carries its tokens' log-probabilities (what the confidence label source reads)."""
+
     backend: Backend = Field(default="vllm", description="vllm | transformers (same output schema)")
     k: int = Field(default=by_profile(cpu=8, gpu=16), ge=1, description="samples per problem")
     # SmolLM2's samples at temperature 1 agree too rarely to vote: at 0.6, 30% of problems reach tau=0.5
@@ -458,6 +461,9 @@ class VerifierSettings(Settings):
 
 class EvalSettings(Settings):
     """Evaluation on a problem set: greedy accuracy, and maj@k / pass@k from `samples` sampled answers."""
+
+    stage_version: ClassVar[int] = 2
+    """2: the completions it publishes carry their tokens' log-probabilities."""
 
     backend: Backend = Field(default="vllm", description="vllm | transformers")
     max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024), ge=1, description="completion tokens at most")

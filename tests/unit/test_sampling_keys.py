@@ -8,7 +8,6 @@ import dataclasses
 import polars as pl
 import pytest
 
-from noisy_student_assets.core import sampling
 from noisy_student_assets.core.sampling import (
     SamplingSettings,
     problem_parts,
@@ -50,13 +49,6 @@ def test_sampling_cache_key_is_stable_and_sensitive_to_every_input():
     assert sampling_cache_key(**base, batch_size=64) == key
     transformers = base | {"backend": "transformers"}
     assert sampling_cache_key(**transformers, batch_size=64) != sampling_cache_key(**transformers, batch_size=16)
-
-
-def test_samples_of_another_generations_format_are_not_reused(monkeypatch):
-    run = ("a" * 64, "problems-v1", SAMPLING, "vllm", "[{'role': 'user', 'content': '{problem}'}]")
-    key = sampling_cache_key(*run)
-    monkeypatch.setattr(sampling, "GENERATIONS_FORMAT", sampling.GENERATIONS_FORMAT + 1)
-    assert sampling_cache_key(*run) != key
 
 
 @pytest.mark.parametrize(("rows", "parts", "sizes"), [(7, 3, [2, 3, 2]), (6, 3, [2, 2, 2]), (2, 3, [1, 1]), (5, 1, [5])])
