@@ -1,5 +1,6 @@
 """The grid command (`make grid`): killed mid-way, then run again, it resumes where it stopped; `--rounds`
-stops every arm after a round, and a run without it adds the rest; SIGTERM stops it mid-step (tiny model)."""
+stops every arm after a round, and a run without it adds the rest; SIGTERM stops it mid-step; the label sources'
+grid reports every source (tiny model)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 import pytest
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -21,6 +23,9 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import arm_assets
+from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
+from noisy_student_assets.core.reporting.eval_report import metadata_key
+from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE, SOURCES_TABLE
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
 from tests.cli import DagsterCli, changed_defaults_env
 from tests.tiny_configs import TINY_GRPO, TINY_SAMPLING, op, round_names, tiny_config, with_op_config
@@ -221,3 +226,48 @@ def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_acc
         cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert plan.returncode == 0 and f"[grid] arm {arm}: up to date" in plan.stdout, "the plan knows the arm stopped: " + plan.stdout
+
+
+def _sevens_problems(path: Path, count: int, first: int) -> Path:
+    """A JSONL problem file whose every answer is 7 (the sevens model's), so that its samples are right and wrong on
+    the same problem: what the verifier learns from."""
+    path.write_text("".join(json.dumps({"question": f"What is {n} - {n - 7}?", "answer": "7"}) + "\n" for n in range(first, first + count)))
+    return path
+
+
+def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_auroc_and_the_flips(
+    dagster_cli: DagsterCli, sevens_model_dir, tmp_path, monkeypatch
+) -> None:
+    """tests/experiments/label_sources.yaml, the three sources on one teacher, through the grid CLI: every check passes,
+    and each arm's round report draws the frontier of every source it can judge beside the oracle, with the flips."""
+    experiment = EXPERIMENT.parent / "label_sources.yaml"
+    config = tiny_config(sevens_model_dir, rounds=1, tau=0.5)
+    pool, held_out = _sevens_problems(tmp_path / "pool.jsonl", 40, 10), _sevens_problems(tmp_path / "eval.jsonl", 5, 100)
+    config["ops"] |= {
+        layout.PROBLEM_POOL: {"config": {"source": {"kind": "file", "path": str(pool)}}},
+        layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(held_out)}}},
+    }
+    _enter_home(dagster_cli, monkeypatch)
+    _grid_done(dagster_cli, config, tmp_path / "grid.log", experiment=experiment)
+
+    checks = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(experiment)],
+        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert checks.returncode == 0, checks.stderr[-3000:]
+    outcomes = [line for line in checks.stdout.splitlines() if line.startswith("| ls-")]
+    assert outcomes and all(line.rstrip().endswith("| passed |") for line in outcomes), checks.stdout
+    assert "| ls-verifier | round_001/verifier | verifier_informative | passed |" in checks.stdout, checks.stdout
+
+    sources = {"ls-majority": {"majority", "confidence"}, "ls-confidence": {"majority", "confidence"}}
+    sources["ls-verifier"] = {"majority", "confidence", "verifier"}
+    for arm, judged in sources.items():
+        report = layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.EVAL_REPORT), arm)
+        assert (report / "label_frontier.png").is_file(), arm
+        table = pl.read_parquet(report / f"{metadata_key(SOURCES_TABLE)}.parquet")
+        assert set(table["source"]) == judged | {ORACLE}, arm
+        flips = pl.read_parquet(report / f"{metadata_key(FLIPS_TABLE)}.parquet").row(0, named=True)
+        assert flips["eval_set"] == "all" and flips["problems"] == 5, arm
+        audit = pl.read_parquet(report / f"{metadata_key('Pseudo-label audit')}.parquet").row(0, named=True)
+        assert audit["label_source"] == arm.removeprefix("ls-")
+    assert audit["verifier_validation_auroc"] is not None, "the verifier arm's report shows its validation AUROC"

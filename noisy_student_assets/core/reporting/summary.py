@@ -111,10 +111,10 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     "bucket", "problems", "labels_correct",
                 ))  # fmt: skip
             if (labels_dir / SOURCES_FILE).exists():
-                sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(_arm_columns(row, number), pl.all()))
+                sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(*_arm_columns(row, number), pl.all()))
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
-                flips.append(student.table(FLIPS_TABLE).select(_arm_columns(row, number), pl.all()))
+                flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
                 transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
