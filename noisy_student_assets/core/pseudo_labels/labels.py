@@ -259,5 +259,6 @@ def pseudo_label(
         floor_failure=failure,
         label_source=settings.label_source,
         frontier=curve,
-        sources=matched.join(operating, on="source", how="left", maintain_order="left"),
+        # Every source, the ones that kept no label too, then the oracle.
+        sources=operating.join(matched, on="source", how="full", coalesce=True, maintain_order="left_right"),
     )

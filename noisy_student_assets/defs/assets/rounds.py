@@ -223,25 +223,16 @@ def round_definitions(number: int) -> dg.Definitions:
         for name, found in ((labeled_only_eval_key.to_user_string(), labeled_only_eval), (reference_name, baselines[reference_name])):
             if found is None:
                 raise dg.Failure(f"{name} (arm {arm}) is not materialized: the report compares with it")
+        evidence = RoundEvidence(
+            number, arm, pseudo_labels.frame, pseudo_labels.extra_files, labeled_only_eval, baselines[reference_name], baselines, eval_problems
+        )
         with stage(context, config, stage_resources) as current:
             staged, metrics, health_check = evaluate(
                 current,
                 checkpoint_dir=student,
                 eval_problems=eval_problems,
                 deltas_against={name: baselines[name] for name in ("previous_round", "labeled_rl", "base_model") if name in baselines},
-                extras=partial(
-                    round_report,
-                    RoundEvidence(
-                        number,
-                        arm,
-                        pseudo_labels.frame,
-                        pseudo_labels.extra_files,
-                        labeled_only_eval,
-                        baselines[reference_name],
-                        baselines,
-                        eval_problems,
-                    ),
-                ),
+                extras=partial(round_report, evidence),
             )
         yield current.output(staged)
         yield health_check
