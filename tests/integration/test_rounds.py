@@ -186,13 +186,14 @@ def test_controls_train_on_their_own_labels(two_rounds, lake: DataLake) -> None:
         assert (lake.artifact_dir(key(1, f"{control}_eval"), ARM) / "metrics.json").is_file()
 
 
-FIGURES = ("accuracy_by_round", "agreement_histogram", "label_accuracy_vs_agreement")
+FIGURES = ("accuracy_by_round", "agreement_histogram", "label_accuracy_vs_agreement", "label_frontier")
 
 
-def test_round_report_has_figures_calibration_and_the_accuracy_by_round(two_rounds, lake: DataLake) -> None:
+def test_round_report_has_figures_calibration_flips_frontier_and_the_accuracy_by_round(two_rounds, lake: DataLake) -> None:
     report = lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM)
     text = (report / "report.md").read_text()
     assert "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text and "## Compute since the base model" in text
+    assert "**Flips from the teacher.**" in text and "## Flips from the teacher" in text and "## Label sources at matched coverage" in text
     accuracy = pl.read_parquet(report / "accuracy_per_round_and_chain.parquet")
     assert accuracy.select("round", "checkpoint").rows() == [
         (0, "base_model"), (0, "student"), (0, "labeled_only"), (1, "student"), (1, "labeled_only"), (2, "student"), (2, "labeled_only")
