@@ -19,7 +19,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, SOURCES_FILE
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
@@ -71,6 +71,8 @@ class ExperimentResults:
     """Per experiment, group, round and agreement bucket, over the group's seeds: labels, labels correct, accuracy."""
     sources: pl.DataFrame
     """Per arm, round and label source: kept-label accuracy at matched coverages, and at the source's tau."""
+    frontiers: dict[tuple[str, int], pl.DataFrame]
+    """Per arm, its last round's label-quality frontier (`frontier.CURVE_SCHEMA`), by (arm, round)."""
     flips: pl.DataFrame
     """Per arm, round and eval set: the problems the student got right that its teacher got wrong, and the reverse."""
     validation: pl.DataFrame
@@ -83,8 +85,9 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, sources, flips, by_group = [], [], [], [], [], [], {}
+    accuracy, audits, calibration, validation, sources, flips, frontiers, by_group = [], [], [], [], [], [], {}, {}
     for arm in arms:
+        last_frontier = None
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         if validated:
             validation.append({
@@ -112,6 +115,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 ))  # fmt: skip
             if (labels_dir / SOURCES_FILE).exists():
                 sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(*_arm_columns(row, number), pl.all()))
+                last_frontier = ((arm.name, number), pl.read_json(labels_dir / FRONTIER_FILE))
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
                 flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
@@ -121,6 +125,8 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 audits.append(
                     row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS} | {"student_transductive_greedy": transductive}
                 )
+        if last_frontier:
+            frontiers[last_frontier[0]] = last_frontier[1]
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
         for number in range(1, rounds + 1):
@@ -153,6 +159,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         calibration=_pooled_calibration(calibration),
         sources=pl.concat(sources, how="diagonal_relaxed") if sources else pl.DataFrame(),
         flips=pl.concat(flips) if flips else pl.DataFrame(),
+        frontiers=frontiers,
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
     )

@@ -30,7 +30,8 @@ VERDICT_NAME = "verdict"
         *(round_key(n, layout.PSEUDO_LABELS) for n in range(1, ROUNDS + 1)),  # their audits
     ],
     description="Every registered arm's rounds against their compute-matched controls: differences with paired "
-    "bootstrap intervals (over problems, and over seeds for arms that differ only by seed), accuracy by round.",
+    "bootstrap intervals (over problems, and over seeds for arms that differ only by seed), accuracy by round, the flips, "
+    "and each arm's label-quality frontier of every source beside the oracle.",
 )
 def verdict(
     context: dg.AssetExecutionContext,
@@ -38,6 +39,7 @@ def verdict(
 ) -> dg.Output[Path]:
     import mlflow
 
+    from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
     from noisy_student_assets.core.reporting import plots
     from noisy_student_assets.core.reporting.summary import collect, summary_markdown
     from noisy_student_assets.core.reporting.test_time import ALL_EVAL
@@ -57,6 +59,12 @@ def verdict(
         results.accuracy.write_parquet(staged / "accuracy.parquet")
         results.differences.write_parquet(staged / "differences.parquet")
         figures = {"accuracy_by_round": figure} if figure else {}
+        figures |= {
+            f"label_frontier_{arm}_round_{number}": plots.label_frontier(
+                curve, results.sources.filter((pl.col("arm") == arm) & (pl.col("round") == number)), ORACLE
+            )
+            for (arm, number), curve in results.frontiers.items()
+        }
         inline_report = markdown.write_report(staged, VERDICT_NAME, "Verdict", f"# Verdict\n\n{report}", figures)
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
