@@ -293,7 +293,10 @@ def build_verifier(
     graded = graded_samples(generations, problems)
     on_labeled = graded.filter(pl.col("problem_id").is_in(labeled["problem_id"].implode()))
     pairs = preference_pairs(on_labeled, settings.max_pairs_per_problem, settings.seed)
-    say(f"verifier: {len(pairs)} (right, wrong) pairs from {on_labeled['problem_id'].n_unique()} labeled problems")
+    say(
+        f"verifier: {len(pairs)} (right, wrong) pairs from the {len(set(pairs['problem_id']))} of {labeled.height} labeled problems "
+        "with both a right and a wrong sample"
+    )
     training = train_verifier(
         teacher_dir, pairs, settings, out_dir, work_dir=work_dir / "trainer", device=compute.resolved_device(), dtype=compute.dtype,
         report_to=report_to, callbacks=callbacks, warn=say,
