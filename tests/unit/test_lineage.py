@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.settings import EvalSettings, StudentSettings
+from noisy_student_assets.core.settings import PseudoLabelSettings, StudentSettings
 from noisy_student_assets.defs.lineage import Recorded, fingerprint, recorded, reuse_key, stale_assets
 from tests.cli import changed_defaults_env
 
@@ -122,9 +122,9 @@ def test_a_recorded_fingerprint_is_read_back_as_it_was_set() -> None:
 
 
 def test_reuse_keys_stay_those_of_the_content_at_version_one_and_change_with_a_raised_version(monkeypatch) -> None:
-    assert reuse_key("abc", EvalSettings()) == "abc"
+    assert reuse_key("abc", PseudoLabelSettings()) == "abc"
     monkeypatch.setattr(StudentSettings, "stage_version", 2)
-    assert reuse_key("abc", StudentSettings()) not in ("abc", reuse_key("abc", EvalSettings()))
+    assert reuse_key("abc", StudentSettings()) not in ("abc", reuse_key("abc", PseudoLabelSettings()))
 
 
 def _code_versions(defaults: dict) -> dict[str, str]:
