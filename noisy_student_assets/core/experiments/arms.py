@@ -182,6 +182,11 @@ class _ArmSpec(BaseModel):
                     node[leaf] = convert[0](value) if convert else value
         return changes
 
+    def settings(self, stage: str) -> Settings:
+        """`stage`'s settings with this spec over their defaults."""
+        defaults = STAGE_SETTINGS[stage]()
+        return type(defaults)(**apply(defaults.model_dump(), self.overrides(stage)))
+
     def test_time_conflict(self) -> str | None:
         """Why this spec's data fields contradict each other, or None."""
         if self.test_time and self.n_unlabeled is not None:
@@ -195,8 +200,8 @@ class _ArmSpec(BaseModel):
     def _settings_accept_it(self) -> _ArmSpec:
         """Every stage's settings, with this spec over their defaults, are valid (a mode that is not registered,
         a reward the mode has no use for, an agreement band upside down)."""
-        for stage, settings in STAGE_SETTINGS.items():
-            accepted(settings(**apply(settings().model_dump(), self.overrides(stage))))
+        for stage in STAGE_SETTINGS:
+            accepted(self.settings(stage))
         if conflict := self.test_time_conflict():
             raise ValueError(conflict)
         return self
@@ -317,12 +322,12 @@ class Arm(BaseModel):
     @property
     def stopping_rule(self) -> RoundsSettings:
         """How many rounds this arm runs (its `rounds` settings, with the defaults filling what it leaves)."""
-        return RoundsSettings(**apply(RoundsSettings().model_dump(), self.overrides(ROUNDS)))
+        return self.spec.settings(ROUNDS)
 
     @property
     def label_source(self) -> str:
         """Whose judgement weighs this arm's votes (its `label_source`, else the default)."""
-        return PseudoLabelSettings(**apply(PseudoLabelSettings().model_dump(), self.overrides(PSEUDO_LABELS))).label_source
+        return self.spec.settings(PSEUDO_LABELS).label_source
 
     def overrides_sha(self, stage: str) -> str:
         """Fingerprint of what this arm changes in `stage`: a stage whose fingerprint changed is stale."""
