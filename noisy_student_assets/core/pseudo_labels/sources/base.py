@@ -30,9 +30,9 @@ class LabelSource(ABC):
     """Whether it weighs samples by the round's verifier scores (its arms then train a verifier)."""
 
     @abstractmethod
-    def sample_weights(self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None) -> pl.Expr:
-        """Each sample's weight, as an expression over `generations` (joined with `scores` where the source reads
-        them); the vote rejects a weight that is negative or not finite."""
+    def sample_weights(self, settings: PseudoLabelSettings) -> pl.Expr:
+        """Each sample's weight, as an expression over the generations (with the verifier's `score` joined where the
+        source reads it); the vote rejects a weight that is negative or not finite."""
 
     def missing_input(self, generations: pl.DataFrame, scores: pl.DataFrame | None) -> str | None:
         """Why this source cannot judge these samples, or None."""
@@ -54,4 +54,4 @@ class LabelSource(ABC):
                 )
             if not samples["score"].is_finite().all():
                 raise ValueError("the verifier gave a sample a non-finite score: it cannot weigh a vote")
-        return samples.with_columns(self.sample_weights(samples, settings, scores).cast(pl.Float64).alias("weight")).select(VOTE_COLUMNS)
+        return samples.with_columns(self.sample_weights(settings).cast(pl.Float64).alias("weight")).select(VOTE_COLUMNS)

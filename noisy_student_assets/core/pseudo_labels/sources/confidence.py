@@ -24,7 +24,7 @@ class ConfidenceSource(LabelSource):
             return "label source 'confidence' reads each sample's token log-probabilities, and these generations have none: re-materialize them"
         return None
 
-    def sample_weights(self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None) -> pl.Expr:
+    def sample_weights(self, settings: PseudoLabelSettings) -> pl.Expr:
         confidence = pl.col("mean_logprob").exp()
         # The least confident first (ties: the later sample), so that dropping a share is deterministic.
         rank = pl.struct(pl.col("mean_logprob"), -pl.col("sample_index")).rank("ordinal").over("problem_id")

@@ -16,5 +16,5 @@ class MajoritySource(LabelSource):
     name = "majority"
     description = "each sample counts once: the majority answer by mathematical equivalence"
 
-    def sample_weights(self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None) -> pl.Expr:
+    def sample_weights(self, settings: PseudoLabelSettings) -> pl.Expr:
         return pl.lit(1.0)

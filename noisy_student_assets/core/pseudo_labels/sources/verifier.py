@@ -18,5 +18,5 @@ class VerifierSource(LabelSource):
     description = "each sample weighs the round's verifier's probability that it is right (round_00N/verifier, trained on labeled problems)"
     reads_verifier = True
 
-    def sample_weights(self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None) -> pl.Expr:
+    def sample_weights(self, settings: PseudoLabelSettings) -> pl.Expr:
         return 1.0 / (1.0 + (-pl.col("score")).exp())
