@@ -367,7 +367,8 @@ def _train_verifier(current: StageRun, teacher: Path, labeled: pl.DataFrame, val
     from noisy_student_assets.payloads.specs import VerifierSpec
 
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
-    work_dir = lake.work_dir(context.asset_key, current.partition, weights_sha256(teacher)[:16])
+    teacher_sha = weights_sha256(teacher)
+    work_dir = lake.work_dir(context.asset_key, current.partition, teacher_sha[:16])
     work_dir.mkdir(parents=True, exist_ok=True)
     labeled.write_parquet(work_dir / "labeled.parquet")
     validation.write_parquet(work_dir / "validation.parquet")
@@ -386,7 +387,7 @@ def _train_verifier(current: StageRun, teacher: Path, labeled: pl.DataFrame, val
     current.log_metrics({f"verifier/{name}": value for name, value in metrics.items() if value is not None})
     current.metadata |= {name: value for name, value in metrics.items() if value is not None} | {
         "teacher": dg.MetadataValue.path(str(teacher)),
-        "teacher_weights_sha256": weights_sha256(teacher),
+        "teacher_weights_sha256": teacher_sha,
     }
     if failure:
         context.log.error(f"verifier_informative fails: {failure}")
