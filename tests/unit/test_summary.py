@@ -79,7 +79,7 @@ def test_collect_compares_every_round_with_its_controls(lake: Path) -> None:
     assert pooled["estimate"] == pytest.approx(0.2) and pooled["low"] > 0 and pooled["outcome"] == "better"
     assert pooled["compute_matched"]
     same = rows[("tau=0.8", 1, "labeled_only")]
-    assert same["estimate"] == 0 and same["outcome"] == "no difference" and same["seeds"] == 1
+    assert same["estimate"] == 0 and same["outcome"] == "no difference, one seed" and same["seeds"] == 1
     gold = rows[("tau=0.5", 1, "gold_label")]
     assert gold["seeds"] == 1 and not gold["compute_matched"]  # only seed 0 has one, and it recorded no compute
     assert results.sentences[0].startswith("**grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control: +0.200")

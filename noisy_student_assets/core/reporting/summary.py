@@ -1,8 +1,8 @@
 """The run summary and the verdict across arms, read from the data lake (no Dagster here).
 
 For every round of every arm: the student's greedy accuracy and each control's, and the difference
-student minus control with a paired bootstrap interval over eval problems; arms of one experiment that
-differ only by seed are pooled, with seeds resampled too (`noisy_student_assets.core.reporting.verdict`). The summary
+student minus control with a paired interval (`noisy_student_assets.core.reporting.verdict`): over eval problems on
+one seed; arms of one experiment that differ only by seed are pooled, with an interval over seeds and problems. The summary
 leads with one plain sentence per arm group: the last round against its labeled-only control.
 
 `python -m noisy_student_assets.summary` (run by `make run` after the grid) prints it and writes it to
@@ -199,7 +199,7 @@ def summary_markdown(results: ExperimentResults) -> str:
         shown = results.differences.select(
             "experiment", "group", "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
         )
-        lines += ["", "## Student minus control, per round (paired bootstrap 95% intervals)", "", markdown_table(shown)]
+        lines += ["", "## Student minus control, per round (paired 95% intervals: over seeds and problems, or over problems on one seed)", "", markdown_table(shown)]
     if results.accuracy.height:
         lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
     if results.audits.height:

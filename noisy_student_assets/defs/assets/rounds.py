@@ -204,7 +204,7 @@ def round_definitions(number: int) -> dg.Definitions:
         },
         check_specs=[no_eval_regression_spec(report_key), eval_not_degenerate_spec(report_key)],
         description="The round's student on eval_problems, and the verdict: its accuracy minus the labeled-only "
-        "control's (same compute), with a paired bootstrap interval; deltas vs the previous round, labeled RL and "
+        "control's (same compute), with a paired interval over seeds and problems; deltas vs the previous round, labeled RL and "
         "the base model; pseudo-label calibration.",
         **heavy,
     )
