@@ -10,7 +10,7 @@ import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core.layout import EVAL_PROBLEMS
-from noisy_student_assets.core.training.compute import read_compute
+from noisy_student_assets.core.training.compute import read_compute, recipe_mismatches
 from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.config import SmokeConfig
@@ -202,7 +202,9 @@ def compute_matched_check(
     control_key: dg.AssetKey, student_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition
 ) -> dg.AssetChecksDefinition:
     """ERROR when a control checkpoint's lineage spent other optimizer steps, prompts or completions than
-    the round's student's: the round's gain over it would then not be a gain at equal compute."""
+    the round's student's, or when its own run trained another way (LoRA rank and alpha, learning rate, completion
+    length limit, group size K, temperature: `RECIPE_FIELDS`): the round's gain over it would then not be a gain of
+    the data alone at equal compute. The completion tokens each one generated are reported beside."""
 
     @dg.asset_check(
         asset=control_key,
@@ -211,18 +213,21 @@ def compute_matched_check(
         additional_deps=[student_key],
         blocking=True,  # a control eval at other compute would answer a different question than the verdict asks
         description="Blocking: since the base model, this control spent the same optimizer steps, prompts and completions as "
-        "the round's student (compute.json of both checkpoints).",
+        "the round's student, and its run trained with the same recipe (LoRA, learning rate, completion length, K, "
+        "temperature); compute.json of both checkpoints.",
     )
     def compute_matched(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
-        control = read_compute(data_lake.artifact_dir(control_key, context.partition_key)).total
-        student = read_compute(data_lake.artifact_dir(student_key, context.partition_key)).total
-        mismatches = control.mismatches(student)
+        control = read_compute(data_lake.artifact_dir(control_key, context.partition_key))
+        student = read_compute(data_lake.artifact_dir(student_key, context.partition_key))
+        mismatches = control.total.mismatches(student.total) + recipe_mismatches(control.recipe, student.recipe)
+        tokens = f"completion tokens generated since the base model: control {control.total.generated_tokens}, student {student.total.generated_tokens}"
         return dg.AssetCheckResult(
             passed=not mismatches,
             severity=dg.AssetCheckSeverity.ERROR,
-            description=f"control vs student: {'; '.join(mismatches)}" if mismatches else None,
-            metadata={f"control/{k}": v for k, v in control.as_dict().items()}
-            | {f"student/{k}": v for k, v in student.as_dict().items()},
+            description=f"control vs student: {'; '.join(mismatches)} ({tokens})" if mismatches else tokens,
+            metadata={f"control/{k}": v for k, v in control.total.as_dict().items()}
+            | {f"student/{k}": v for k, v in student.total.as_dict().items()}
+            | {"control/recipe": dg.MetadataValue.json(control.recipe), "student/recipe": dg.MetadataValue.json(student.recipe)},
         )
 
     return compute_matched

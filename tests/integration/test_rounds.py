@@ -26,7 +26,7 @@ from resources.tracking import (
     MlflowTracking,
 )
 from tests.lakes import arms_instance, materialize, metadata_of
-from tests.tiny_configs import FOUNDATION, SHARED, op, round_chain, round_names, tiny_config, with_op_config
+from tests.tiny_configs import FOUNDATION, SHARED, TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
 
 ARM = "a"
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
@@ -131,6 +131,17 @@ def test_a_control_trained_longer_fails_the_compute_match(two_rounds, lake, inst
     result = materialize(lake, round_names(1, "labeled_only_checkpoint"), longer, ARM, instance, raise_on_error=False)
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "compute_matched"]
     assert not check.passed and "optimizer_steps 3 != 2" in check.description
+    materialize(lake, round_names(1, "labeled_only_checkpoint"), config, ARM, instance)  # back to the matched control
+
+
+def test_a_control_trained_another_way_fails_the_compute_match(two_rounds, lake, instance, config) -> None:
+    """The same steps, prompts and completions at another learning rate and LoRA rank: only the data may differ."""
+    other_recipe = with_op_config(config, op("round_001", "labeled_only_checkpoint"), grpo=TINY_GRPO | {"learning_rate": 1e-3, "lora_r": 4})
+    result = materialize(lake, round_names(1, "labeled_only_checkpoint"), other_recipe, ARM, instance, raise_on_error=False)
+    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "compute_matched"]
+    assert not check.passed, check.description
+    assert "learning_rate 0.001 != 0.0002" in check.description and "lora_r 4 != 16" in check.description
+    assert "optimizer_steps" not in check.description and "completion tokens generated since the base model" in check.description
     materialize(lake, round_names(1, "labeled_only_checkpoint"), config, ARM, instance)  # back to the matched control
 
 

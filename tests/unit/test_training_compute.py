@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from noisy_student_assets.core.training.compute import TrainingCompute, compute_comparison, grpo_compute, read_compute, record_compute
+from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.training.compute import (
+    UNRECORDED_RECIPE,
+    TrainingCompute,
+    compute_comparison,
+    grpo_compute,
+    read_compute,
+    recipe_mismatches,
+    record_compute,
+    training_recipe,
+)
 
 
 def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:
@@ -20,11 +30,12 @@ def test_a_checkpoint_records_its_lineage_and_a_reused_record_is_rewritten(tmp_p
         directory.mkdir()
     step = TrainingCompute(optimizer_steps=3, prompts=6, completions=48, generated_tokens=500)
     assert read_compute(base).total == TrainingCompute()  # the base model spent nothing
-    record_compute(first, step, base)
+    recipe = training_recipe(GRPOSettings())
+    record_compute(first, step, base, recipe)
     (second / "compute.json").hardlink_to(first / "compute.json")  # a reused checkpoint shares the file
-    record_compute(second, step, first)
+    record_compute(second, step, first, recipe)
     assert read_compute(first).total == step, "rewriting the reused record left the original alone"
-    assert read_compute(second).total == step + step and read_compute(second).own == step
+    assert read_compute(second).total == step + step and read_compute(second).own == step and read_compute(second).recipe == recipe
 
 
 def test_matched_compute_compares_steps_prompts_and_completions_only() -> None:
@@ -34,3 +45,15 @@ def test_matched_compute_compares_steps_prompts_and_completions_only() -> None:
     assert not compute_comparison(spent, spent | {"compute/total_optimizer_steps": 10.0})[0]
     assert not compute_comparison(spent, {})[0]
     assert TrainingCompute(optimizer_steps=3).mismatches(TrainingCompute(optimizer_steps=2)) == ["optimizer_steps 3 != 2"]
+
+
+def test_a_control_must_train_with_its_student_s_recipe() -> None:
+    student = training_recipe(GRPOSettings())
+    assert recipe_mismatches(training_recipe(GRPOSettings(max_steps=9, seed=3)), student) == []  # the budget and seed are not the recipe
+    assert recipe_mismatches(training_recipe(GRPOSettings(learning_rate=1e-3)), student) == ["learning_rate 0.001 != 0.0002"]
+    assert recipe_mismatches(training_recipe(GRPOSettings(lora_r=4, lora_alpha=8)), student) == ["lora_r 4 != 16", "lora_alpha 8 != 32"]
+    other = GRPOSettings(max_completion_length=32, num_generations=4, temperature=1.0)
+    assert len(recipe_mismatches(training_recipe(other), student)) == 3
+    full = training_recipe(GRPOSettings(use_lora=False))
+    assert "lora_r" not in full and recipe_mismatches(full, student)[0] == "use_lora False != True"
+    assert recipe_mismatches({}, student) == [UNRECORDED_RECIPE]

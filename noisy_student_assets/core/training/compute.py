@@ -1,23 +1,32 @@
 """The training compute a checkpoint spent, and the compute of its whole lineage (no Dagster here).
 
 A gain counts only against a control that spent the same compute: the same optimizer steps, prompts and
-completions since the base model. Every trained checkpoint stores its own compute and its lineage's total
-(its init checkpoint's total plus its own) in `compute.json`; the base model has none. A round's student
-and its controls are compared on `MATCHED_FIELDS`; generated tokens differ by nature (a model that answers
-in fewer tokens spends fewer) and are reported, not matched.
+completions since the base model, trained the same way. Every trained checkpoint stores its own compute, its
+lineage's total (its init checkpoint's total plus its own) and its own run's training recipe in `compute.json`;
+the base model has none. A round's student and its controls are compared on `MATCHED_FIELDS` and on the recipe
+(`RECIPE_FIELDS`: only their data may differ); generated tokens differ by nature (a model that answers in fewer
+tokens spends fewer) and are reported, not matched.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import polars as pl
 
 from noisy_student_assets.core.layout import COMPUTE_FILE
+from noisy_student_assets.core.settings import GRPOSettings
 
 MATCHED_FIELDS = ("optimizer_steps", "prompts", "completions")
+RECIPE_FIELDS = (
+    "use_lora", "lora_r", "lora_alpha", "learning_rate", "beta", "epsilon", "loss_type", "scale_rewards", "max_completion_length",
+    "num_generations", "temperature",
+)  # fmt: skip
+"""The GRPO settings a control shares with its student. The learning rate decays linearly to 0 over the run's steps in
+every run (TRL's default schedule, no warmup), so equal steps and learning rates are an equal schedule."""
+UNRECORDED_RECIPE = "training recipe not recorded (a checkpoint trained before recipes were recorded: materialize it again)"
 
 
 @dataclass(frozen=True)
@@ -51,9 +60,24 @@ class CheckpointCompute:
     """What training this checkpoint spent."""
     total: TrainingCompute
     """`own` plus the total of the checkpoint it started from: everything spent since the base model."""
+    recipe: dict = field(default_factory=dict)
+    """How this checkpoint's own run trained (`training_recipe`); empty in a record written before recipes were."""
 
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        return {"own": self.own.as_dict(), "total": self.total.as_dict()}
+    def as_dict(self) -> dict[str, dict]:
+        return {"own": self.own.as_dict(), "total": self.total.as_dict(), "recipe": self.recipe}
+
+
+def training_recipe(grpo: GRPOSettings) -> dict:
+    """The `RECIPE_FIELDS` of a run's GRPO settings (the LoRA rank and alpha only where it trains LoRA adapters)."""
+    lora_only = () if grpo.use_lora else ("lora_r", "lora_alpha")
+    return {name: getattr(grpo, name) for name in RECIPE_FIELDS if name not in lora_only}
+
+
+def recipe_mismatches(control: dict, student: dict) -> list[str]:
+    """The recipe settings on which a control's run differs from its student's, as 'learning_rate 0.0001 != 0.0002'."""
+    if not control or not student:
+        return [UNRECORDED_RECIPE]
+    return [f"{name} {control.get(name)!r} != {student.get(name)!r}" for name in RECIPE_FIELDS if control.get(name) != student.get(name)]
 
 
 def grpo_compute(log_history: list[dict], steps: int, prompts_per_step: int, num_generations: int) -> TrainingCompute:
@@ -83,13 +107,15 @@ def read_compute(checkpoint_dir: Path) -> CheckpointCompute:
     if not path.exists():
         return CheckpointCompute(own=TrainingCompute(), total=TrainingCompute())
     recorded = json.loads(path.read_text())
-    return CheckpointCompute(own=TrainingCompute(**recorded["own"]), total=TrainingCompute(**recorded["total"]))
+    return CheckpointCompute(
+        own=TrainingCompute(**recorded["own"]), total=TrainingCompute(**recorded["total"]), recipe=recorded.get("recipe", {})
+    )
 
 
-def record_compute(checkpoint_dir: Path, own: TrainingCompute, init_dir: Path) -> CheckpointCompute:
-    """Write `compute.json` into a trained checkpoint: its own compute and its lineage's total, which
+def record_compute(checkpoint_dir: Path, own: TrainingCompute, init_dir: Path, recipe: dict) -> CheckpointCompute:
+    """Write `compute.json` into a trained checkpoint: its own compute and recipe, and its lineage's total, which
     depends on where this checkpoint started (a reused run's record is rewritten for its new lineage)."""
-    compute = CheckpointCompute(own=own, total=read_compute(init_dir).total + own)
+    compute = CheckpointCompute(own=own, total=read_compute(init_dir).total + own, recipe=recipe)
     path = checkpoint_dir / COMPUTE_FILE
     path.unlink(missing_ok=True)  # a new file: a reused checkpoint's is a hard link to the original's
     path.write_text(json.dumps(compute.as_dict(), indent=2))

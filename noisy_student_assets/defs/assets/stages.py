@@ -34,7 +34,7 @@ from noisy_student_assets.core.reporting.eval_report import (
 )
 from noisy_student_assets.core.settings import Settings, StudentSettings, resolved
 from noisy_student_assets.core.training.base import GOLD, PSEUDO
-from noisy_student_assets.core.training.compute import read_compute, record_compute
+from noisy_student_assets.core.training.compute import read_compute, record_compute, training_recipe
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.checks import eval_not_degenerate
@@ -180,7 +180,7 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     if reusable is not None:
         context.log.info(f"Reusing {reusable}: the same {settings.mode} run (init weights, training rows, settings) already published")
         staged = lake.stage_copy(reusable)
-        record_compute(staged, read_compute(reusable).own, init_dir)
+        record_compute(staged, read_compute(reusable).own, init_dir, training_recipe(settings.grpo))
         result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
     else:
         work_dir = lake.work_dir(context.asset_key, current.partition, run_fingerprint[:16])
@@ -198,7 +198,7 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
         for step, logs in ran.steps:  # TRL's step logs of a payload, which writes to no tracking store itself
             current.resources.tracking.log_metrics(logs, step=step)
         metrics = ran.result["metrics"]
-        record_compute(staged, TrainingCompute(**ran.result["compute"]), init_dir)
+        record_compute(staged, TrainingCompute(**ran.result["compute"]), init_dir, training_recipe(settings.grpo))
         (staged / CONTENT_KEY_FILE).write_text(run_fingerprint)
         current.log_metrics({f"final/{k}": v for k, v in metrics.items()})
         shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
