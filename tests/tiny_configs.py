@@ -62,7 +62,7 @@ def tiny_config(tiny_model_dir: Path, rounds: int = 2, tau: float = 0.0, min_cov
         ops |= {
             op(prefix, layout.GENERATIONS): {"config": TINY_SAMPLING},
             op(prefix, layout.VERIFIER): {"config": TINY_VERIFIER},
-            op(prefix, layout.PSEUDO_LABELS): {"config": {"tau": tau, "min_coverage": min_coverage}},
+            op(prefix, layout.PSEUDO_LABELS): {"config": {"tau": tau, "min_coverage": min_coverage, "min_mean_agreement": 0.0}},
             op(prefix, layout.STUDENT): {"config": {"grpo": TINY_GRPO}},
             op(prefix, layout.STUDENT_VALIDATION): {"config": TINY_GREEDY_EVAL},
             op(prefix, layout.EVAL_REPORT): {"config": TINY_EVAL},

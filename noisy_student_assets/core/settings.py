@@ -429,7 +429,14 @@ class PseudoLabelSettings(Settings):
         default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement (the winner's share of the vote's weight) >= tau"
     )
     min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
-    min_mean_agreement: float = Field(default=0.0, ge=0, le=1, description="floor on the mean vote agreement")
+    min_mean_agreement: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="floor on the mean vote agreement over every unlabeled problem: below it the winning answer holds under a fifth "
+        "of the vote on the average problem (of K = 8 samples, fewer than 2 agree): the teacher's answers are scattered and its "
+        "labels mostly noise (0: off)",
+    )
 
 
 class VerifierSettings(Settings):

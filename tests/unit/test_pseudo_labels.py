@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core.pseudo_labels.labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, label_floor_failure, vote_pseudo_labels
+from noisy_student_assets.core.settings import PseudoLabelSettings
 
 PROBLEMS = pl.DataFrame(
     {"problem_id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "hidden_gold_answer": ["0.5", "4", "7"]}
@@ -70,3 +71,12 @@ def test_floor_failures_name_their_cause() -> None:
     one_kept = labels.with_columns(kept=pl.Series([True, False, False]))
     assert label_floor_failure(one_kept, 0.9, 0.5, 0.0) == "tau=0.9 keeps 1/3 pseudo-labels: coverage 0.333 < min_coverage 0.5"
     assert label_floor_failure(labels, 0.5, 0.0, 0.99).startswith("mean agreement ")
+
+
+def test_the_default_agreement_floor_fails_a_teacher_whose_answers_are_scattered() -> None:
+    """At its default the floor can fail: K = 8 samples with 8 different answers on every problem (agreement 1/8)."""
+    floor = PseudoLabelSettings().min_mean_agreement
+    scattered = pl.DataFrame({"problem_id": ["a", "b"], "agreement": [0.125, 0.125], "kept": [True, True]})
+    assert label_floor_failure(scattered, 0.0, 0.05, floor) == f"mean agreement 0.125 < min_mean_agreement {floor}"
+    agreeing = scattered.with_columns(agreement=pl.lit(0.357))  # the mean agreement of `make run`'s round-1 teacher
+    assert label_floor_failure(agreeing, 0.0, 0.05, floor) is None
