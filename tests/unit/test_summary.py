@@ -14,8 +14,10 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE
 from noisy_student_assets.core.reporting import plots
+from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
+from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROBLEMS = 40
@@ -157,3 +159,16 @@ def test_calibration_is_pooled_over_a_group_s_seeds(lake: Path) -> None:
     assert (pooled[("tau=0.5", "[0.9, 1.0]")]["problems"], pooled[("tau=0.5", "[0.9, 1.0]")]["labels_correct"]) == (20, 17)
     assert pooled[("tau=0.5", "[0.9, 1.0]")]["label_accuracy"] == pytest.approx(0.85)
     assert pooled[("tau=0.8", "[0.0, 0.3)")]["problems"] == 4 and "## Pseudo-label calibration" in summary_markdown(results)
+
+
+def test_the_summary_prints_ttrl_s_yardstick_per_arm_and_its_mean_over_seeds(lake: Path) -> None:
+    for arm, maj in ((ARMS[0], 0.5), (ARMS[1], 0.7)):
+        row = {"problems": 20, "teacher_greedy": 0.4, "teacher_maj_at_k": maj, "teacher_pass_at_k": 0.8, "teacher_sampled_pass_at_1": 0.3,
+               "student_greedy": 0.5, "labeled_only_greedy": 0.45}  # fmt: skip
+        student = layout.artifact_dir(lake, layout.round_asset(1, layout.EVAL_REPORT), arm.name)
+        pl.DataFrame([row]).write_parquet(student / f"{metadata_key(YARDSTICK_TABLE)}.parquet")
+    results = collect(lake, ARMS, rounds=2)
+    assert results.yardsticks.height == 2
+    text = summary_markdown(results)
+    assert "## TTRL's yardstick on the transductive problems" in text
+    assert "| tau=0.5 | 1 | 2 | 0.4 | 0.6 | 0.8 |" in text  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6

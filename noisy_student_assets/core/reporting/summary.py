@@ -75,6 +75,8 @@ class ExperimentResults:
     """Per arm, its last round's label-quality frontier (`frontier.CURVE_SCHEMA`), by (arm, round)."""
     flips: pl.DataFrame
     """Per arm, round and eval set: the problems the student got right that its teacher got wrong, and the reverse."""
+    yardsticks: pl.DataFrame
+    """Per test-time arm and round: TTRL's yardstick on the transductive problems (`test_time.yardstick`)."""
     validation: pl.DataFrame
     """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
     sentences: list[str]
@@ -85,7 +87,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, sources, flips, frontiers, by_group = [], [], [], [], [], [], {}, {}
+    accuracy, audits, calibration, validation, sources, flips, yardsticks, frontiers, by_group = [], [], [], [], [], [], [], {}, {}
     for arm in arms:
         last_frontier = None
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
@@ -119,6 +121,8 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
                 flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
+            if student and (student.directory / f"{metadata_key(test_time.YARDSTICK_TABLE)}.parquet").exists():
+                yardsticks.append(student.table(test_time.YARDSTICK_TABLE).select(*_arm_columns(row, number), pl.all()))
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
                 transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
@@ -159,6 +163,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         calibration=_pooled_calibration(calibration),
         sources=pl.concat(sources, how="diagonal_relaxed") if sources else pl.DataFrame(),
         flips=pl.concat(flips) if flips else pl.DataFrame(),
+        yardsticks=pl.concat(yardsticks) if yardsticks else pl.DataFrame(),
         frontiers=frontiers,
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
@@ -213,6 +218,18 @@ def summary_markdown(results: ExperimentResults) -> str:
         ]
     if results.flips.height:
         lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]
+    if results.yardsticks.height:
+        means = results.yardsticks.group_by("group", "round", maintain_order=True).agg(
+            pl.len().alias("seeds"), pl.exclude("arm", "problems").mean()
+        )
+        lines += [
+            "",
+            "## TTRL's yardstick on the transductive problems (test-time arms; per arm, then the mean over each group's seeds)",
+            "",
+            markdown_table(results.yardsticks, max_rows=None),
+            "",
+            markdown_table(means, max_rows=None),
+        ]
     if results.calibration.height:
         lines += ["", "## Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)", "", markdown_table(results.calibration)]
     if results.validation.height:
@@ -250,18 +267,22 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
     return arms, max((experiments[arm.experiment].max_rounds for arm in arms), default=0)
 
 
-def main(mlflow_store: str) -> None:
-    """Print (and write into the lake) the run summary; `mlflow_store` is the MLflow store the runs were logged to."""
+def main(mlflow_store: str, experiment: str | None = None) -> None:
+    """Print (and write into the lake) the run summary, of every experiment's arms in the lake or of `experiment`'s
+    (a file name's stem) alone; `mlflow_store` is the MLflow store the runs were logged to."""
     lake = layout.default_lake_root()
     print(f"\nData lake: {lake}")
     arms, rounds = lake_arms(lake, default_experiments_dir())
+    if experiment:
+        arms = [arm for arm in arms if arm.experiment == experiment]
     if not arms:
-        print("No evaluated arms yet.")
+        print("No evaluated arms yet" + (f" of experiment {experiment}." if experiment else "."))
         return
     summary = summary_markdown(collect(lake, arms, rounds))
-    (lake / SUMMARY_FILE).write_text(f"# noisy-student run summary\n\n{summary}")
+    name = SUMMARY_FILE if not experiment else f"{Path(SUMMARY_FILE).stem}_{experiment}.md"
+    (lake / name).write_text(f"# noisy-student run summary{f': {experiment}' if experiment else ''}\n\n{summary}")
     print(summary)
-    print(f"Run summary (markdown): {lake / SUMMARY_FILE}")
+    print(f"Run summary (markdown): {lake / name}")
     print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
     print(f"\nMLflow store: {mlflow_store}\n  compare runs: mlflow ui --backend-store-uri '{mlflow_store}'")
 
