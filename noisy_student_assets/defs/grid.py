@@ -4,6 +4,7 @@
     python -m noisy_student_assets.grid plan experiments/tau.yaml       # what `run` would redo, and why
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
     python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
+    python -m noisy_student_assets.grid run experiments/tau.yaml --arm tau50-seed0   # one arm (and the verdict)
     python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's outcome, per arm
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
@@ -156,16 +157,20 @@ class Grid:
     def launcher_kind(self) -> str:
         return self.resources["stage_resources"].launcher.kind
 
-    def run(self, rounds: int | None = None, parallel_arms: int = 1) -> bool:
+    def run(self, rounds: int | None = None, parallel_arms: int = 1, only: list[str] | None = None) -> bool:
         """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
-        experiment's), `parallel_arms` arms at a time; False if any run failed."""
+        experiment's), `parallel_arms` arms at a time, of the arms named in `only` (default: every arm); False if
+        any run failed."""
+        unknown = sorted(set(only or ()) - set(self.experiment.arms))
+        if unknown:
+            raise SystemExit(f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}")
         self.register()
         self._fail_orphaned_runs()
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
         self._set_gpu_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
         try:
             ok = self._materialize(self._shared_targets(), None)
-            arms = self.experiment.all_arms()
+            arms = [arm for arm in self.experiment.all_arms() if not only or arm.name in only]
             if parallel_arms == 1:
                 for arm in arms:
                     ok = self.materialize_arm(arm, rounds) and ok
@@ -420,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         " then a run without it adds the rest",
     )
     parser.add_argument("--parallel-arms", type=int, default=1, help="run: arms materialized at once (their heavy steps overlap only on Ray)")
+    parser.add_argument("--arm", action="append", default=[], help="run: this arm only (repeatable; default: every arm of the experiment)")
     parser.add_argument(
         "--ray-gpus", type=int, default=None,
         help="ray launcher without RAY_ADDRESS: GPUs the grid's own local cluster declares (default: those torch sees);"
@@ -453,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(stop, signal.default_int_handler)
     try:
         with _ray_cluster_if_needed(grid, args.ray_gpus):
-            return 0 if grid.run(args.rounds, args.parallel_arms) else 1
+            return 0 if grid.run(args.rounds, args.parallel_arms, args.arm) else 1
     except KeyboardInterrupt as interrupt:
         during = f" during {interrupt}" if str(interrupt) else ""
         print(f"[grid] stopped by an interrupt{during}; re-run the grid to resume", flush=True)

@@ -1,0 +1,76 @@
+"""The headroom table over tasks (`noisy_student_assets.core.reporting.headroom`), from the command line.
+
+    python -m noisy_student_assets.headroom run                  # every task's grid, each in its own lake
+    python -m noisy_student_assets.headroom run --task products  # one task's
+    python -m noisy_student_assets.headroom run --arm headroom-s0  # every task's first seed: a screen
+    python -m noisy_student_assets.headroom table                # the table, from the lakes
+
+`run` runs `python -m noisy_student_assets.grid run experiments/headroom.yaml` once per task of
+experiments/tasks/headroom.yaml, with the task's pool and held-out set as run config, in `<data lake>/headroom/<task>/`:
+a Dagster home (this repository's dagster.yaml) whose instance and lake live there, so the task's runs, checks and
+lineage show in `dagster dev` started from that directory. Like the grid it resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.core import environment, layout
+from noisy_student_assets.core.experiments.arms import load_experiment
+from noisy_student_assets.core.reporting.headroom import grid_task, load_tasks, task_home, task_lake, task_row
+from noisy_student_assets.core.reporting.markdown import markdown_table
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
+TASKS = REPOSITORY / "experiments" / "tasks" / "headroom.yaml"
+
+
+def run(task_names: list[str], arms: list[str]) -> int:
+    lake = layout.default_lake_root()
+    tasks = load_tasks(TASKS)
+    for name in task_names or list(tasks):
+        home = task_home(lake, name)
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPOSITORY / "dagster.yaml", home / "dagster.yaml")  # its storage paths are relative to the home
+        env = os.environ | {"DAGSTER_HOME": str(home), environment.DATA_LAKE: str(task_lake(lake, name))}
+        print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
+        command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(tasks[name].run_config())]
+        command += [option for arm in arms for option in ("--arm", arm)]
+        returncode = subprocess.run(command, cwd=home, env=env).returncode
+        if returncode:
+            print(f"[headroom] {name}: the grid exited with {returncode}", flush=True)
+            return returncode
+    return 0
+
+
+def table() -> pl.DataFrame:
+    lake = layout.default_lake_root()
+    arms = load_experiment(EXPERIMENT).all_arms()
+    return pl.DataFrame([task_row(task, task_lake(lake, name), arms) for name, task in load_tasks(TASKS).items()])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "table"])
+    parser.add_argument("--task", action="append", default=[], help="run: this task only (repeatable; default: every task)")
+    parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.task, args.arm)
+    headroom = table()
+    print(markdown_table(headroom.with_columns(pl.col(pl.Float64).round(3))))
+    chosen = grid_task(headroom)
+    print(f"\nThe label-source grid's task: {chosen}" if chosen else "\nNo task has data headroom (gold labels beating labeled-only on 3 seeds).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
