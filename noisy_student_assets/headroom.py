@@ -34,21 +34,27 @@ TASKS = REPOSITORY / "experiments" / "tasks" / "headroom.yaml"
 
 
 def run(task_names: list[str], arms: list[str]) -> int:
+    """Each task's grid in turn; a task whose grid fails does not stop the next. The exit code is the first failure's."""
     lake = layout.default_lake_root()
     tasks = load_tasks(TASKS)
+    failed = {}
     for name in task_names or list(tasks):
         home = task_home(lake, name)
         home.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPOSITORY / "dagster.yaml", home / "dagster.yaml")  # its storage paths are relative to the home
-        env = os.environ | {"DAGSTER_HOME": str(home), environment.DATA_LAKE: str(task_lake(lake, name))}
+        # The task's own instance and lake: a shared database would hold every task's runs under one instance.
+        env = {k: v for k, v in os.environ.items() if k != environment.DATABASE_URL}
+        env |= {"DAGSTER_HOME": str(home), environment.DATA_LAKE: str(task_lake(lake, name))}
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
         command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(tasks[name].run_config())]
         command += [option for arm in arms for option in ("--arm", arm)]
         returncode = subprocess.run(command, cwd=home, env=env).returncode
         if returncode:
-            print(f"[headroom] {name}: the grid exited with {returncode}", flush=True)
-            return returncode
-    return 0
+            print(f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check stopped it)", flush=True)
+            failed[name] = returncode
+    if failed:
+        print(f"[headroom] failed: {', '.join(failed)}", flush=True)
+    return next(iter(failed.values()), 0)
 
 
 def table() -> pl.DataFrame:

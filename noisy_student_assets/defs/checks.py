@@ -10,7 +10,7 @@ import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core.layout import EVAL_PROBLEMS
-from noisy_student_assets.core.training.compute import read_compute, recipe_mismatches
+from noisy_student_assets.core.training.compute import UNRECORDED_RECIPE, read_compute, recipe_mismatches
 from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.config import SmokeConfig
@@ -221,6 +221,8 @@ def compute_matched_check(
         student = read_compute(data_lake.artifact_dir(student_key, context.partition_key))
         mismatches = control.total.mismatches(student.total) + recipe_mismatches(control.recipe, student.recipe)
         tokens = f"completion tokens generated since the base model: control {control.total.generated_tokens}, student {student.total.generated_tokens}"
+        if not (control.recipe and student.recipe):
+            tokens += f"; {UNRECORDED_RECIPE}"
         return dg.AssetCheckResult(
             passed=not mismatches,
             severity=dg.AssetCheckSeverity.ERROR,

@@ -51,9 +51,10 @@ def test_the_tasks_are_the_profile_s_sources_with_their_own_generator() -> None:
     sums = tasks["two-digit-sums"].run_config()["ops"]
     assert ProblemPoolSettings(**sums[layout.PROBLEM_POOL]["config"]).resolved_source == ProblemPoolSettings().resolved_source
     held_out = EvalProblemsSettings(**tasks["products"].run_config()["ops"][layout.EVAL_PROBLEMS]["config"]).resolved_source
-    assert (held_out.name, held_out.size, held_out.seed) == ("products", DEFAULT_EVAL_SOURCE.size, DEFAULT_EVAL_SOURCE.seed)
+    assert (held_out.name, held_out.size, held_out.seed) == ("products", tasks["products"].eval_candidates, DEFAULT_EVAL_SOURCE.seed)
+    assert tasks["products"].eval_candidates > DEFAULT_EVAL_SOURCE.size == tasks["two-digit-sums"].eval_candidates
     problems = load_problems(**held_out.load_kwargs())
-    assert problems.height == DEFAULT_EVAL_SOURCE.size and "*" in problems["prompt"][0]
+    assert problems.height == tasks["products"].eval_candidates and "*" in problems["prompt"][0]
 
 
 def test_a_task_row_has_both_headrooms_over_its_seeds(tmp_path: Path) -> None:

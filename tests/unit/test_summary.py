@@ -171,4 +171,4 @@ def test_the_summary_prints_ttrl_s_yardstick_per_arm_and_its_mean_over_seeds(lak
     assert results.yardsticks.height == 2
     text = summary_markdown(results)
     assert "## TTRL's yardstick on the transductive problems" in text
-    assert "| tau=0.5 | 1 | 2 | 0.4 | 0.6 | 0.8 |" in text  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6
+    assert "| grid | tau=0.5 | 1 | 2 | 0.4 | 0.6 | 0.8 |" in text  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6

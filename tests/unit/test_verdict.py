@@ -136,3 +136,16 @@ def test_a_few_seeds_that_agree_closely_still_have_the_problems_width() -> None:
     treatment[0, :20] = 1 - treatment[0, :20]
     pooled = paired_difference(np.repeat(treatment, 3, axis=0), np.repeat(control, 3, axis=0), **NAMES)
     assert pooled.seeds == 3 and pooled.high - pooled.low > 0.02
+
+
+def test_seeds_whose_means_tie_on_different_problems_still_have_an_interval() -> None:
+    """Three seeds each gain a net 4 of 210 problems, each on problems of its own: the seed means tie (their spread
+    is 0) and the problems' mean square can fall below the residual's; the residual still gives the interval width."""
+    control = np.zeros((3, 210))
+    treatment = control.copy()
+    for seed in range(3):
+        treatment[seed, seed * 60 : seed * 60 + 10] = 1
+        control[seed, seed * 60 + 10 : seed * 60 + 16] = 1
+    pooled = paired_difference(treatment, control, **NAMES)
+    assert pooled.estimate == pytest.approx(4 / 210)
+    assert pooled.low < pooled.estimate < pooled.high and pooled.high - pooled.low > 0.01

@@ -42,28 +42,40 @@ class Task:
     description: str
     generator: str
     task_options: dict
+    eval_candidates: int = DEFAULT_EVAL_SOURCE.size
+    """Held-out problems to generate; those whose prompt is in the pool are dropped (a task of few distinct prompts
+    needs more candidates for as many held-out problems)."""
 
-    def source(self, template: ProblemSource) -> ProblemSource:
-        """`template` (the CPU profile's pool or held-out source: its size and seed) with this task's generator."""
-        return template.model_copy(update={"name": self.generator, "task_options_json": json.dumps(self.task_options)})
+    def source(self, template: ProblemSource, size: int | None = None) -> ProblemSource:
+        """`template` (the CPU profile's pool or held-out source: its seed, and its size unless given) with this
+        task's generator."""
+        update = {"name": self.generator, "task_options_json": json.dumps(self.task_options), "size": size or template.size}
+        return template.model_copy(update=update)
 
     def run_config(self) -> dict:
         """The run config (the dagster CLI's format) that makes this task the lake's pool and held-out set."""
         return {
             "ops": {
                 layout.PROBLEM_POOL: {"config": {"source": self.source(DEFAULT_TRAINING_SOURCE).model_dump()}},
-                layout.EVAL_PROBLEMS: {"config": {"source": self.source(DEFAULT_EVAL_SOURCE).model_dump()}},
+                layout.EVAL_PROBLEMS: {"config": {"source": self.source(DEFAULT_EVAL_SOURCE, self.eval_candidates).model_dump()}},
             }
         }
 
 
 def load_tasks(path: Path) -> dict[str, Task]:
-    """The tasks file (experiments/tasks/headroom.yaml): name -> {description, name (generator), task_options}."""
+    """The tasks file (experiments/tasks/headroom.yaml): name -> {description, name (generator), task_options,
+    eval_candidates (optional)}."""
     document = yaml.safe_load(path.read_text()) or {}
     if DEFAULT_TRAINING_SOURCE.kind != "reasoning_gym":
         raise ValueError(f"the headroom tasks are reasoning_gym generators, and this profile's pool is {DEFAULT_TRAINING_SOURCE.describe()}")
     return {
-        name: Task(name=name, description=entry.get("description", ""), generator=entry["name"], task_options=entry.get("task_options", {}))
+        name: Task(
+            name=name,
+            description=entry.get("description", ""),
+            generator=entry["name"],
+            task_options=entry.get("task_options", {}),
+            eval_candidates=entry.get("eval_candidates", DEFAULT_EVAL_SOURCE.size),
+        )
         for name, entry in document.items()
     }
 
@@ -148,5 +160,6 @@ def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
 def grid_task(table: pl.DataFrame) -> str | None:
     """The task the label-source grid takes: of the tasks where gold labels beat labeled-only (the interval over
     seeds excludes 0, on 3 seeds or more), the one with the most label headroom; None where no task has data headroom."""
-    candidates = table.filter((pl.col("outcome") == "better") & (pl.col("data_headroom_seeds") >= 3)).sort("label_headroom", descending=True)
+    candidates = table.filter((pl.col("outcome") == "better") & (pl.col("data_headroom_seeds") >= 3))
+    candidates = candidates.sort("label_headroom", descending=True, nulls_last=True)
     return candidates["task"][0] if candidates.height else None

@@ -122,7 +122,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
                 flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
             if student and (student.directory / f"{metadata_key(test_time.YARDSTICK_TABLE)}.parquet").exists():
-                yardsticks.append(student.table(test_time.YARDSTICK_TABLE).select(*_arm_columns(row, number), pl.all()))
+                yardsticks.append(student.table(test_time.YARDSTICK_TABLE).select(pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()))
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
                 transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
@@ -219,7 +219,7 @@ def summary_markdown(results: ExperimentResults) -> str:
     if results.flips.height:
         lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]
     if results.yardsticks.height:
-        means = results.yardsticks.group_by("group", "round", maintain_order=True).agg(
+        means = results.yardsticks.group_by("experiment", "group", "round", maintain_order=True).agg(
             pl.len().alias("seeds"), pl.exclude("arm", "problems").mean()
         )
         lines += [

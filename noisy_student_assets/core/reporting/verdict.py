@@ -7,9 +7,9 @@ Both checkpoints are scored on the same eval problems, so the difference is pair
 - Several seeds: seeds and problems are crossed factors (every seed is scored on every problem), so the variance of
   the mean difference is that of a two-way random-effects design without replication (Cornfield & Tukey 1956;
   Owen 2007, "The pigeonhole bootstrap"): (MS_seed + MS_problem - MS_residual) / (seeds x problems), from the
-  two-way ANOVA mean squares, with Satterthwaite's degrees of freedom (Satterthwaite 1946), and a Student t
-  interval. It is never narrower than the t-interval over the per-seed mean differences (seeds - 1 degrees of
-  freedom), which it becomes when the seeds' spread dominates. The pooled percentile bootstrap it replaced
+  two-way ANOVA mean squares (each factor's at least the residual's), with Satterthwaite's degrees of freedom
+  (Satterthwaite 1946), and a Student t interval. It is never narrower than the t-interval over the per-seed mean
+  differences (seeds - 1 degrees of freedom), which it becomes when the seeds' spread dominates. The pooled percentile bootstrap it replaced
   resampled three seeds as if they were many: its replicate that draws one seed three times has probability 1/27,
   more than the 2.5% tail, so its interval was about the range of the seeds, and with no true effect it said
   "better" or "worse" in 12% of 3-seed grids against a nominal 5% (tests/unit/test_verdict.py simulates it).
@@ -18,6 +18,7 @@ Both checkpoints are scored on the same eval problems, so the difference is pair
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import numpy as np
 import polars as pl
@@ -117,27 +118,28 @@ def paired_difference(
 
 def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The t-interval of the mean of a [seeds, problems] array (seeds >= 2), seeds and problems crossed random
-    factors: variance (MS_seed + MS_problem - MS_residual) / (seeds x problems) with Satterthwaite's degrees of
-    freedom, or the per-seed means' variance over seeds - 1 degrees of freedom where that is larger."""
+    factors: variance (MS_seed + MS_problem - MS_residual) / (seeds x problems), each factor's mean square at least the
+    residual's (so the variance is never below MS_residual / (seeds x problems)), with Satterthwaite's degrees of
+    freedom; its half-width is at least that of the t-interval over the per-seed means (seeds - 1 degrees of freedom)."""
     n_seeds, n_problems = differences.shape
     mean = differences.mean()
-    by_seed, by_problem = differences.mean(axis=1), differences.mean(axis=0)
-    seed_variance = by_seed.var(ddof=1) / n_seeds  # the per-seed means' own t-interval
-    variance, dof = seed_variance, n_seeds - 1
+    by_seed = differences.mean(axis=1)
+    t_quantile = partial(stats.t.ppf, 1 - (1 - confidence) / 2)
+    half_width = t_quantile(n_seeds - 1) * np.sqrt(by_seed.var(ddof=1) / n_seeds)  # the per-seed means' own interval
     if n_problems > 1:
+        by_problem = differences.mean(axis=0)
         residual = differences - by_seed[:, None] - by_problem[None, :] + mean
-        terms = [  # (coefficient x mean square, its degrees of freedom)
-            (n_problems * by_seed.var(ddof=1), n_seeds - 1),
-            (n_seeds * by_problem.var(ddof=1), n_problems - 1),
-            (-(residual**2).sum() / ((n_seeds - 1) * (n_problems - 1)), (n_seeds - 1) * (n_problems - 1)),
+        seed_dof, problem_dof = n_seeds - 1, n_problems - 1
+        residual_square = (residual**2).sum() / (seed_dof * problem_dof)
+        terms = [  # (mean square with its sign in the variance, its degrees of freedom)
+            (max(n_problems * by_seed.var(ddof=1), residual_square), seed_dof),
+            (max(n_seeds * by_problem.var(ddof=1), residual_square), problem_dof),
+            (-residual_square, seed_dof * problem_dof),
         ]
-        crossed = sum(term for term, _ in terms) / (n_seeds * n_problems)
-        if crossed > seed_variance:
-            variance = crossed
-            dof = (crossed * n_seeds * n_problems) ** 2 / sum(term**2 / df for term, df in terms)
-    if variance == 0:
-        return float(mean), float(mean)
-    half_width = stats.t.ppf(1 - (1 - confidence) / 2, dof) * np.sqrt(variance)
+        combined = sum(term for term, _ in terms)
+        if combined > 0:
+            dof = combined**2 / sum(term**2 / df for term, df in terms)
+            half_width = max(half_width, t_quantile(dof) * np.sqrt(combined / (n_seeds * n_problems)))
     return float(mean - half_width), float(mean + half_width)
 
 

@@ -26,7 +26,7 @@ RECIPE_FIELDS = (
 )  # fmt: skip
 """The GRPO settings a control shares with its student. The learning rate decays linearly to 0 over the run's steps in
 every run (TRL's default schedule, no warmup), so equal steps and learning rates are an equal schedule."""
-UNRECORDED_RECIPE = "training recipe not recorded (a checkpoint trained before recipes were recorded: materialize it again)"
+UNRECORDED_RECIPE = "training recipe not compared: not recorded in a checkpoint trained before recipes were (materialize it again to compare)"
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,10 @@ def training_recipe(grpo: GRPOSettings) -> dict:
 
 
 def recipe_mismatches(control: dict, student: dict) -> list[str]:
-    """The recipe settings on which a control's run differs from its student's, as 'learning_rate 0.0001 != 0.0002'."""
+    """The recipe settings on which a control's run differs from its student's, as 'learning_rate 0.0001 != 0.0002';
+    none where either checkpoint predates recipes (`UNRECORDED_RECIPE` says so beside the check's result)."""
     if not control or not student:
-        return [UNRECORDED_RECIPE]
+        return []
     return [f"{name} {control.get(name)!r} != {student.get(name)!r}" for name in RECIPE_FIELDS if control.get(name) != student.get(name)]
 
 
