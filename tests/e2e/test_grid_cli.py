@@ -64,7 +64,10 @@ def _labeled_rl_checks_unjudged(instance: dg.DagsterInstance) -> list[str]:
 
 
 def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
-    config = tiny_config(tiny_model_dir, rounds=1)
+    # Labeled RL's smoke check completes long answers (the random model runs every one to its limit), so that it is
+    # still running when the kill lands, however fast the machine: the resumed grid must then evaluate it alone.
+    slow_smoke = {"prompts": 4, "max_new_tokens": 768, "max_empty_rate": 1.0, "max_truncation_rate": 1.0}
+    config = with_op_config(tiny_config(tiny_model_dir, rounds=1), f"{layout.LABELED_RL}_{SMOKE_GENERATION}", **slow_smoke)
     _enter_home(dagster_cli, monkeypatch)
     first = dagster_cli.grid(EXPERIMENT, config, tmp_path / "first.log")
     labeled_rl = dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM])
@@ -78,6 +81,7 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     first.wait()
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
         unjudged = _labeled_rl_checks_unjudged(instance)  # the kill came right after the materialization: its checks' steps were next
+    assert SMOKE_GENERATION in unjudged, "the kill must land before the slow smoke check has judged labeled RL"
 
     second = dagster_cli.grid(EXPERIMENT, config, tmp_path / "second.log", "--rounds", "0")
     assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-3000:]
@@ -105,11 +109,14 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     assert "STARTED" not in statuses and len(labeled_rl_events) == 1
     assert not gpu_pool.claimed_slots and not gpu_pool.pending_steps, "the killed run's gpu pool slot was freed"
 
-    third = subprocess.run(
-        [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config)],
-        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600,
-    )
+    def grid_run(*options: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config), *options]
+        return subprocess.run(command, cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600)
+
+    third = grid_run("--arm", ARM)
     assert third.returncode == 0 and f"[grid] arm {ARM}: up to date" in third.stdout
+    unknown = grid_run("--arm", "nope")
+    assert unknown.returncode == 1 and f"grid has no arm nope; its arms: {ARM}" in unknown.stderr
 
     checks = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(EXPERIMENT)],
