@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -42,9 +41,7 @@ def run(task_names: list[str], arms: list[str]) -> int:
         home = task_home(lake, name)
         home.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPOSITORY / "dagster.yaml", home / "dagster.yaml")  # its storage paths are relative to the home
-        # The task's own instance and lake: a shared database would hold every task's runs under one instance.
-        env = {k: v for k, v in os.environ.items() if k != environment.DATABASE_URL}
-        env |= {"DAGSTER_HOME": str(home), environment.DATA_LAKE: str(task_lake(lake, name))}
+        env = environment.own_instance(home, task_lake(lake, name))
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
         command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(tasks[name].run_config())]
         command += [option for arm in arms for option in ("--arm", arm)]

@@ -69,6 +69,13 @@ def forwarded() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)}
 
 
+def own_instance(dagster_home: Path, lake: Path) -> dict[str, str]:
+    """The environment of a child process with a Dagster instance and a lake of its own: this process's, with
+    `DAGSTER_HOME` and the lake replaced and without the shared database, whose instance would hold every home's runs."""
+    inherited = {name: value for name, value in os.environ.items() if name != DATABASE_URL}
+    return inherited | {"DAGSTER_HOME": str(dagster_home), DATA_LAKE: str(lake)}
+
+
 def torchrun_rank() -> tuple[int, int]:
     """(this process's rank, the number of processes): torchrun's `RANK` and `WORLD_SIZE`; (0, 1) outside torchrun."""
     return int(_read("RANK") or 0), int(_read("WORLD_SIZE") or 1)
