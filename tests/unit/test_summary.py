@@ -172,3 +172,14 @@ def test_the_summary_prints_ttrl_s_yardstick_per_arm_and_its_mean_over_seeds(lak
     text = summary_markdown(results)
     assert "## TTRL's yardstick on the transductive problems" in text
     assert "| grid | tau=0.5 | 1 | 2 | 0.4 | 0.6 | 0.8 |" in text  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6
+
+
+def test_the_summary_prints_each_verifier_s_validation_measures(lake: Path) -> None:
+    measured = {"pairs": 79.0, "steps": 24.0, "validation_auroc": 0.627, "validation_label_accuracy": 0.17, "validation_maj_at_k": 0.135,
+                "validation_pass_at_k": 0.325, "labeled_samples_right": 0.15, "validation_samples_right": 0.12}  # fmt: skip
+    verifier = layout.artifact_dir(lake, layout.round_asset(1, layout.VERIFIER), ARMS[0].name)
+    verifier.mkdir(parents=True)
+    (verifier / "verifier.json").write_text(json.dumps({"metrics": measured, "settings": {}}))
+    results = collect(lake, ARMS, rounds=2)
+    assert results.verifiers.select("arm", "round", "pairs", "validation_auroc").rows() == [("tau50-s0", 1, 79.0, 0.627)]
+    assert "## Verifiers" in summary_markdown(results)

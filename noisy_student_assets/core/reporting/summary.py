@@ -25,9 +25,14 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.training.compute import compute_comparison
+from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
+VERIFIER_COLUMNS = (
+    "pairs", "steps", "labeled_samples_right", "validation_samples_right", "validation_auroc", "validation_label_accuracy",
+    "validation_maj_at_k", "validation_pass_at_k",
+)  # fmt: skip
 AUDIT_COLUMNS = (
     "label_source", "tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k",
     "teacher_pass_at_k", "verifier_validation_auroc",
@@ -77,6 +82,8 @@ class ExperimentResults:
     """Per arm, round and eval set: the problems the student got right that its teacher got wrong, and the reverse."""
     yardsticks: pl.DataFrame
     """Per test-time arm and round: TTRL's yardstick on the transductive problems (`test_time.yardstick`)."""
+    verifiers: pl.DataFrame
+    """Per arm and round with a verifier: its training pairs and steps, and its measures on the validation problems."""
     validation: pl.DataFrame
     """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
     sentences: list[str]
@@ -87,7 +94,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, sources, flips, yardsticks, frontiers, by_group = [], [], [], [], [], [], [], {}, {}
+    accuracy, audits, calibration, validation, sources, flips, yardsticks, verifiers, frontiers, by_group = [], [], [], [], [], [], [], [], {}, {}
     for arm in arms:
         last_frontier = None
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
@@ -118,6 +125,10 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             if (labels_dir / SOURCES_FILE).exists():
                 sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(*_arm_columns(row, number), pl.all()))
                 last_frontier = ((arm.name, number), pl.read_json(labels_dir / FRONTIER_FILE))
+            verifier_file = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name) / VERIFIER_METRICS_FILE
+            if verifier_file.exists():
+                measured = json.loads(verifier_file.read_text())["metrics"]
+                verifiers.append(row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS})
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
                 flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
@@ -164,6 +175,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         sources=pl.concat(sources, how="diagonal_relaxed") if sources else pl.DataFrame(),
         flips=pl.concat(flips) if flips else pl.DataFrame(),
         yardsticks=pl.concat(yardsticks) if yardsticks else pl.DataFrame(),
+        verifiers=pl.DataFrame(verifiers) if verifiers else pl.DataFrame(),
         frontiers=frontiers,
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
@@ -218,6 +230,13 @@ def summary_markdown(results: ExperimentResults) -> str:
         ]
     if results.flips.height:
         lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]
+    if results.verifiers.height:
+        lines += [
+            "",
+            "## Verifiers (trained on the labeled problems' samples; measured on the validation problems' samples)",
+            "",
+            markdown_table(results.verifiers.drop("experiment", "group"), max_rows=None),
+        ]
     if results.yardsticks.height:
         means = results.yardsticks.group_by("experiment", "group", "round", maintain_order=True).agg(
             pl.len().alias("seeds"), pl.exclude("arm", "problems").mean()
