@@ -4,6 +4,8 @@
     python -m noisy_student_assets.headroom run --task products  # one task's
     python -m noisy_student_assets.headroom run --arm headroom-s0  # every task's first seed: a screen
     python -m noisy_student_assets.headroom table                # the table, from the lakes
+    python -m noisy_student_assets.headroom run --experiment experiments/label_source_grid.yaml --task products
+                                        # another experiment on a task's lake (the grid the table picks a task for)
 
 `run` runs `python -m noisy_student_assets.grid run experiments/headroom.yaml` once per task of
 experiments/tasks/headroom.yaml, with the task's pool and held-out set as run config, in `<data lake>/headroom/<task>/`:
@@ -32,7 +34,7 @@ EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
 TASKS = REPOSITORY / "experiments" / "tasks" / "headroom.yaml"
 
 
-def run(task_names: list[str], arms: list[str]) -> int:
+def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT) -> int:
     """Each task's grid in turn; a task whose grid fails does not stop the next. The exit code is the first failure's."""
     lake = layout.default_lake_root()
     tasks = load_tasks(TASKS)
@@ -43,7 +45,7 @@ def run(task_names: list[str], arms: list[str]) -> int:
         shutil.copyfile(REPOSITORY / "dagster.yaml", home / "dagster.yaml")  # its storage paths are relative to the home
         env = environment.own_instance(home, task_lake(lake, name))
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
-        command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(tasks[name].run_config())]
+        command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment.resolve()), "--config-json", json.dumps(tasks[name].run_config())]
         command += [option for arm in arms for option in ("--arm", arm)]
         returncode = subprocess.run(command, cwd=home, env=env).returncode
         if returncode:
@@ -65,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["run", "table"])
     parser.add_argument("--task", action="append", default=[], help="run: this task only (repeatable; default: every task)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
+    parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run: the experiment file to run on each task's lake (default: headroom's)")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.task, args.arm)
+        return run(args.task, args.arm, args.experiment)
     headroom = table()
     print(markdown_table(headroom.with_columns(pl.col(pl.Float64).round(3))))
     chosen = grid_task(headroom)
