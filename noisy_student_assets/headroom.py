@@ -4,6 +4,7 @@
     python -m noisy_student_assets.headroom run --task products  # one task's
     python -m noisy_student_assets.headroom run --arm headroom-s0  # every task's first seed: a screen
     python -m noisy_student_assets.headroom table                # the table, from the lakes
+    python -m noisy_student_assets.headroom summary --task products   # a task's run summary (its lake's)
     python -m noisy_student_assets.headroom run --experiment experiments/label_source_grid.yaml --task products
                                         # another experiment on a task's lake (the grid the table picks a task for)
 
@@ -56,6 +57,17 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT) -
     return next(iter(failed.values()), 0)
 
 
+def summary(task_names: list[str], experiment: Path) -> int:
+    """The run summary of `experiment`'s arms in each task's lake (`python -m noisy_student_assets.summary`)."""
+    lake = layout.default_lake_root()
+    for name in task_names or list(load_tasks(TASKS)):
+        print(f"\n# {name}", flush=True)
+        command = [sys.executable, "-m", "noisy_student_assets.summary", "--experiment", str(experiment.resolve())]
+        if returncode := subprocess.run(command, cwd=task_home(lake, name), env=environment.own_instance(task_home(lake, name), task_lake(lake, name))).returncode:
+            return returncode
+    return 0
+
+
 def table() -> pl.DataFrame:
     lake = layout.default_lake_root()
     arms = load_experiment(EXPERIMENT).all_arms()
@@ -64,13 +76,15 @@ def table() -> pl.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "table"])
-    parser.add_argument("--task", action="append", default=[], help="run: this task only (repeatable; default: every task)")
+    parser.add_argument("command", choices=["run", "summary", "table"])
+    parser.add_argument("--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
-    parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run: the experiment file to run on each task's lake (default: headroom's)")
+    parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run, summary: the experiment on each task's lake (default: headroom's)")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.task, args.arm, args.experiment)
+    if args.command == "summary":
+        return summary(args.task, args.experiment)
     headroom = table()
     print(markdown_table(headroom.with_columns(pl.col(pl.Float64).round(3))))
     chosen = grid_task(headroom)
