@@ -62,8 +62,9 @@ def summary(task_names: list[str], experiment: Path) -> int:
     lake = layout.default_lake_root()
     for name in task_names or list(load_tasks(TASKS)):
         print(f"\n# {name}", flush=True)
+        home = task_home(lake, name)
         command = [sys.executable, "-m", "noisy_student_assets.summary", "--experiment", str(experiment.resolve())]
-        if returncode := subprocess.run(command, cwd=task_home(lake, name), env=environment.own_instance(task_home(lake, name), task_lake(lake, name))).returncode:
+        if returncode := subprocess.run(command, cwd=home, env=environment.own_instance(home, task_lake(lake, name))).returncode:
             return returncode
     return 0
 

@@ -357,7 +357,11 @@ def score_round(verifier_dir: Path, samples: pl.DataFrame, compute: ComputeSetti
     return samples.select("problem_id", "sample_index", pl.Series("score", scores, dtype=pl.Float64)).match_to_schema(SCORE_SCHEMA)
 
 
+def verifier_metrics(verifier_dir: Path) -> dict[str, float | None]:
+    """A built verifier's metrics (its training and its measures on the validation problems)."""
+    return json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["metrics"]
+
+
 def read_verifier_metrics(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
     """A built verifier's metrics, and why its validation scores cannot weigh a vote (None when they can)."""
-    metrics = json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["metrics"]
-    return metrics, score_failure(pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list())
+    return verifier_metrics(verifier_dir), score_failure(pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list())

@@ -26,6 +26,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
 from noisy_student_assets.core.reporting import verdict
+from noisy_student_assets.core.reporting.eval_report import PublishedEval
 from noisy_student_assets.core.reporting.summary import read_evaluation
 from noisy_student_assets.core.settings import DEFAULT_EVAL_SOURCE, DEFAULT_TRAINING_SOURCE, ProblemSource
 
@@ -89,13 +90,17 @@ def task_lake(lake: Path, task: str) -> Path:
     return task_home(lake, task) / "data_lake"
 
 
-def _round_eval(lake: Path, role: str, arm: str):
-    return read_evaluation(lake, layout.round_asset(ROUND, layout.eval_of(role)), arm)
+CONTROLS = (layout.LABELED_ONLY, layout.GOLD_LABEL)
 
 
-def seed_rows(lake: Path, arms: list[Arm]) -> pl.DataFrame:
+def control_evals(lake: Path, arms: list[Arm]) -> dict[str, dict[str, PublishedEval | None]]:
+    """Per arm, its round's labeled-only and gold-label evaluations (None where not made yet)."""
+    return {arm.name: {role: read_evaluation(lake, layout.round_asset(ROUND, layout.eval_of(role)), arm.name) for role in CONTROLS} for arm in arms}
+
+
+def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedEval | None]]) -> pl.DataFrame:
     """One row per arm (seed) that has its labeled-RL validation and its round's audit: the label headroom's parts
-    and the two controls' held-out greedy accuracy."""
+    and the two controls' held-out greedy accuracy (`evals`: `control_evals`)."""
     rows = []
     for arm in arms:
         validation = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
@@ -103,7 +108,7 @@ def seed_rows(lake: Path, arms: list[Arm]) -> pl.DataFrame:
         if validation is None or not audit_path.exists():
             continue
         audit = json.loads(audit_path.read_text())
-        controls = {role: _round_eval(lake, role, arm.name) for role in (layout.LABELED_ONLY, layout.GOLD_LABEL)}
+        controls = evals[arm.name]
         rows.append({
             "arm": arm.name,
             "seed": arm.spec.seed,
@@ -122,13 +127,14 @@ SEED_SCHEMA = {
 }  # fmt: skip
 
 
-def data_headroom(lake: Path, arms: list[Arm]) -> verdict.Difference | None:
-    """Gold-label minus labeled-only on the held-out set, paired by problem, over the arms that have both."""
-    pairs = []
-    for arm in arms:
-        gold, labeled_only = _round_eval(lake, layout.GOLD_LABEL, arm.name), _round_eval(lake, layout.LABELED_ONLY, arm.name)
-        if gold and labeled_only:
-            pairs.append((gold.scores, labeled_only.scores))
+def data_headroom(evals: dict[str, dict[str, PublishedEval | None]]) -> verdict.Difference | None:
+    """Gold-label minus labeled-only on the held-out set, paired by problem, over the arms that have both
+    (`evals`: `control_evals`)."""
+    pairs = [
+        (controls[layout.GOLD_LABEL].scores, controls[layout.LABELED_ONLY].scores)
+        for controls in evals.values()
+        if controls[layout.GOLD_LABEL] and controls[layout.LABELED_ONLY]
+    ]
     if not pairs:
         return None
     treatment, control = verdict.paired_scores(pairs)
@@ -137,8 +143,9 @@ def data_headroom(lake: Path, arms: list[Arm]) -> verdict.Difference | None:
 
 def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
     """The task's line of the table: seed means of the label headroom, and the data headroom with its interval."""
-    seeds = seed_rows(lake, arms)
-    difference = data_headroom(lake, arms)
+    evals = control_evals(lake, arms)
+    seeds = seed_rows(lake, arms, evals)
+    difference = data_headroom(evals)
     means = seeds.select(pl.exclude("arm", "seed").mean()).row(0, named=True) if seeds.height else dict.fromkeys(SEED_SCHEMA)
     return {
         "task": task.name,

@@ -25,7 +25,7 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.training.compute import compute_comparison
-from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
+from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE, verifier_metrics
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
@@ -125,9 +125,9 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             if (labels_dir / SOURCES_FILE).exists():
                 sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(*_arm_columns(row, number), pl.all()))
                 last_frontier = ((arm.name, number), pl.read_json(labels_dir / FRONTIER_FILE))
-            verifier_file = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name) / VERIFIER_METRICS_FILE
-            if verifier_file.exists():
-                measured = json.loads(verifier_file.read_text())["metrics"]
+            verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
+            if (verifier_dir / VERIFIER_METRICS_FILE).exists():
+                measured = verifier_metrics(verifier_dir)
                 verifiers.append(row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS})
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
