@@ -20,6 +20,8 @@ import dagster as dg
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
 DAGSTER_DAEMON = str(Path(sys.executable).with_name("dagster-daemon"))
+FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}
+"""A grid's environment: SIGABRT (`DagsterCli.finish`) prints where each of its threads is."""
 
 
 def changed_defaults_env(defaults: dict) -> dict[str, str]:
@@ -79,8 +81,22 @@ class DagsterCli:
         with log.open("w") as out:
             return subprocess.Popen(
                 [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment), "--config-json", json.dumps(config), *options],
-                cwd=self.home, env=self.env | (env or {}), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=self.home, env=self.env | FAULTHANDLER | (env or {}), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
+
+    @staticmethod
+    def finish(process: subprocess.Popen, log: Path, timeout: float) -> int:
+        """The exit status of a `grid` process; one still running after `timeout` fails the test with the stack of
+        each of its threads (faulthandler prints them to the log on SIGABRT), which says where it hung."""
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError(f"the grid still ran after {timeout:.0f} s; its log ends:\n{log.read_text()[-6000:]}") from None
 
     @staticmethod
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:

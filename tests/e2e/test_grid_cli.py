@@ -84,7 +84,7 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     assert SMOKE_GENERATION in unjudged, "the kill must land before the slow smoke check has judged labeled RL"
 
     second = dagster_cli.grid(EXPERIMENT, config, tmp_path / "second.log", "--rounds", "0")
-    assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    assert dagster_cli.finish(second, tmp_path / "second.log", 900) == 0, (tmp_path / "second.log").read_text()[-3000:]
     resumed = _materializing(tmp_path / "second.log")
     assert f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
     assert layout.LABELED_RL_EVAL in resumed and layout.round_prefix(1) not in resumed, "--rounds 0 stops before round 1"
@@ -95,7 +95,7 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     assert all(f"{layout.LABELED_RL}:{name}" in "".join(checked) for name in unjudged), checked
 
     rest = dagster_cli.grid(EXPERIMENT, config, tmp_path / "rest.log")
-    assert rest.wait(timeout=900) == 0, (tmp_path / "rest.log").read_text()[-3000:]
+    assert dagster_cli.finish(rest, tmp_path / "rest.log", 900) == 0, (tmp_path / "rest.log").read_text()[-3000:]
     added = _materializing(tmp_path / "rest.log")
     assert "round_001/eval_report" in added and layout.LABELED_RL not in added, "without --rounds the run adds round 1 only"
     assert (layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.EVAL_REPORT), ARM) / "report.md").is_file()
@@ -146,7 +146,7 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
             assert time.monotonic() < deadline, "labeled RL did not start training in 10 minutes"
             time.sleep(0.5)
         os.kill(grid.pid, signal.SIGTERM)
-        assert grid.wait(timeout=300) == 130, log.read_text()[-3000:]
+        assert dagster_cli.finish(grid, log, 300) == 130, log.read_text()[-3000:]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(grid.pid, signal.SIGKILL)  # a grid that did not stop would train on
@@ -170,7 +170,7 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
 def _grid_done(dagster_cli: DagsterCli, config: dict, log: Path, *options: str, env: dict | None = None, experiment: Path = EXPERIMENT) -> str:
     """Run the grid to its end; its output."""
     grid = dagster_cli.grid(experiment, config, log, *options, env=env)
-    assert grid.wait(timeout=900) == 0, log.read_text()[-3000:]
+    assert dagster_cli.finish(grid, log, 900) == 0, log.read_text()[-3000:]
     return log.read_text()
 
 

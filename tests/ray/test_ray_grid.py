@@ -47,7 +47,7 @@ def latest_metadata(instance: dg.DagsterInstance, name: str, arm: str) -> dict:
 
 def run_grid(cli: DagsterCli, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> None:
     grid = cli.grid(experiment, config, log, *options, env=own_device_lock(cli) | (env or {}))
-    assert grid.wait(timeout=1500) == 0, log.read_text()[-4000:]
+    assert cli.finish(grid, log, 1500) == 0, log.read_text()[-4000:]
 
 
 @pytest.fixture(scope="module")
