@@ -170,6 +170,33 @@ def sevens_lake_copy(sevens_teacher_lake: Path, tmp_path: Path):
     return _copier(sevens_teacher_lake, tmp_path)
 
 
+INSPECTED_ARM = "a"
+
+
+@pytest.fixture(scope="session")
+def inspected_lake(sevens_teacher_lake: Path, sevens_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lake holding a whole round 1 of arm `a` (`INSPECTED_ARM`), as `make run` leaves one: the samples, the
+    verifier and its scores (every label source can judge them), the vote, the student, the labeled-only control and
+    both evaluations; what the notebooks and the explorer are tested on. Read it, do not change it."""
+    import shutil
+
+    from noisy_student_assets.core import layout
+    from resources.data_lake import DataLake
+    from tests.lakes import answerable_by_sevens, arms_instance, materialize
+    from tests.tiny_configs import round_chain, round_names, tiny_config
+
+    root = tmp_path_factory.mktemp("inspected") / "lake"
+    shutil.copytree(sevens_teacher_lake, root)
+    lake, config = DataLake(root=str(root)), tiny_config(sevens_model_dir, rounds=1, tau=0.5)
+    with arms_instance() as instance:
+        materialize(lake, [layout.BASE_MODEL_EVAL], config, instance=instance)
+        materialize(lake, [layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL], config, INSPECTED_ARM, instance=instance)
+        answerable_by_sevens(lake, INSPECTED_ARM)
+        verifier = round_names(1, layout.VERIFIER, layout.VERIFIER_SCORES)
+        materialize(lake, [*round_chain(1, layout.LABELED_ONLY), *verifier], config, INSPECTED_ARM, instance=instance)
+    return root
+
+
 @pytest.fixture
 def fault(monkeypatch):
     """Inject a fault (tests/payload_faults/sitecustomize.py) into the payloads this test starts; afterwards, no

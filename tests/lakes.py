@@ -71,3 +71,16 @@ def run_checks(lake: DataLake, asset: str, config: dict, arm: str) -> dg.Execute
     checks = dg.AssetSelection.checks_for_assets(dg.AssetKey(asset.split("/"))).resolve_checks(defs.resolve_asset_graph())
     with arms_instance() as instance:
         return evaluate_checks(checks, partition=arm, instance=instance, resources=isolated_resources(lake), run_config=config)
+
+
+def answerable_by_sevens(lake: DataLake, arm: str) -> None:
+    """Labeled and validation problems whose gold is "7", so that the teacher's samples (`sevens_model_dir`) are right
+    ("7") and wrong (no answer, "77") on the same problem: the pairs a verifier learns from, and both classes of its
+    AUROC."""
+    import polars as pl
+
+    from noisy_student_assets.core import layout
+
+    for name in (layout.LABELED_PROBLEMS, layout.VALIDATION_PROBLEMS):
+        key = dg.AssetKey(name)
+        lake.write_table(lake.read_table(key, arm).with_columns(pl.lit("7").alias("gold_answer")), key, arm)

@@ -18,21 +18,13 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, FRONTIER_
 from noisy_student_assets.core.verifier import TRAINING_PAIRS_FILE, VERIFIER_METRICS_FILE
 from noisy_student_assets.defs.checks import VERIFIER_INFORMATIVE
 from resources.data_lake import DataLake
-from tests.lakes import arms_instance, materialize
+from tests.lakes import answerable_by_sevens, arms_instance, materialize
 from tests.tiny_configs import op, round_names, tiny_config, with_op_config
 
 ARM = "a"
 POISON = "987654321"
 SPLIT = [layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS]
 ROUND_1 = round_names(1, layout.GENERATIONS, layout.VERIFIER, layout.VERIFIER_SCORES, layout.PSEUDO_LABELS)
-
-
-def _answerable_by_sevens(lake: DataLake) -> None:
-    """Labeled and validation problems whose gold is "7", so that the teacher's samples are right ("7") and wrong
-    (no answer, "77") on the same problem: the pairs a verifier learns from, and both classes of its AUROC."""
-    for name in (layout.LABELED_PROBLEMS, layout.VALIDATION_PROBLEMS):
-        key = dg.AssetKey(name)
-        lake.write_table(lake.read_table(key, ARM).with_columns(pl.lit("7").alias("gold_answer")), key, ARM)
 
 
 def _verifier_config(model_dir) -> dict:
@@ -43,7 +35,7 @@ def test_a_verifier_weighs_the_vote_of_its_round(sevens_lake_copy, sevens_model_
     lake = sevens_lake_copy()
     with arms_instance() as instance:
         materialize(lake, SPLIT, _verifier_config(sevens_model_dir), ARM, instance=instance)
-        _answerable_by_sevens(lake)
+        answerable_by_sevens(lake, ARM)
         result = materialize(lake, ROUND_1, _verifier_config(sevens_model_dir), ARM, instance=instance)
     (check,) = [evaluation for evaluation in result.get_asset_check_evaluations() if evaluation.check_name == VERIFIER_INFORMATIVE]
     assert check.passed, check.description
@@ -80,7 +72,7 @@ def test_poisoned_hidden_gold_changes_no_verifier_pair_score_or_label(sevens_lak
         # on the clean lake and drop them on the poisoned one.
         gold = "7" if name == "clean" else POISON
         lake.write_table(lake.read_table(unlabeled_key, ARM).with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN)), unlabeled_key, ARM)
-        _answerable_by_sevens(lake)
+        answerable_by_sevens(lake, ARM)
         materialize(lake, ROUND_1, config, ARM)
 
     def artifact(lake: DataLake, name: str):

@@ -50,6 +50,8 @@ AUDIT_BUCKETS_FILE = "audit_by_agreement.json"
 """Beside the pseudo-labels table: `LabelAudit.buckets`."""
 FRONTIER_FILE, SOURCES_FILE = "frontier.json", "label_sources.json"
 """Beside the pseudo-labels table: `PseudoLabels.frontier` and `PseudoLabels.sources`."""
+SETTINGS_FILE = "settings.json"
+"""Beside the pseudo-labels table: the `PseudoLabelSettings` the vote ran with."""
 
 AGREEMENT_BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9)
 """Lower edges of the agreement buckets of the audit: [0, 0.3), [0.3, 0.5), ..., [0.9, 1]."""
@@ -201,16 +203,30 @@ class PseudoLabels:
     sources: pl.DataFrame
     """Per source: label accuracy at matched coverages, and its operating point (coverage and kept-label accuracy at tau)."""
 
-    def sidecars(self, tau: float, stats: dict[str, float] | None = None) -> dict[str, str]:
+    def sidecars(self, settings: PseudoLabelSettings, stats: dict[str, float] | None = None) -> dict[str, str]:
         """The small files published beside the table: the audit's figures (`stats`, default `self.stats`, with tau, the
-        source and the floor failure, which the student reads before it trains), the audit by agreement, and the frontier."""
-        audit = (self.stats if stats is None else stats) | {"tau": tau, "label_source": self.label_source, "floor_failure": self.floor_failure}
+        source and the floor failure, which the student reads before it trains), the vote's settings (what re-weighs
+        its samples: `core.reporting.inspection`), the audit by agreement, and the frontier."""
+        audit = (self.stats if stats is None else stats) | {"tau": settings.tau, "label_source": self.label_source, "floor_failure": self.floor_failure}
         return {
             AUDIT_FILE: json.dumps(audit),
+            SETTINGS_FILE: settings.model_dump_json(),
             AUDIT_BUCKETS_FILE: self.buckets.write_json(),
             FRONTIER_FILE: self.frontier.write_json(),
             SOURCES_FILE: self.sources.write_json(),
         }
+
+
+def source_votes(
+    generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: PseudoLabelSettings, verifier_scores: pl.DataFrame | None = None
+) -> dict[str, pl.DataFrame]:
+    """The vote of the settings' label source and of every other source that can judge the same samples (the
+    verifier's only where its scores are given), each kept at tau: source name -> `vote_pseudo_labels` table."""
+    return {
+        name: vote_pseudo_labels(source.weighted(generations, settings, verifier_scores), unlabeled, settings.tau)
+        for name, source in SOURCES.items()
+        if name == settings.label_source or source.missing_input(generations, verifier_scores) is None
+    }
 
 
 def pseudo_label(
@@ -219,11 +235,7 @@ def pseudo_label(
     """The pseudo-label stage: the vote over the teacher's samples, each weighed by the settings' label source, kept at
     tau, audited against the hidden gold (which shapes no label), and judged against the quality floors; and the vote
     of every other source that can judge the same samples, for the frontier."""
-    votes = {
-        name: vote_pseudo_labels(source.weighted(generations, settings, verifier_scores), unlabeled, settings.tau)
-        for name, source in SOURCES.items()
-        if name == settings.label_source or source.missing_input(generations, verifier_scores) is None
-    }
+    votes = source_votes(generations, unlabeled, settings, verifier_scores)
     labels = votes[settings.label_source]
     audit = audit_pseudo_labels(labels, generations, unlabeled)
     stats = {

@@ -470,4 +470,4 @@ def _pseudo_label(
         "label_sources_at_matched_coverage": markdown_table(voted.sources, max_rows=None),
         "preview": markdown_table(kept.select("problem_id", "pseudo_label", "agreement", "n_clusters")),
     }
-    return LakeTable(labels, voted.sidecars(settings.tau, stats)), check
+    return LakeTable(labels, voted.sidecars(settings, stats)), check

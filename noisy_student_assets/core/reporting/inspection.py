@@ -1,0 +1,165 @@
+"""One arm's round as the lake holds it, for the people who inspect it (no Dagster here): the notebooks and the
+explorer read a round through `RoundLake` and the functions below, which call the pipeline's own vote, grader and
+sampler, so what they show is what the round computed.
+
+    round_lake = RoundLake(layout.default_lake_root(), arm="default", number=1)
+    votes = sample_votes(round_lake)          # each sample: its answer, right or not, its weight per label source
+    labels = source_labels(round_lake)        # each problem: the label each source picks, kept or not, right or not
+    side_by_side(round_lake)                  # each held-out problem: the student's and the labeled-only control's greedy answers
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.grading import answers_equivalent, extract_answer
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, SETTINGS_FILE, source_votes, with_label_correct
+from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
+from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
+from noisy_student_assets.core.settings import PseudoLabelSettings
+
+WEIGHT_PREFIX = "weight/"
+"""`sample_votes`' column of each label source's weight of a sample: `weight/majority`."""
+ROLES_SIDE_BY_SIDE = (layout.STUDENT_ROLE, layout.LABELED_ONLY)
+
+
+@dataclass(frozen=True)
+class RoundLake:
+    """Round `number` of arm `arm` in the lake at `root`."""
+
+    root: Path
+    arm: str
+    number: int
+
+    def artifact(self, name: str) -> Path:
+        """A round asset's artifact directory (`generations`, `pseudo_labels`, `student_checkpoint`, ...)."""
+        return layout.artifact_dir(self.root, layout.round_asset(self.number, name), self.arm)
+
+    def generations(self) -> pl.DataFrame:
+        return pl.read_parquet(self.artifact(layout.GENERATIONS) / layout.TABLE_FILE_NAME)
+
+    def unlabeled_problems(self) -> pl.DataFrame:
+        """The arm's unlabeled problems, with their hidden gold (the audit's, never the vote's)."""
+        return pl.read_parquet(layout.artifact_dir(self.root, layout.UNLABELED_PROBLEMS, self.arm) / layout.TABLE_FILE_NAME)
+
+    def pseudo_labels(self) -> pl.DataFrame:
+        return pl.read_parquet(self.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME)
+
+    def label_settings(self) -> PseudoLabelSettings:
+        """The settings the round's vote ran with (published beside its table)."""
+        return PseudoLabelSettings.model_validate_json((self.artifact(layout.PSEUDO_LABELS) / SETTINGS_FILE).read_text())
+
+    def verifier_scores(self) -> pl.DataFrame | None:
+        """The verifier's score of each sample, where the arm materialized them."""
+        path = self.artifact(layout.VERIFIER_SCORES) / layout.TABLE_FILE_NAME
+        return pl.read_parquet(path) if path.exists() else None
+
+    def checkpoint(self, role: str) -> Path:
+        """The checkpoint directory of the round's student or of one of its controls (`layout.CONTROLS`)."""
+        return self.artifact(layout.checkpoint_of(role))
+
+    def evaluation(self, role: str) -> PublishedEval | None:
+        """The held-out evaluation of the round's student (its eval report) or of a control, if published."""
+        return read_published_eval(self.artifact(layout.eval_of(role)))
+
+
+def lake_rounds(root: Path) -> pl.DataFrame:
+    """The (arm, round) pairs whose pseudo-labels the lake holds, in order."""
+    rows = [
+        {"arm": arm_dir.name, "round": layout.round_number(round_dir.name)}
+        for round_dir in sorted(root.glob(f"{layout.ROUND_PREFIX}*"))
+        for arm_dir in sorted((round_dir / layout.PSEUDO_LABELS).glob("*"))
+        if (arm_dir / layout.TABLE_FILE_NAME).exists()
+    ]
+    return pl.DataFrame(rows, schema={"arm": pl.Utf8, "round": pl.Int64}).sort("arm", "round")
+
+
+def sample_votes(round_lake: RoundLake) -> pl.DataFrame:
+    """Each of the round's samples: its completion and answer, whether the answer matches the hidden gold
+    (`correct`), and the weight each label source that can judge it gives it in the vote (`weight/<source>`)."""
+    generations, settings, scores = round_lake.generations(), round_lake.label_settings(), round_lake.verifier_scores()
+    gold = dict(round_lake.unlabeled_problems().select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+    samples = generations.select("problem_id", "sample_index", "completion", "answer", "mean_logprob", "finish_reason")
+    samples = samples.with_columns(
+        pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in samples.select("problem_id", "answer").iter_rows()])
+    )
+    for name, source in SOURCES.items():
+        if source.missing_input(generations, scores) is None:
+            weights = source.weighted(generations, settings, scores).select("problem_id", "sample_index", pl.col("weight").alias(WEIGHT_PREFIX + name))
+            samples = samples.join(weights, on=["problem_id", "sample_index"], how="left")
+    return samples.sort("problem_id", "sample_index")
+
+
+def source_labels(round_lake: RoundLake) -> pl.DataFrame:
+    """Each unlabeled problem under each label source that can judge its samples: the label it picks, its agreement,
+    whether it is kept at the round's tau, and whether it matches the hidden gold (`label_correct`); `chosen` marks
+    the arm's own source, whose labels trained the student."""
+    settings, unlabeled = round_lake.label_settings(), round_lake.unlabeled_problems()
+    gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+    votes = source_votes(round_lake.generations(), unlabeled, settings, round_lake.verifier_scores())
+    columns = ("problem_id", "pseudo_label", "agreement", "kept", "label_correct")
+    return pl.concat(
+        [
+            with_label_correct(vote, gold).select(pl.lit(name).alias("source"), pl.lit(name == settings.label_source).alias("chosen"), *columns)
+            for name, vote in votes.items()
+        ]
+    )
+
+
+def side_by_side(round_lake: RoundLake, roles: tuple[str, ...] = ROLES_SIDE_BY_SIDE) -> pl.DataFrame:
+    """Each held-out problem with the greedy answer of each role's checkpoint (student, labeled-only control) and
+    whether it was right, from their published evaluations; a role without one is left out."""
+    table = None
+    for role in roles:
+        evaluation = round_lake.evaluation(role)
+        if evaluation is None:
+            continue
+        greedy, _ = evaluation.completions()
+        answers = greedy.select(
+            "problem_id",
+            pl.col("completion").map_elements(extract_answer, return_dtype=pl.Utf8).alias(f"{role}/answer"),
+            pl.col("completion").alias(f"{role}/completion"),
+        ).join(evaluation.scores.select("problem_id", pl.col("greedy_correct").alias(f"{role}/correct")), on="problem_id")
+        table = answers if table is None else table.join(answers, on="problem_id", how="full", coalesce=True)
+    return table if table is not None else pl.DataFrame(schema={"problem_id": pl.Utf8})
+
+
+def greedy_answers(checkpoint_dir: Path, questions: list[str], max_new_tokens: int = 256) -> list[dict[str, str | None]]:
+    """A checkpoint's greedy completion of each question and the answer the grader extracts from it, with the
+    pipeline's prompt and sampler (transformers, CPU)."""
+    from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
+
+    problems = pl.DataFrame({"problem_id": [str(index) for index in range(len(questions))], "prompt": questions})
+    table = generate_samples(checkpoint_dir, problems, SamplingSettings(n=1, temperature=0.0, max_new_tokens=max_new_tokens), backend="transformers")
+    return [{"completion": completion, "answer": answer} for completion, answer in table.select("completion", "answer").iter_rows()]
+
+
+def vote_summary(votes: pl.DataFrame, problem_id: str) -> pl.DataFrame:
+    """One problem's vote per distinct answer text (the vote itself groups equivalent answers): how many samples gave it, whether it is right, and its share of each
+    source's total weight."""
+    samples = votes.filter(pl.col("problem_id") == problem_id)
+    weights = [column for column in samples.columns if column.startswith(WEIGHT_PREFIX)]
+    return (
+        samples.group_by("answer", maintain_order=True)
+        .agg(pl.len().alias("samples"), pl.col("correct").any(), *[pl.col(column).sum() for column in weights])
+        .with_columns([(pl.col(column) / samples[column].sum()).alias(column.replace(WEIGHT_PREFIX, "share/")) for column in weights])
+        .drop(weights)
+        .sort("samples", descending=True)
+    )
+
+
+def problem_record(round_lake: RoundLake, problem_id: str) -> dict:
+    """An unlabeled problem's prompt and hidden gold (the audit's)."""
+    row = round_lake.unlabeled_problems().filter(pl.col("problem_id") == problem_id).row(0, named=True)
+    return {"problem_id": problem_id, "prompt": row["prompt"], "hidden_gold": row[HIDDEN_GOLD_COLUMN]}
+
+
+def audit(round_lake: RoundLake) -> dict:
+    """The round's published audit figures (coverage, kept-label accuracy, teacher pass@1, maj@K, pass@K, tau, source)."""
+    return json.loads((round_lake.artifact(layout.PSEUDO_LABELS) / AUDIT_FILE).read_text())
