@@ -13,7 +13,9 @@ from pydantic import Field
 from noisy_student_assets.core.settings import ComputeSettings
 from resources.derived import derived_class
 
-GPU_POOL = "gpu"
+DEVICE_POOL = "device"
+"""The Dagster pool of the heavy steps (sampling, training, evaluation): one at a time across all runs, on this machine's
+device, a GPU or the CPU (dagster.yaml sets its limit); the grid raises the limit on Ray, which places them itself."""
 DEVICE_LOCK_WAITING = "waiting for the device lock"
 DEVICE_LOCK_ACQUIRED = "acquired the device lock"
 DEVICE_LOCK_RELEASED = "released the device lock"
@@ -33,7 +35,7 @@ class ComputeResource(derived_class(ComputeSettings, "ComputeResourceFields", dg
     def exclusive(self, log: Callable[[str], None]) -> Iterator[None]:
         """Hold this machine's lock on the device for the block.
 
-        The `gpu` pool keeps Dagster from starting two heavy steps at once, but the SQLite instance's
+        The `device` pool keeps Dagster from starting two heavy steps at once, but the SQLite instance's
         claim of a pool slot is not atomic: two runs that claimed in the same instant both got it
         (tests/e2e/test_rounds_cli.py). This lock closes the gap on one machine; the kernel releases
         it when its process dies, so a killed run never leaves it held.

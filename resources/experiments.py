@@ -5,7 +5,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, find_arm
+from noisy_student_assets.core.experiments.arms import Arm, Experiment, default_experiments_dir, find_arm, load_experiments
 
 
 class ExperimentFiles(dg.ConfigurableResource):
@@ -24,3 +24,7 @@ class ExperimentFiles(dg.ConfigurableResource):
             return find_arm(self.path, name)
         except KeyError as error:
             raise dg.Failure(str(error.args[0]), allow_retries=False) from error
+
+    def experiment(self, arm: Arm) -> Experiment:
+        """The experiment that declares `arm`."""
+        return load_experiments(self.path)[arm.experiment]

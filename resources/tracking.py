@@ -26,9 +26,10 @@ ARM_TAG, EXPERIMENT_TAG, ROUND_TAG, ROLE_TAG = "arm", "experiment", "round", "ro
 PARENT_OF_ARM_TAG = "parent_of_arm"
 """Set on the one parent run of an arm, whose value is the arm."""
 DAGSTER_RUN_URL_TAG = "dagster.run_url"
-# MLflow 3.17's UI opens every experiment on its GenAI view (traces), where training runs do not show, unless
-# the URL (or the browser, once "Model training" was clicked) asks for the model-training view.
+# MLflow 3.17's UI opens an experiment on its GenAI view (traces), where training runs do not show, unless the
+# experiment's kind says model training, or the URL (or the browser, once "Model training" was clicked) asks for it.
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 NOTE_TAG = "mlflow.note.content"
 """A run's description, which the MLflow UI renders as markdown (links included)."""
 
@@ -125,13 +126,16 @@ class MlflowTracking(dg.ConfigurableResource):
                 create_mlflow_schema(self._shared_database)
             experiment = mlflow.get_experiment_by_name(self.experiment_name)
             experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
-                # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
-                self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri()
+                # Artifacts beside the store, not in ./mlruns of whatever directory the run started in. The kind opens
+                # the experiment in MLflow's model-training view, not its GenAI view (traces, prompts), which is empty here.
+                self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri(),
+                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND},
             )
             mlflow.set_experiment(experiment_id=experiment_id)
             if arm is not None:
                 tags |= {ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment, "mlflow.parentRunId": self._arm_parent(experiment_id, arm)}
-        run_name = " ".join(part for part in (key_path[-1], round_name, arm.name if arm else "") if part)
+        # The asset's key path first ("round_001/eval_report a"): MLflow's run list cuts long names at their end.
+        run_name = " ".join(part for part in ("/".join(key_path), arm.name if arm else "") if part)
         with mlflow.start_run(run_name=run_name, tags=tags) as run:
             mlflow.log_params(flatten_params(params))
             yield run

@@ -14,7 +14,7 @@ from noisy_student_assets.core.training.compute import UNRECORDED_RECIPE, read_c
 from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.config import SmokeConfig
-from resources.compute import GPU_POOL, ComputeResource
+from resources.compute import DEVICE_POOL, ComputeResource
 from resources.data_lake import DataLake
 
 PSEUDO_LABEL_QUALITY = "pseudo_label_quality"
@@ -171,7 +171,7 @@ def checkpoint_checks(
         name=SMOKE_GENERATION,
         blocking=True,
         partitions_def=partitions_def,
-        pool=GPU_POOL,
+        pool=DEVICE_POOL,
         additional_ins={"eval_problems": dg.AssetIn(EVAL_PROBLEMS)},
         description="Blocking: greedy completions of the first eval prompts are not empty and do not all run to the token limit.",
     )

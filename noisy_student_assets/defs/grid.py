@@ -167,7 +167,7 @@ class Grid:
         self.register()
         self._fail_orphaned_runs()
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
-        self._set_gpu_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
+        self._set_device_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
         try:
             ok = self._materialize(self._shared_targets(), None)
             arms = [arm for arm in self.experiment.all_arms() if not only or arm.name in only]
@@ -180,7 +180,7 @@ class Grid:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
             return self._materialize([layout.VERDICT], None, always=True) and ok
         finally:
-            self._set_gpu_pool_limit(1)
+            self._set_device_pool_limit(1)
 
     def materialize_arm(self, arm, rounds: int | None = None) -> bool:
         """Materialize what is missing or stale of one arm up to round `rounds` (default: its `max_rounds`), in one
@@ -229,10 +229,10 @@ class Grid:
                 ]
         return rows
 
-    def _set_gpu_pool_limit(self, limit: int) -> None:
-        from resources.compute import GPU_POOL
+    def _set_device_pool_limit(self, limit: int) -> None:
+        from resources.compute import DEVICE_POOL
 
-        self.instance.event_log_storage.set_concurrency_slots(GPU_POOL, limit)
+        self.instance.event_log_storage.set_concurrency_slots(DEVICE_POOL, limit)
 
     def _shared_targets(self) -> list[str]:
         shared = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
@@ -330,7 +330,7 @@ class Grid:
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
         the lock held for the whole `run` proves none is alive. They are marked failed, so the UI says so, and
-        the `gpu` pool slots their steps held are freed, or the resumed run would wait for them forever.
+        the `device` pool slots their steps held are freed, or the resumed run would wait for them forever.
 
         Dagster's run monitoring (dagster.yaml) does neither for these runs: it is the daemon's, and no daemon runs
         beside the grid, which runs its runs in its own process (`dg.materialize`). Even under a daemon, the default

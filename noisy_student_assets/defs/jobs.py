@@ -2,8 +2,9 @@
 
 import dagster as dg
 
+from noisy_student_assets.core import layout
 from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S
-from noisy_student_assets.defs.partitions import ARMS, VERDICT_GROUP, round_group
+from noisy_student_assets.defs.partitions import ARMS, VERDICT_GROUP, round_group, round_key
 
 ARM_JOB = "arm_job"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
@@ -14,18 +15,44 @@ runs, in its own process, have no daemon to stop them; their stages' limits do."
 
 
 def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
-    """`shared_inputs_job`, `arm_job`, one job per round and `verdict_job` over `assets`."""
+    """`shared_inputs_job`, `arm_job`, three jobs per round (the round, its verifier, its validation) and `verdict_job`
+    over `assets`."""
     shared = dg.AssetSelection.assets(*(a for a in assets.assets if a.partitions_def is None))
-    round_jobs = [
-        dg.define_asset_job(
-            f"{round_group(number)}_job",
-            selection=dg.AssetSelection.groups(round_group(number)),
-            partitions_def=ARMS,
-            tags=RUN_TAGS,
-            description=f"Round {number} of an arm: sample, pseudo-label, train the student and its controls, evaluate.",
-        )
-        for number in range(1, rounds + 1)
-    ]
+    round_jobs = []
+    for number in range(1, rounds + 1):
+        group = round_group(number)
+        # Apart from the round's job, for the arms that read them: a verifier skipped for an arm whose label source
+        # does not read it would skip the vote that reads its scores, and an evaluation cannot skip (its check would
+        # go unreported).
+        verifier = dg.AssetSelection.assets(*(round_key(number, name) for name in (layout.VERIFIER, layout.VERIFIER_SCORES)))
+        validation = dg.AssetSelection.assets(round_key(number, layout.STUDENT_VALIDATION))
+        round_jobs += [
+            dg.define_asset_job(
+                f"{group}_job",
+                selection=dg.AssetSelection.groups(group) - verifier - validation,
+                partitions_def=ARMS,
+                tags=RUN_TAGS,
+                description=f"Round {number} of an arm: sample, pseudo-label, train the student and the controls its experiment "
+                f"lists, evaluate; a control it does not list skips. An arm whose label source reads a verifier runs {group}_verifier_job "
+                f"first; an arm with a patience runs {group}_validation_job after.",
+            ),
+            dg.define_asset_job(
+                f"{group}_verifier_job",
+                selection=verifier,
+                partitions_def=ARMS,
+                tags=RUN_TAGS,
+                description=f"Round {number}'s outcome verifier and its scores of the round's samples: before {group}_job, for an "
+                "arm whose label source reads them.",
+            ),
+            dg.define_asset_job(
+                f"{group}_validation_job",
+                selection=validation,
+                partitions_def=ARMS,
+                tags=RUN_TAGS,
+                description=f"Round {number}'s student on the arm's validation problems: after {group}_job, for an arm whose "
+                "stopping rule reads it (a patience).",
+            ),
+        ]
     defined = [
         dg.define_asset_job(
             "shared_inputs_job",

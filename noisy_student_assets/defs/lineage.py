@@ -28,7 +28,7 @@ from noisy_student_assets.core.profiles import active_profile
 from noisy_student_assets.core.settings import Settings, resolved
 from noisy_student_assets.defs.config import StageConfig, with_arm
 from noisy_student_assets.defs.records import latest_materialization
-from resources.compute import GPU_POOL
+from resources.compute import DEVICE_POOL
 
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster records every data version under this tag
 MISSING = "missing"
@@ -99,8 +99,8 @@ def reuse_key(content_key: str, settings: Settings) -> str:
 
 
 def is_heavy(op: dg.OpDefinition) -> bool:
-    """Whether an op runs a heavy stage (sampling, training, evaluation: the `gpu` pool's)."""
-    return op.pool == GPU_POOL
+    """Whether an op runs a heavy stage (sampling, training, evaluation: the `device` pool's)."""
+    return op.pool == DEVICE_POOL
 
 
 def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:

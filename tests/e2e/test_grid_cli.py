@@ -27,6 +27,7 @@ from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
 from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE, SOURCES_TABLE
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
+from resources.compute import DEVICE_POOL
 from tests.cli import DagsterCli, changed_defaults_env
 from tests.tiny_configs import TINY_GRPO, TINY_SAMPLING, op, round_names, tiny_config, with_op_config
 
@@ -104,10 +105,10 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
         runs = instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))
         statuses = sorted(r.dagster_run.status.value for r in runs)
         labeled_rl_events = instance.fetch_materializations(labeled_rl, limit=5).records
-        gpu_pool = instance.event_log_storage.get_concurrency_info("gpu")
+        device_pool = instance.event_log_storage.get_concurrency_info(DEVICE_POOL)
     assert "FAILURE" in statuses, "the killed grid's run is marked failed, not left started"
     assert "STARTED" not in statuses and len(labeled_rl_events) == 1
-    assert not gpu_pool.claimed_slots and not gpu_pool.pending_steps, "the killed run's gpu pool slot was freed"
+    assert not device_pool.claimed_slots and not device_pool.pending_steps, "the killed run's device pool slot was freed"
 
     def grid_run(*options: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config), *options]
@@ -158,13 +159,13 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
         runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))]
         (arm_run,) = [run for run in runs if run.tags.get("dagster/partition") == ARM]
         events = [record.event_log_entry.dagster_event for record in instance.get_records_for_run(arm_run.run_id).records]
-        gpu_pool = instance.event_log_storage.get_concurrency_info("gpu")
+        device_pool = instance.event_log_storage.get_concurrency_info(DEVICE_POOL)
     events = [event for event in events if event is not None]
     assert arm_run.status == dg.DagsterRunStatus.FAILURE
     assert not [e for e in events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY], "an interrupt is not retried"
     (failure,) = [e for e in events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert failure.step_key == layout.LABELED_RL and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
-    assert not gpu_pool.claimed_slots, "the interrupted step's gpu pool slot was freed"
+    assert not device_pool.claimed_slots, "the interrupted step's device pool slot was freed"
 
 
 def _grid_done(dagster_cli: DagsterCli, config: dict, log: Path, *options: str, env: dict | None = None, experiment: Path = EXPERIMENT) -> str:

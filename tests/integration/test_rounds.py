@@ -19,6 +19,8 @@ from resources.data_lake import DataLake
 from resources.tracking import (
     ARM_TAG,
     DAGSTER_RUN_URL_TAG,
+    EXPERIMENT_KIND_TAG,
+    MODEL_TRAINING_KIND,
     NOTE_TAG,
     PARENT_OF_ARM_TAG,
     ROLE_TAG,
@@ -156,7 +158,8 @@ def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rou
     assert ("round_001/random_label_checkpoint", "round_001", "random_label") in seen
     assert all(r.data.tags[ARM_TAG] == ARM for r in children)
     names = {r.info.run_name for r in children}
-    assert "student_checkpoint round_001 a" in names and "labeled_rl_checkpoint a" in names
+    assert "round_001/student_checkpoint a" in names and "labeled_rl_checkpoint a" in names
+    assert mlflow.get_experiment_by_name("noisy-student").tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
     shared = {r.data.tags["dagster.asset"] for r in runs if "mlflow.parentRunId" not in r.data.tags and PARENT_OF_ARM_TAG not in r.data.tags}
     assert {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT} <= shared
     metadata = metadata_of(two_rounds["arm"], layout.LABELED_RL)
@@ -280,3 +283,28 @@ def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, 
     failure = next(e for e in alone.all_events if e.event_type_value == "STEP_FAILURE")
     assert "failed its quality floor: tau=1.0 keeps" in failure.event_specific_data.error.message
     assert not lake.artifact_dir(key(2, layout.STUDENT), "b").exists()
+
+
+def test_a_round_job_launched_for_an_arm_makes_only_what_its_experiment_asks_for(two_rounds, lake, instance, config) -> None:
+    """`round_001_job` from the UI selects the whole round whichever arm is picked: for an arm of an experiment that
+    lists the labeled-only control alone (tests/experiments/grid.yaml), the other controls skip, and with them their
+    evaluations and checks."""
+    from noisy_student_assets.core.experiments.arms import load_experiments
+    from noisy_student_assets.core.experiments.progress import round_assets
+    from noisy_student_assets.definitions import defs
+    from tests.conftest import TEST_EXPERIMENTS
+
+    job = defs.resolve_job_def("round_001_job")
+    selection = sorted(key.to_user_string() for key in job.asset_layer.selected_asset_keys)
+    assert set(round_names(1, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL))) <= set(selection)
+    instance.add_dynamic_partitions("arm", ["g"])
+    materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL], config, "g", instance)
+    result = materialize(lake, selection, config, "g", instance)
+
+    experiment = load_experiments(TEST_EXPERIMENTS)["grid"]
+    made = {event.asset_key.to_user_string() for event in result.get_asset_materialization_events()}
+    assert made == set(round_assets(1, experiment, experiment.arm("g")))
+    skipped = {event.step_key for event in result.all_events if event.event_type_value == "STEP_SKIPPED"}
+    assert {op("round_001", layout.control_eval(control)) for control in (layout.GOLD_LABEL, layout.RANDOM_LABEL)} <= skipped
+    logs = "\n".join(record.user_message for record in instance.all_logs(result.run_id))
+    assert f"skipped: experiment grid does not ask for {round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))[0]} for arm g" in logs

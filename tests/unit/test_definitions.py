@@ -1,5 +1,5 @@
 """The code location's wiring: arms as partitions, rounds as key prefixes with every input drawn as an edge,
-the gpu pool, blocking checks, and the experiment files the repository ships."""
+the device pool, blocking checks, and the experiment files the repository ships."""
 
 import json
 import re
@@ -16,7 +16,7 @@ from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S
 from noisy_student_assets.definitions import defs
 from noisy_student_assets.defs.jobs import MAX_RUNTIME_TAG
 from noisy_student_assets.defs.partitions import ARMS, ROUNDS
-from resources.compute import GPU_POOL
+from resources.compute import DEVICE_POOL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED = {layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT}
@@ -64,7 +64,7 @@ def test_every_shipped_arm_keeps_its_override_fingerprints() -> None:
     assert {name: fingerprints.get(name) for name in snapshot} == snapshot
 
 
-def test_dagster_yaml_limits_the_gpu_pool_to_one_op(tmp_path: Path, monkeypatch) -> None:
+def test_dagster_yaml_limits_the_device_pool_to_one_op(tmp_path: Path, monkeypatch) -> None:
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.chdir(tmp_path)
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
@@ -83,10 +83,10 @@ def test_run_monitoring_stops_every_daemon_launched_run_past_the_run_time_limit_
     assert jobs and all(job.tags[MAX_RUNTIME_TAG] == job.run_tags[MAX_RUNTIME_TAG] == str(RUN_TIME_LIMIT_S) for job in jobs)
 
 
-def test_every_heavy_asset_runs_in_the_gpu_pool() -> None:
+def test_every_heavy_asset_runs_in_the_device_pool() -> None:
     graph = defs.resolve_asset_graph()
     pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
-    heavy = {name for name, asset_pools in pools.items() if asset_pools and GPU_POOL in asset_pools}
+    heavy = {name for name, asset_pools in pools.items() if asset_pools and DEVICE_POOL in asset_pools}
     expected = {layout.BASE_MODEL_EVAL, layout.LABELED_RL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION}
     for number in range(1, ROUNDS + 1):
         expected |= {

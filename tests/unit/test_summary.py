@@ -183,3 +183,12 @@ def test_the_summary_prints_each_verifier_s_validation_measures(lake: Path) -> N
     results = collect(lake, ARMS, rounds=2)
     assert results.verifiers.select("arm", "round", "pairs", "validation_auroc").rows() == [("tau50-s0", 1, 79.0, 0.627)]
     assert "## Verifiers" in summary_markdown(results)
+
+
+def test_a_round_asked_for_and_not_evaluated_yet_is_said(lake: Path) -> None:
+    """The verdict speaks of each group's last evaluated round: a round the experiment asks for beyond it is named."""
+    three = Experiment(name="grid", defaults=ArmSpec(round_steps=16, max_rounds=3), arms={"tau50-s0": ArmSpec(tau=0.5, seed=0)})
+    results = collect(lake, [three.arm("tau50-s0")], rounds=3)
+    assert results.pending == ["arm tau50-s0 (grid): round 3 of its 3 not evaluated yet"]
+    assert "- arm tau50-s0 (grid): round 3 of its 3 not evaluated yet" in summary_markdown(results)
+    assert collect(lake, ARMS, rounds=2).pending == []

@@ -39,6 +39,14 @@ def round_assets(number: int, experiment, arm) -> list[str]:
     return layout.round_asset_names(number, experiment.controls, validated(arm), verified(arm))
 
 
+def asks_for(experiment, arm, name: str) -> bool:
+    """Whether `experiment` materializes the asset `name` (a key path joined by '/') for `arm`, in whichever round it
+    is: a control it does not list, or a validation its arm's stopping rule does not read, it does not."""
+    prefix, _, _ = name.rpartition("/")
+    listed = round_assets(layout.round_number(prefix), experiment, arm) if prefix else pre_round_assets(experiment, arm)
+    return name in listed
+
+
 def last_round(arm, rounds: int | None = None) -> int:
     """The last round of `arm` up to round `rounds` (default and at most: its `max_rounds`)."""
     return arm.stopping_rule.max_rounds if rounds is None else min(rounds, arm.stopping_rule.max_rounds)

@@ -12,7 +12,7 @@ leads with one plain sentence per arm group: the last round against its labeled-
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -88,13 +88,16 @@ class ExperimentResults:
     """Per arm with a `labeled_rl_validation`: its labeled-RL steps and greedy accuracy on the validation split."""
     sentences: list[str]
     """Per group: the last round against its labeled-only control, in words."""
+    pending: list[str] = field(default_factory=list)
+    """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, in words (the sentences
+    speak of the last round evaluated)."""
 
 
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, sources, flips, yardsticks, verifiers, frontiers, by_group = [], [], [], [], [], [], [], [], {}, {}
+    accuracy, audits, calibration, validation, sources, flips, yardsticks, verifiers, pending, frontiers, by_group = [], [], [], [], [], [], [], [], [], {}, {}
     for arm in arms:
         last_frontier = None
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
@@ -142,6 +145,10 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 )
         if last_frontier:
             frontiers[last_frontier[0]] = last_frontier[1]
+        asked = arm.stopping_rule.max_rounds
+        missing = [str(number) for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
+        if evaluations and missing:
+            pending.append(f"arm {arm.name} ({arm.experiment}): round {', '.join(missing)} of its {asked} not evaluated yet")
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
         for number in range(1, rounds + 1):
@@ -179,6 +186,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         frontiers=frontiers,
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
+        pending=pending,
     )
 
 
@@ -212,6 +220,7 @@ def summary_markdown(results: ExperimentResults) -> str:
     """The verdict sentences, then the tables, as markdown that can be pasted into a write-up."""
     lines = ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
     lines += [f"- {sentence}" for sentence in results.sentences] or ["No round has been evaluated against its labeled-only control yet."]
+    lines += [f"- {line}" for line in results.pending]
     if results.differences.height:
         shown = results.differences.select(
             "experiment", "group", "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"

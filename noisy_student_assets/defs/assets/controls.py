@@ -9,6 +9,7 @@ model it has spent exactly what the round's student spent (the `compute_matched`
   does label correctness matter at all?
 """
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.core.training.modes.registry import student_mode
 from noisy_student_assets.defs.assets.models import checkpoint_eval
 from noisy_student_assets.defs.assets.rounds import BASE_MODEL_INPUT, kept_pseudo_labels, train_from_student_init
-from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, stage, train_checkpoint
+from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, not_asked_for, stage, train_checkpoint
 from noisy_student_assets.defs.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.defs.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.defs.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
@@ -36,7 +37,8 @@ def round_controls(number: int) -> dg.Definitions:
     key = partial(round_key, number)
     student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
     checkpoint_key = {control: key(layout.control_checkpoint(control)) for control in layout.CONTROLS}
-    heavy = {"group_name": round_group(number), "partitions_def": ARMS, "io_manager_key": "checkpoint_io_manager", **HEAVY}
+    # output_required: a control the arm's experiment does not list yields nothing (`not_asked_for`).
+    heavy = {"group_name": round_group(number), "partitions_def": ARMS, "io_manager_key": "checkpoint_io_manager", "output_required": False, **HEAVY}
     teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
     labeled = dg.AssetIn(layout.LABELED_PROBLEMS)
 
@@ -53,10 +55,13 @@ def round_controls(number: int) -> dg.Definitions:
         init: Path,
         labeled_problems: pl.DataFrame,
         stage_resources: StageResources,
-    ) -> dg.Output[Path]:
+    ) -> Iterator[dg.Output[Path]]:
+        if skipped := not_asked_for(context, stage_resources):
+            context.log.info(skipped)
+            return
         with stage(context, config, stage_resources) as current:
             staged = train_checkpoint(current, init_dir=init, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
-        return current.output(staged)
+        yield current.output(staged)
 
     @dg.asset(
         key=checkpoint_key[layout.GOLD_LABEL],
@@ -81,7 +86,10 @@ def round_controls(number: int) -> dg.Definitions:
         eval_problems: pl.DataFrame,
         base_model: Path,
         stage_resources: StageResources,
-    ) -> dg.Output[Path]:
+    ) -> Iterator[dg.Output[Path]]:
+        if skipped := not_asked_for(context, stage_resources):
+            context.log.info(skipped)
+            return
         with stage(context, config, stage_resources) as current:
             _refuse_unmatched_training(current, layout.GOLD_LABEL)
             held_out = unlabeled_problems.join(eval_problems, on="problem_id", how="semi").height
@@ -94,7 +102,7 @@ def round_controls(number: int) -> dg.Definitions:
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
             revealed = pl.concat([labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
             staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))
-        return current.output(staged)
+        yield current.output(staged)
 
     @dg.asset(
         key=checkpoint_key[layout.RANDOM_LABEL],
@@ -111,7 +119,10 @@ def round_controls(number: int) -> dg.Definitions:
         pseudo_labels: LakeTable,
         base_model: Path,
         stage_resources: StageResources,
-    ) -> dg.Output[Path]:
+    ) -> Iterator[dg.Output[Path]]:
+        if skipped := not_asked_for(context, stage_resources):
+            context.log.info(skipped)
+            return
         with stage(context, config, stage_resources) as current:
             _refuse_unmatched_training(current, layout.RANDOM_LABEL)
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
@@ -120,7 +131,7 @@ def round_controls(number: int) -> dg.Definitions:
             current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
             staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, shuffled))
-        return current.output(staged)
+        yield current.output(staged)
 
     checks = []
     for control_key in checkpoint_key.values():

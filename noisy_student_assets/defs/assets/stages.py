@@ -48,14 +48,14 @@ from noisy_student_assets.defs.lineage import (
     reuse_key,
     stage_version,
 )
-from resources.compute import GPU_POOL
+from resources.compute import DEVICE_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.stage_resources import StageResources
 
 RETRY_DELAY_S = environment.retry_delay_s()
 """Seconds before a failed heavy step's retry (`environment.RETRY_DELAY_S`)."""
-HEAVY = {"pool": GPU_POOL}
-"""What every heavy asset (sampling, training, evaluation) is declared with: the `gpu` pool. `stage` retries a
+HEAVY = {"pool": DEVICE_POOL}
+"""What every heavy asset (sampling, training, evaluation) is declared with: the `device` pool. `stage` retries a
 heavy step once; the retry resumes from the stage's shards or TRL checkpoints."""
 HEAVY_RETRIES = 1
 DATASET_FILE, PROBLEMS_FILE = "dataset.json", "problems.parquet"
@@ -150,6 +150,20 @@ def stage(
             "arm_overrides": dg.MetadataValue.json(arm.overrides(stage_name)),
             "arm_overrides_sha": arm.overrides_sha(stage_name),
         }
+
+
+def not_asked_for(context: dg.AssetExecutionContext, resources: StageResources) -> str | None:
+    """Why the experiment of the arm the partition names does not ask for this asset (a control it does not list), or
+    None. A job launched from the UI (`round_00N_job`) selects every control of its round whichever arm is picked:
+    such a control yields no output, and Dagster skips its evaluation and checks."""
+    from noisy_student_assets.core.experiments.progress import asks_for
+
+    arm = resources.experiments.arm(context.partition_key)
+    name = context.asset_key.to_user_string()
+    experiment = resources.experiments.experiment(arm)
+    if asks_for(experiment, arm, name):
+        return None
+    return f"skipped: experiment {arm.experiment} does not ask for {name} for arm {arm.name} (its controls: {', '.join(experiment.controls)})"
 
 
 def _retryable(error: Exception) -> bool:

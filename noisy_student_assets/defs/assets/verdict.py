@@ -73,7 +73,7 @@ def verdict(
     return current.output(
         staged,
         metadata={
-            "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in results.sentences) or "no round evaluated yet"),
+            "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in [*results.sentences, *results.pending]) or "no round evaluated yet"),
             "report": dg.MetadataValue.md(inline_report),
             "arms": len(arms),
             **({"accuracy_by_round": png_markdown("accuracy_by_round", figure)} if figure else {}),

@@ -37,7 +37,7 @@ class LabelSource(ABC):
     def missing_input(self, generations: pl.DataFrame, scores: pl.DataFrame | None) -> str | None:
         """Why this source cannot judge these samples, or None."""
         if self.reads_verifier and scores is None:
-            return f"label source {self.name!r} weighs samples by the round's verifier scores, and there are none: materialize round_00N/verifier_scores"
+            return f"label source {self.name!r} weighs samples by the round's verifier scores, and there are none: materialize round_00N/verifier_scores (round_00N_verifier_job)"
         return None
 
     def weighted(self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None = None) -> pl.DataFrame:
