@@ -5,6 +5,8 @@
     python -m noisy_student_assets.headroom run --arm headroom-s0  # every task's first seed: a screen
     python -m noisy_student_assets.headroom table                # the table, from the lakes
     python -m noisy_student_assets.headroom summary --task products   # a task's run summary (its lake's)
+    python -m noisy_student_assets.headroom export                # the tasks' results into results/ (no checkpoints)
+    python -m noisy_student_assets.headroom table --lake results  # the table from them, without the lakes
     python -m noisy_student_assets.headroom run --experiment experiments/label_source_grid.yaml --task products
                                         # another experiment on a task's lake (the grid the table picks a task for)
 
@@ -29,6 +31,7 @@ from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.reporting.headroom import grid_task, load_tasks, task_home, task_lake, task_row
 from noisy_student_assets.core.reporting.markdown import markdown_table
+from noisy_student_assets.core.reporting.results import export_results
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
@@ -57,36 +60,52 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT) -
     return next(iter(failed.values()), 0)
 
 
-def summary(task_names: list[str], experiment: Path) -> int:
-    """The run summary of `experiment`'s arms in each task's lake (`python -m noisy_student_assets.summary`)."""
-    lake = layout.default_lake_root()
+def summary(task_names: list[str], experiment: Path, root: Path) -> int:
+    """The run summary of `experiment`'s arms in each task's lake under `root` (the data lake, or a results directory
+    `export` wrote): `python -m noisy_student_assets.summary --lake <the task's lake>`."""
     for name in task_names or list(load_tasks(TASKS)):
         print(f"\n# {name}", flush=True)
-        home = task_home(lake, name)
-        command = [sys.executable, "-m", "noisy_student_assets.summary", "--experiment", str(experiment.resolve())]
-        if returncode := subprocess.run(command, cwd=home, env=environment.own_instance(home, task_lake(lake, name))).returncode:
+        command = [sys.executable, "-m", "noisy_student_assets.summary", "--experiment", str(experiment.resolve()), "--lake", str(task_lake(root, name))]
+        env = environment.own_instance(task_home(root, name), task_lake(root, name))  # the MLflow store it names is the task's
+        if returncode := subprocess.run(command, env=env).returncode:
             return returncode
     return 0
 
 
-def table() -> pl.DataFrame:
-    lake = layout.default_lake_root()
+def export(task_names: list[str], experiment: Path, destination: Path) -> int:
+    """Each task's results of `experiment`'s arms (evaluations and audits: `core.reporting.results`) into
+    `destination`, in the layout `table` and `summary` read (`--lake <destination>`)."""
+    lake, arms = layout.default_lake_root(), [arm.name for arm in load_experiment(experiment).all_arms()]
+    for name in task_names or list(load_tasks(TASKS)):
+        if task_lake(lake, name).is_dir():
+            copied = export_results(task_lake(lake, name), arms, task_lake(destination, name))
+            print(f"[headroom] {name}: {len(copied)} files into {task_lake(destination, name)}", flush=True)
+    return 0
+
+
+def table(root: Path) -> pl.DataFrame:
+    """The headroom table of the tasks' lakes under `root` (the data lake, or a results directory `export` wrote)."""
     arms = load_experiment(EXPERIMENT).all_arms()
-    return pl.DataFrame([task_row(task, task_lake(lake, name), arms) for name, task in load_tasks(TASKS).items()])
+    return pl.DataFrame([task_row(task, task_lake(root, name), arms) for name, task in load_tasks(TASKS).items()])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "summary", "table"])
+    parser.add_argument("command", choices=["run", "summary", "table", "export"])
     parser.add_argument("--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
-    parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run, summary: the experiment on each task's lake (default: headroom's)")
+    parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run, summary, export: the experiment on each task's lake (default: headroom's)")
+    parser.add_argument("--lake", type=Path, default=None, help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data lake")
+    parser.add_argument("--to", type=Path, default=Path("results"), help="export: the results directory (default: results/)")
     args = parser.parse_args(argv)
+    root = args.lake or layout.default_lake_root()
     if args.command == "run":
         return run(args.task, args.arm, args.experiment)
     if args.command == "summary":
-        return summary(args.task, args.experiment)
-    headroom = table()
+        return summary(args.task, args.experiment, root)
+    if args.command == "export":
+        return export(args.task, args.experiment, args.to)
+    headroom = table(root)
     print(markdown_table(headroom.with_columns(pl.col(pl.Float64).round(3))))
     chosen = grid_task(headroom)
     print(f"\nThe label-source grid's task: {chosen}" if chosen else "\nNo task has data headroom (gold labels beating labeled-only on 3 seeds).")

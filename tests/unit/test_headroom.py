@@ -79,3 +79,20 @@ def test_the_grid_takes_the_task_with_data_headroom_and_the_most_label_headroom(
     assert table["outcome"][0] == "no difference"
     assert grid_task(table) == "chain-sums"
     assert grid_task(table.filter(pl.col("task") != "chain-sums")) is None
+
+
+def test_seeds_exported_in_turns_give_the_table_of_the_lake_that_made_them(tmp_path: Path, monkeypatch) -> None:
+    """Seeds run in different sessions pool in one results directory (`headroom export`, then `table --lake`)."""
+    from noisy_student_assets import headroom
+    from noisy_student_assets.core.reporting.headroom import task_lake
+
+    lake = tmp_path / "data_lake"
+    _task_lake(task_lake(lake, "chain-sums"), gold_gain=0.5)
+    monkeypatch.setenv("NOISY_STUDENT_DATA_LAKE", str(lake))
+    results = tmp_path / "results"
+    for arm in ARMS:  # one session a seed
+        one_seed = tmp_path / "one_seed.yaml"
+        one_seed.write_text(f"arms:\n  {arm.name}: {{seed: {arm.spec.seed}}}\n")
+        assert headroom.main(["export", "--task", "chain-sums", "--experiment", str(one_seed), "--to", str(results)]) == 0
+    assert headroom.table(results).equals(headroom.table(lake))
+    assert headroom.table(results).filter(pl.col("task") == "chain-sums")["data_headroom_seeds"][0] == 3

@@ -192,3 +192,29 @@ def test_a_round_asked_for_and_not_evaluated_yet_is_said(lake: Path) -> None:
     assert results.pending == ["arm tau50-s0 (grid): round 3 of its 3 not evaluated yet"]
     assert "- arm tau50-s0 (grid): round 3 of its 3 not evaluated yet" in summary_markdown(results)
     assert collect(lake, ARMS, rounds=2).pending == []
+
+
+def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: Path) -> None:
+    """`summary --export` keeps the evaluations and audits, not checkpoints or completions, in the lake's layout: the
+    summary of the copy is the lake's, and seeds exported from two lakes of the same task pool in one directory."""
+    from noisy_student_assets.core.reporting.results import export_results
+
+    checkpoint = layout.artifact_dir(lake, layout.round_asset(1, layout.STUDENT), ARMS[0].name)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    completions = layout.artifact_dir(lake, layout.round_asset(1, layout.EVAL_REPORT), ARMS[0].name) / "greedy.parquet"
+    pl.DataFrame({"problem_id": ["p00"], "completion": ["42"]}).write_parquet(completions)
+
+    results = tmp_path / "results"
+    export_results(lake, [ARMS[0].name], results)
+    copied = export_results(lake, [arm.name for arm in ARMS[1:]], results)  # the other seeds, later
+    assert layout.artifact_dir(lake, layout.round_asset(2, layout.EVAL_REPORT), ARMS[1].name).relative_to(lake) / layout.SCORES_FILE in copied
+    assert not (results / checkpoint.relative_to(lake)).exists() and not (results / completions.relative_to(lake)).exists()
+    original, exported = collect(lake, ARMS, rounds=2), collect(results, ARMS, rounds=2)
+    assert exported.sentences == original.sentences and exported.differences.equals(original.differences)
+    assert exported.audits.equals(original.audits) and summary_markdown(exported) == summary_markdown(original)
+
+    other = tmp_path / "other_task"
+    _eval(other, layout.BASE_MODEL_EVAL, None, _correct(0.5), compute={})
+    with pytest.raises(ValueError, match="holds results of another task or base model"):
+        export_results(other, [], results)

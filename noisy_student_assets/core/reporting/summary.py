@@ -23,6 +23,7 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, A
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
+from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE, verifier_metrics
@@ -295,10 +296,12 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
     return arms, max((experiments[arm.experiment].max_rounds for arm in arms), default=0)
 
 
-def main(mlflow_store: str, experiment: str | None = None) -> None:
+def main(mlflow_store: str, experiment: str | None = None, lake: Path | None = None, export: Path | None = None) -> None:
     """Print (and write into the lake) the run summary, of every experiment's arms in the lake or of `experiment`'s
-    (a file name's stem) alone; `mlflow_store` is the MLflow store the runs were logged to."""
-    lake = layout.default_lake_root()
+    (a file name's stem) alone; `mlflow_store` is the MLflow store the runs were logged to. `lake`: a lake or a
+    results directory (`results.export_results`) instead of the data lake; `export`: copy the summarized arms'
+    results there."""
+    lake = lake or layout.default_lake_root()
     print(f"\nData lake: {lake}")
     arms, rounds = lake_arms(lake, default_experiments_dir())
     if experiment:
@@ -311,6 +314,9 @@ def main(mlflow_store: str, experiment: str | None = None) -> None:
     (lake / name).write_text(f"# noisy-student run summary{f': {experiment}' if experiment else ''}\n\n{summary}")
     print(summary)
     print(f"Run summary (markdown): {lake / name}")
+    if export:
+        copied = export_results(lake, [arm.name for arm in arms], export)
+        print(f"Results of {len(arms)} arms: {len(copied)} files copied into {export} (python -m noisy_student_assets.summary --lake {export})")
     print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
     print(f"\nMLflow store: {mlflow_store}\n  compare runs: mlflow ui --backend-store-uri '{mlflow_store}'")
 

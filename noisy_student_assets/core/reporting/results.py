@@ -1,0 +1,68 @@
+"""A lake's results, apart from its checkpoints and samples (no Dagster here): the small files the run summary,
+the verdict's intervals and the headroom table read, copied in the lake's own layout into a directory that can be
+committed beside the results page (`results/`). The summary reads such a directory as it reads a lake
+(`python -m noisy_student_assets.summary --lake results/<name>`), so a reader without the lake prints the page's
+tables, and seeds run on different days or machines pool by copying their results into one directory: the arms
+are partitions, their files never collide.
+
+What is kept, per arm: every evaluation's metrics, per-problem scores and report tables (not its completions),
+each round's pseudo-label audit, frontier and settings (not the labels' table), the verifier's measures, and the
+unlabeled problems (their ids say which held-out problems a test-time arm trained on); shared: the held-out
+problems and the base model's evaluation.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
+from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
+
+EVAL_ASSETS = (layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
+ROUND_EVAL_ASSETS = (layout.EVAL_REPORT, layout.STUDENT_VALIDATION, *(layout.control_eval(control) for control in layout.CONTROLS))
+TABLE_ASSETS = (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS)
+COMPLETIONS = (GREEDY_FILE, SAMPLED_FILE)
+
+
+def result_files(lake: Path, arms: list[str]) -> list[Path]:
+    """The files of `arms` (and the shared ones) that a results directory keeps, as paths relative to `lake`."""
+    directories = [layout.artifact_dir(lake, name) for name in (layout.BASE_MODEL_EVAL, layout.EVAL_PROBLEMS)]
+    for arm in arms:
+        directories += [layout.artifact_dir(lake, name, arm) for name in (*EVAL_ASSETS[1:], layout.UNLABELED_PROBLEMS)]
+        for round_dir in sorted(lake.glob(f"{layout.ROUND_PREFIX}*")):
+            directories += [round_dir / name / arm for name in (*ROUND_EVAL_ASSETS, layout.PSEUDO_LABELS, layout.VERIFIER)]
+    files = []
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        asset = directory.parent.name if directory.name in arms else directory.name
+        files += [path for path in sorted(directory.iterdir()) if path.is_file() and _kept(asset, path.name)]
+    return [path.relative_to(lake) for path in files]
+
+
+def _kept(asset: str, file_name: str) -> bool:
+    if asset in (*EVAL_ASSETS, *ROUND_EVAL_ASSETS):
+        return file_name.endswith((".json", ".parquet")) and file_name not in COMPLETIONS
+    if asset == layout.PSEUDO_LABELS:
+        return file_name.endswith(".json")
+    if asset == layout.VERIFIER:
+        return file_name == VERIFIER_METRICS_FILE
+    return asset in TABLE_ASSETS and file_name == layout.TABLE_FILE_NAME
+
+
+def export_results(lake: Path, arms: list[str], destination: Path) -> list[Path]:
+    """Copy the result files of `arms` from `lake` into `destination` in the same layout (what was there of other
+    arms stays); the files copied, relative to both. A shared file (the held-out problems, the base model's
+    evaluation) that `destination` holds otherwise is refused: those results are of another task or model."""
+    files = result_files(lake, arms)
+    for relative in files:
+        target = destination / relative
+        if len(relative.parts) == 2 and target.exists() and target.read_bytes() != (lake / relative).read_bytes():
+            raise ValueError(f"{target} differs from {lake / relative}: {destination} holds results of another task or base model")
+    for relative in files:
+        target = destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(lake / relative, target)
+    return files
