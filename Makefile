@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark docs ui clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark docs ui notebooks clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -102,6 +102,19 @@ benchmark: setup
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml
+
+# The notebooks (docs/notebooks.md) in JupyterLab on 127.0.0.1, on the lake and arm of .env's variables
+# (NOISY_STUDENT_DATA_LAKE; NOISY_STUDENT_ARM, default `default`, the arm `make run` makes). Their .py sources are
+# what git tracks; jupytext makes the paired .ipynb where it is missing. The notebooks extra (JupyterLab) goes into
+# the venv first, within constraints-cpu.txt so that torch stays; the check after it says the pipeline still imports.
+notebooks: setup $(VENV)/.installed-notebooks
+	$(BIN)/jupytext --sync notebooks/*.py
+	set -a && . ./.env && set +a && $(BIN)/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+
+$(VENV)/.installed-notebooks: pyproject.toml
+	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[notebooks]'
+	$(BIN)/python -c "import dagster, vllm, trl"
+	touch $@
 
 clean-lake:
 	find data_lake -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -26,6 +26,8 @@ RETRY_DELAY_S = "NOISY_STUDENT_RETRY_DELAY_S"
 the tests set 0)."""
 DATABASE_URL = "NOISY_STUDENT_DATABASE_URL"
 """A PostgreSQL database for the Dagster instance and MLflow's store (`resources/database.py`); unset: embedded SQLite."""
+ARM = "NOISY_STUDENT_ARM"
+"""The arm the notebooks inspect (`notebooks/`; default `default`, the arm `make run` makes)."""
 RAY_ADDRESS = "RAY_ADDRESS"
 """Ray's own: the cluster the ray launcher submits to, where the launcher's `ray_address` names none."""
 FORWARDED_PREFIXES = ("NOISY_STUDENT_", "HF_", "TRANSFORMERS_", "VLLM_", "PYTHONPATH")
@@ -46,6 +48,10 @@ def data_lake_root() -> Path:
 
 def experiments_dir(default: Path) -> Path:
     return Path(_read(EXPERIMENTS) or default)
+
+
+def inspected_arm(default: str) -> str:
+    return _read(ARM) or default
 
 
 def launcher_kind() -> str | None:

@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import GRPOSettings
-from noisy_student_assets.core.training.grpo import build_training_dataset, grpo_config, train_grpo
+from noisy_student_assets.core.training.grpo import build_training_dataset, grpo_config, logged_completions, train_grpo
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
 
 
@@ -83,6 +84,18 @@ def test_grpo_trains_on_the_vote_share_reward(sevens_model_dir: Path, tmp_path: 
     assert "rewards/vote_share_reward/mean" in step and 0.0 <= step["rewards/vote_share_reward/mean"] <= 1.0
     with pytest.raises(ValueError, match="reward 'soft'"):
         train_grpo(sevens_model_dir, dataset, settings, tmp_path / "other", work_dir=tmp_path / "w", reward="soft")
+
+
+def test_the_logged_groups_are_the_step_s_completions_with_their_rewards_and_advantages(sevens_model_dir: Path, training_set, tmp_path: Path):
+    settings = TINY_RUN.model_copy(update=dict(max_steps=1, save_steps=0))
+    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", work_dir=tmp_path / "work", log_completions=True)
+    logged = logged_completions(tmp_path / "work")
+    assert logged.height == settings.completions_per_step and set(logged["step"]) == {1}
+    assert logged.group_by("question").len()["len"].to_list() == [settings.num_generations] * settings.prompts_per_step
+    (step,) = [entry for entry in result.log_history if "reward" in entry]
+    assert logged["answer_reward"].mean() == pytest.approx(step["reward"])
+    assert logged.group_by("question").agg(pl.col("advantage").sum())["advantage"].abs().max() < 1e-4  # relative to the group's mean
+    assert plots.grpo_groups(logged).startswith(b"\x89PNG")
 
 
 def test_each_step_trains_on_prompts_per_step_groups(tmp_path: Path):

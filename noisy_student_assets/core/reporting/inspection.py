@@ -6,12 +6,13 @@ sampler, so what they show is what the round computed.
     votes = sample_votes(round_lake)          # each sample: its answer, right or not, its weight per label source
     labels = source_labels(round_lake)        # each problem: the label each source picks, kept or not, right or not
     side_by_side(round_lake)                  # each held-out problem: the student's and the labeled-only control's greedy answers
+    flipped_problems(round_lake)              # the held-out problems the student got right and its teacher wrong, or the reverse
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
@@ -27,6 +28,9 @@ from noisy_student_assets.core.settings import PseudoLabelSettings
 WEIGHT_PREFIX = "weight/"
 """`sample_votes`' column of each label source's weight of a sample: `weight/majority`."""
 ROLES_SIDE_BY_SIDE = (layout.STUDENT_ROLE, layout.LABELED_ONLY)
+TEACHER = "teacher"
+WRONG_TO_RIGHT, RIGHT_TO_WRONG = "wrong_to_right", "right_to_wrong"
+"""`flipped_problems`' flips, named as the eval report's flips table counts them."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +124,36 @@ def side_by_side(round_lake: RoundLake, roles: tuple[str, ...] = ROLES_SIDE_BY_S
         evaluation = round_lake.evaluation(role)
         if evaluation is None:
             continue
-        greedy, _ = evaluation.completions()
-        answers = greedy.select(
-            "problem_id",
-            pl.col("completion").map_elements(extract_answer, return_dtype=pl.Utf8).alias(f"{role}/answer"),
-            pl.col("completion").alias(f"{role}/completion"),
-        ).join(evaluation.scores.select("problem_id", pl.col("greedy_correct").alias(f"{role}/correct")), on="problem_id")
+        answers = _greedy_answers_of(evaluation, role)
         table = answers if table is None else table.join(answers, on="problem_id", how="full", coalesce=True)
     return table if table is not None else pl.DataFrame(schema={"problem_id": pl.Utf8})
+
+
+def _greedy_answers_of(evaluation: PublishedEval, name: str) -> pl.DataFrame:
+    """Each problem's greedy answer in `evaluation`, its completion and whether it was right, as `<name>/...` columns."""
+    greedy, _ = evaluation.completions()
+    return greedy.select(
+        "problem_id",
+        pl.col("completion").map_elements(extract_answer, return_dtype=pl.Utf8).alias(f"{name}/answer"),
+        pl.col("completion").alias(f"{name}/completion"),
+    ).join(evaluation.scores.select("problem_id", pl.col("greedy_correct").alias(f"{name}/correct")), on="problem_id")
+
+
+def teacher_evaluation(round_lake: RoundLake) -> PublishedEval | None:
+    """The held-out evaluation of the round's teacher: labeled RL's in round 1, the previous round's student's after."""
+    if round_lake.number == 1:
+        return read_published_eval(layout.artifact_dir(round_lake.root, layout.LABELED_RL_EVAL, round_lake.arm))
+    return replace(round_lake, number=round_lake.number - 1).evaluation(layout.STUDENT_ROLE)
+
+
+def flipped_problems(round_lake: RoundLake) -> pl.DataFrame:
+    """The held-out problems whose greedy answer flipped between the round's teacher and its student (the flips its
+    eval report counts): `flip` is `wrong_to_right` or `right_to_wrong`, beside both answers and completions."""
+    teacher, student = teacher_evaluation(round_lake), round_lake.evaluation(layout.STUDENT_ROLE)
+    paired = _greedy_answers_of(teacher, TEACHER).join(_greedy_answers_of(student, layout.STUDENT_ROLE), on="problem_id")
+    before, after = pl.col(f"{TEACHER}/correct"), pl.col(f"{layout.STUDENT_ROLE}/correct")
+    flip = pl.when(~before & after).then(pl.lit(WRONG_TO_RIGHT)).when(before & ~after).then(pl.lit(RIGHT_TO_WRONG))
+    return paired.with_columns(flip.alias("flip")).drop_nulls("flip").select("problem_id", "flip", pl.exclude("problem_id", "flip"))
 
 
 def greedy_answers(checkpoint_dir: Path, questions: list[str], max_new_tokens: int = 256) -> list[dict[str, str | None]]:

@@ -129,3 +129,30 @@ def label_frontier(curve: pl.DataFrame, operating_points: pl.DataFrame, oracle: 
     ax.set_title("Label-quality frontier (dot: the operating point at tau)")
     ax.legend(fontsize=8, loc="lower left")
     return _png(fig)
+
+
+def grpo_groups(completions: pl.DataFrame, reward: str = "answer_reward") -> bytes:
+    """One GRPO step's advantages: a bar per completion, grouped by prompt, green where `reward` paid it, red where it
+    did not, grey where it was ungraded; each group labelled with its mean reward. `completions`: question, `reward`,
+    advantage (`training.grpo.logged_completions`)."""
+    from matplotlib.patches import Patch
+
+    fig, ax = _figure(7.2, 4.0)
+    colors = {"rewarded": "#55a868", "not rewarded": "#c44e52", "ungraded": "grey"}
+    start, ticks, tick_labels = 0, [], []
+    for question in completions["question"].unique(maintain_order=True).to_list():
+        group = completions.filter(pl.col("question") == question)
+        shades = [colors["ungraded"] if value is None else colors["rewarded" if value > 0 else "not rewarded"] for value in group[reward]]
+        positions, advantages = list(range(start, start + group.height)), group["advantage"].fill_null(0.0)
+        ax.bar(positions, advantages, color=shades)
+        ax.scatter(positions, advantages, color=shades, s=14, zorder=3)  # a completion of advantage 0 has no bar
+        ticks.append(start + (group.height - 1) / 2)
+        mean = group[reward].mean()
+        tick_labels.append(f"{question.splitlines()[0][:32]}\nmean {reward} {'ungraded' if mean is None else f'{mean:.2f}'}")
+        start += group.height + 1  # a gap between groups
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(ticks, tick_labels, fontsize=7)
+    ax.set_ylabel("advantage")
+    ax.set_title("One GRPO step: each completion's advantage within its group")
+    ax.legend(handles=[Patch(color=color, label=label) for label, color in colors.items()], fontsize=7, loc="best")
+    return _png(fig)

@@ -44,6 +44,9 @@ REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD)
 """GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), or the vote share
 of the completion's answer (`vote_share_reward`)."""
 
+TRL_COMPLETIONS_DIR = "completions"
+"""Where TRL's GRPOTrainer writes each logged step's completions (`log_completions`), under its output directory."""
+
 GRPO_LOGGED = (("reward", "reward"), ("rewards/answer_reward/mean", "answer_reward"), ("rewards/vote_share_reward/mean", "vote_share_reward"))
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
@@ -158,12 +161,15 @@ def format_reward_fn(completions, **kwargs) -> list[float]:
     return [grading.format_reward(completion_text(c)) for c in completions]
 
 
-def grpo_config(settings: GRPOSettings, work_dir: Path, *, device: str, dtype: str, report_to: list[str]) -> GRPOConfig:
+def grpo_config(
+    settings: GRPOSettings, work_dir: Path, *, device: str, dtype: str, report_to: list[str], log_completions: bool = False
+) -> GRPOConfig:
     """TRL's GRPOConfig for `settings`, checkpointing into `work_dir`.
 
     With one process, TRL generates `per_device_train_batch_size * gradient_accumulation_steps`
     completions per optimiser step (its `generation_batch_size`), which must be whole groups; so the
-    per-device batch is the step's completions over the accumulation steps.
+    per-device batch is the step's completions over the accumulation steps. `log_completions` has TRL write each
+    step's completions with their rewards and advantages into `work_dir` (`logged_completions` reads them).
     """
     from trl import GRPOConfig
 
@@ -180,7 +186,22 @@ def grpo_config(settings: GRPOSettings, work_dir: Path, *, device: str, dtype: s
         use_vllm=settings.use_vllm,
         vllm_mode="colocate",
         cast_lm_head_to_fp32=settings.cast_lm_head_to_fp32,
+        log_completions=log_completions,
+        num_completions_to_print=0,  # the logged table is read back from work_dir, not printed
     )
+
+
+def logged_completions(work_dir: Path) -> pl.DataFrame:
+    """The completions TRL logged while training into `work_dir` (`train_grpo(..., log_completions=True)`), one row
+    per completion of each step's groups: the step, the question (the prompt's last turn), the completion's text,
+    each reward function's reward (a column named after it; null where ungraded) and its advantage."""
+    table = pl.concat([pl.read_parquet(path) for path in sorted((work_dir / TRL_COMPLETIONS_DIR).glob("*.parquet"))], how="diagonal_relaxed")
+    messages_text = pl.element().struct.field("content")
+    return table.with_columns(
+        pl.col("prompt").list.last().struct.field("content").alias("question"),
+        pl.col("completion").list.eval(messages_text).list.join(""),
+        pl.col(pl.Float64).fill_nan(None),
+    ).select("step", "question", "completion", pl.exclude("step", "prompt", "question", "completion", "advantage"), "advantage")
 
 
 def train_grpo(
@@ -197,6 +218,7 @@ def train_grpo(
     warn: Callable[[str], None] | None = None,
     model_dropout: float = 0.0,
     reward: str = HARD_REWARD,
+    log_completions: bool = False,
 ) -> TrainingResult:
     """GRPO-train the checkpoint at `init_checkpoint` on `dataset` (see `build_training_dataset`) and save
     the trained, merged model with its tokenizer to `out_dir`.
@@ -206,7 +228,8 @@ def train_grpo(
     float32). `report_to` names transformers' logging integrations (default none): "mlflow" logs the
     trainer's arguments as params and the step logs as metrics into the active MLflow run, leaving it open
     (or into a run of its own, ended after training, when none is active). `model_dropout` is the student's
-    dropout noise (see `base.load_policy`); `reward` is one of `REWARDS`.
+    dropout noise (see `base.load_policy`); `reward` is one of `REWARDS`; `log_completions` keeps each step's groups with
+    their rewards and advantages in `work_dir` (`logged_completions`).
 
     Every optimizer step is guarded (`guards.NonFiniteStepGuard`): a step with a non-finite loss or
     gradient norm is skipped and reported through `warn`; `settings.max_consecutive_skipped_steps` in a
@@ -226,7 +249,7 @@ def train_grpo(
         dict(
             model=model,
             reward_funcs=[answer] + ([format_reward_fn] if settings.format_reward_weight > 0 else []),
-            args=grpo_config(settings, work_dir, device=device, dtype=dtype, report_to=report_to or ["none"]),
+            args=grpo_config(settings, work_dir, device=device, dtype=dtype, report_to=report_to or ["none"], log_completions=log_completions),
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(settings) if settings.use_lora else None,
