@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark docs ui notebooks clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark docs ui explore notebooks clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -68,8 +68,9 @@ docs: setup
 	$(BIN)/python -m noisy_student_assets.defs.reference > docs/configuration.md
 
 # The web UI in a real browser: `dagster dev` on 127.0.0.1 driven by Debian's chromium through Playwright
-# (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`.
-ui-test: setup
+# (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`. The explorer's test
+# needs the explore extra.
+ui-test: setup $(VENV)/.installed-explore
 	$(BIN)/pytest -m ui tests/ui
 
 # The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
@@ -102,6 +103,16 @@ benchmark: setup
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml
+
+# The explorer (docs/explorer.md): a round's samples, votes and checkpoints in the browser, on the lake .env names
+# (http://127.0.0.1:7860). The explore extra (Gradio) goes into the venv first; make run never needs it.
+explore: setup $(VENV)/.installed-explore
+	set -a && . ./.env && set +a && $(BIN)/python -m noisy_student_assets.explorer
+
+$(VENV)/.installed-explore: pyproject.toml
+	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[explore]'
+	$(BIN)/python -c "import dagster, vllm, trl, mlflow"
+	touch $@
 
 # The notebooks (docs/notebooks.md) in JupyterLab on 127.0.0.1, on the lake and arm of .env's variables
 # (NOISY_STUDENT_DATA_LAKE; NOISY_STUDENT_ARM, default `default`, the arm `make run` makes). Their .py sources are

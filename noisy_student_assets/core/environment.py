@@ -18,6 +18,8 @@ DATA_LAKE = "NOISY_STUDENT_DATA_LAKE"
 """Where the artifacts live (default `./data_lake`)."""
 EXPERIMENTS = "NOISY_STUDENT_EXPERIMENTS"
 """The experiment files' directory (default: the repository's `experiments/`)."""
+EXPLORER_URL = "NOISY_STUDENT_EXPLORER_URL"
+"""Where the explorer (`make explore`) serves, for the links to it in the Dagster UI (default `http://127.0.0.1:7860`)."""
 LAUNCHER = "NOISY_STUDENT_LAUNCHER"
 """The launcher kind of the code location's runs (the UI's, the CLI's, the daemon's); unset: the profile's. The grid's
 `--launcher` and an experiment's `launcher:` still win for the grid's runs."""
@@ -64,6 +66,10 @@ def retry_delay_s() -> float:
 
 def database_url() -> str | None:
     return _read(DATABASE_URL) or None
+
+
+def explorer_url() -> str:
+    return (_read(EXPLORER_URL) or "http://127.0.0.1:7860").rstrip("/")
 
 
 def ray_address() -> str | None:

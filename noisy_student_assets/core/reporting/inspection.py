@@ -12,12 +12,14 @@ sampler, so what they show is what the round computed.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlencode
 
 import polars as pl
 
-from noisy_student_assets.core import layout
+from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.grading import answers_equivalent, extract_answer
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, SETTINGS_FILE, source_votes, with_label_correct
@@ -28,6 +30,11 @@ from noisy_student_assets.core.settings import PseudoLabelSettings
 WEIGHT_PREFIX = "weight/"
 """`sample_votes`' column of each label source's weight of a sample: `weight/majority`."""
 ROLES_SIDE_BY_SIDE = (layout.STUDENT_ROLE, layout.LABELED_ONLY)
+CHECKPOINT_CONFIG = "config.json"
+"""What every checkpoint directory holds once materialized (the checkpoint IO manager checks the same)."""
+BASE_MODEL_NAME = "base model"
+LINK_PARAMETERS = ("arm", "round", "problem")
+"""The query parameters of an explorer link: the arm, the round and the problem it opens on."""
 TEACHER = "teacher"
 WRONG_TO_RIGHT, RIGHT_TO_WRONG = "wrong_to_right", "right_to_wrong"
 """`flipped_problems`' flips, named as the eval report's flips table counts them."""
@@ -189,3 +196,30 @@ def problem_record(round_lake: RoundLake, problem_id: str) -> dict:
 def audit(round_lake: RoundLake) -> dict:
     """The round's published audit figures (coverage, kept-label accuracy, teacher pass@1, maj@K, pass@K, tau, source)."""
     return json.loads((round_lake.artifact(layout.PSEUDO_LABELS) / AUDIT_FILE).read_text())
+
+
+def lake_checkpoints(root: Path) -> dict[str, Path]:
+    """Every checkpoint the lake holds, by a name a person reads: the base model, then per arm its labeled-RL
+    checkpoint and each round's student and controls (`default / round 1 / labeled_only`)."""
+    found = {BASE_MODEL_NAME: layout.artifact_dir(root, layout.BASE_MODEL)}
+    rounds = sorted(layout.round_number(path.name) for path in root.glob(f"{layout.ROUND_PREFIX}*") if path.is_dir())
+    for arm in sorted(path.name for path in layout.artifact_dir(root, layout.LABELED_RL).glob("*") if path.is_dir()):
+        found[f"{arm} / labeled RL"] = layout.artifact_dir(root, layout.LABELED_RL, arm)
+        for number in rounds:
+            for role in (layout.STUDENT_ROLE, *layout.CONTROLS):
+                found[f"{arm} / round {number} / {role}"] = RoundLake(root, arm, number).checkpoint(role)
+    return {name: path for name, path in found.items() if (path / CHECKPOINT_CONFIG).is_file()}
+
+
+def explorer_link(arm: str, number: int, problem_id: str | None = None) -> str:
+    """The explorer's view of round `number` of `arm` (and of one of its problems), where `NOISY_STUDENT_EXPLORER_URL` says
+    the explorer serves."""
+    named = dict(zip(LINK_PARAMETERS, (arm, number, problem_id), strict=True))
+    return f"{environment.explorer_url()}/?{urlencode({name: value for name, value in named.items() if value is not None})}"
+
+
+def linked_view(query: Mapping[str, str]) -> tuple[str | None, int | None, str | None]:
+    """The (arm, round, problem) an explorer link's query names (`explorer_link`); None for what it leaves out, and
+    for a round that is not a number."""
+    arm, number, problem_id = (query.get(name) or None for name in LINK_PARAMETERS)
+    return arm, int(number) if number and number.isdigit() else None, problem_id

@@ -24,6 +24,7 @@ from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
+from noisy_student_assets.core.reporting.inspection import explorer_link
 from noisy_student_assets.core.reporting.round_report import RoundEvidence, round_report
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table
@@ -154,7 +155,7 @@ def round_definitions(number: int) -> dg.Definitions:
     ):
         with stage(context, config, stage_resources) as current:
             table, check = _pseudo_label(current, generations, unlabeled_problems, verifier_scores)
-        yield current.output(table)
+        yield current.output(table, metadata=_explorer(context.partition_key, number))
         yield check
 
     @dg.asset(
@@ -234,7 +235,7 @@ def round_definitions(number: int) -> dg.Definitions:
                 deltas_against={name: baselines[name] for name in ("previous_round", "labeled_rl", "base_model") if name in baselines},
                 extras=partial(round_report, evidence),
             )
-        yield current.output(staged)
+        yield current.output(staged, metadata=_explorer(arm, number))
         yield health_check
         yield no_eval_regression(
             report_key,
@@ -249,6 +250,11 @@ def round_definitions(number: int) -> dg.Definitions:
         assets=[generations, verifier, verifier_scores, pseudo_labels, student_checkpoint, student_validation, eval_report],
         asset_checks=checkpoint_checks(student_key, partitions_def=ARMS),
     )
+
+
+def _explorer(arm: str, number: int) -> dict:
+    """A link to the round's view in the explorer (`make explore`), as a materialization's metadata."""
+    return {"explorer": dg.MetadataValue.url(explorer_link(arm, number))}
 
 
 def train_from_student_init(current: StageRun, teacher: Path, base_model: Path, data: StudentData) -> Path:

@@ -1,0 +1,277 @@
+"""The explorer (`make explore`): a web page over the lake for a person asking what a round did, read through the
+core's inspection API (`core.reporting.inspection`), so what it shows is what the round computed.
+
+    python -m noisy_student_assets.explorer [--lake DIR] [--port 7860] [--host 127.0.0.1]
+
+"A round's problems": an arm's round and one of its unlabeled problems: the teacher's K samples with their answers,
+right or not, and the weight each label source gives them; each source's vote; the kept label; the hidden gold (the
+audit's, which no vote reads); the student's and the labeled-only control's greedy answers, asked on demand; and
+both checkpoints' answers on the held-out problems, from their evaluations. "Ask two checkpoints": a question of
+one's own, answered by any two of the lake's checkpoints side by side. A checkpoint is loaded on CPU when asked, and
+each answer is kept for the page's next ask. A link `?arm=default&round=1&problem=...` opens on that view (the
+Dagster UI's `explorer` metadata links here).
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import lru_cache
+from pathlib import Path
+
+import gradio as gr
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.reporting.inspection import (
+    BASE_MODEL_NAME,
+    CHECKPOINT_CONFIG,
+    RoundLake,
+    audit,
+    greedy_answers,
+    lake_checkpoints,
+    lake_rounds,
+    linked_view,
+    problem_record,
+    sample_votes,
+    side_by_side,
+    source_labels,
+    vote_summary,
+)
+from noisy_student_assets.core.settings import EvalSettings
+
+TITLE = "noisy-student explorer"
+NO_ROUND = "No round in this lake yet: `make run` makes one."
+ANSWER_ROLES = (layout.STUDENT_ROLE, layout.LABELED_ONLY)
+AUDIT_FIGURES = ("coverage", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k", "teacher_pass_at_k")
+"""The audit's figures the round's header shows (the rest are the verifier's, in the Dagster UI)."""
+AGAINST_GOLD = {True: " ✓ (the hidden gold)", False: " ✗ (not the hidden gold)", None: " ? (ungraded: the grader timed out)"}
+# System fonts: the default theme fetches its fonts from Google, which an offline machine cannot reach.
+THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+
+
+@lru_cache(maxsize=8)
+def _round_votes(round_lake: RoundLake, version: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A round's samples, graded and weighed, and each source's labels (seconds to grade: read once per round);
+    `version` (the vote table's modification time) reads a re-materialized round afresh."""
+    return sample_votes(round_lake), source_labels(round_lake)
+
+
+@lru_cache(maxsize=256)
+def _answer(checkpoint: Path, version: int, question: str, max_new_tokens: int) -> dict[str, str | None]:
+    """A checkpoint's greedy answer to a question; `version` (its config's modification time) asks a re-trained one afresh."""
+    (answer,) = greedy_answers(checkpoint, [question], max_new_tokens=max_new_tokens)
+    return answer
+
+
+def _version(path: Path) -> int:
+    return path.stat().st_mtime_ns
+
+
+def _readable(frame: pl.DataFrame) -> pl.DataFrame:
+    """Booleans as ✓ / ✗, numbers to three places and a missing answer as a dash, for the eye."""
+    return frame.with_columns(
+        pl.col(pl.Boolean).replace_strict({True: "✓", False: "✗"}, default="", return_dtype=pl.Utf8),
+        pl.col(pl.Float32, pl.Float64).round(3),
+        pl.col(pl.Utf8).fill_null("—"),
+    )
+
+
+class Explorer:
+    """The lake at `root`, as the page shows it; checkpoints answer with at most `max_new_tokens` tokens."""
+
+    def __init__(self, root: Path, max_new_tokens: int) -> None:
+        self.root, self.max_new_tokens = root, max_new_tokens
+
+    def rounds(self) -> pl.DataFrame:
+        return lake_rounds(self.root)
+
+    def round_numbers(self, arm: str) -> list[int]:
+        return self.rounds().filter(pl.col("arm") == arm)["round"].to_list()
+
+    def round_lake(self, arm: str, number: int) -> RoundLake:
+        return RoundLake(self.root, arm, int(number))
+
+    def votes(self, round_lake: RoundLake) -> tuple[pl.DataFrame, pl.DataFrame]:
+        return _round_votes(round_lake, _version(round_lake.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME))
+
+    def problems(self, round_lake: RoundLake) -> list[tuple[str, str]]:
+        """The round's unlabeled problems as (the first words of the question, its id)."""
+        unlabeled = round_lake.unlabeled_problems()
+        return [(f"{problem_id}: {' '.join(prompt.split())[:80]}", problem_id) for problem_id, prompt in unlabeled.select("problem_id", "prompt").iter_rows()]
+
+    def answer(self, checkpoint: Path, question: str) -> dict[str, str | None]:
+        return _answer(checkpoint, _version(checkpoint / CHECKPOINT_CONFIG), question, self.max_new_tokens)
+
+    def problem_view(self, round_lake: RoundLake, problem_id: str) -> tuple[str, str, str, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        """The problem's question, hidden gold and kept label, each source's vote, the vote per answer and the samples."""
+        votes, labels = self.votes(round_lake)
+        record = problem_record(round_lake, problem_id)
+        settings = round_lake.label_settings()
+        by_source = labels.filter(pl.col("problem_id") == problem_id).drop("problem_id")
+        chosen = by_source.filter("chosen").row(0, named=True)
+        if chosen["kept"]:
+            kept = f"Kept label ({settings.label_source}, the arm's source): **{chosen['pseudo_label']}**, agreement {chosen['agreement']:.2f} ≥ tau {settings.tau}"
+        else:
+            kept = f"No label kept: {settings.label_source}'s agreement {chosen['agreement']:.2f} < tau {settings.tau} (the student trains without this problem)"
+        by_source = by_source.with_columns(
+            pl.when("chosen").then(pl.col("source") + " (the arm's)").otherwise("source").alias("source")
+        ).select(
+            pl.col("source").alias("label source"),
+            pl.col("pseudo_label").alias("label"),
+            "agreement",
+            pl.col("kept").alias(f"kept (≥ {settings.tau})"),
+            pl.col("label_correct").alias("right (audit)"),
+        )
+        samples = votes.filter(pl.col("problem_id") == problem_id).select(
+            "sample_index", "answer", pl.col("correct").alias("right (audit)"), pl.col("^weight/.*$"), "completion", "mean_logprob", "finish_reason"
+        )
+        summary = vote_summary(votes, problem_id).rename({"correct": "right (audit)"})
+        return record["prompt"], record["hidden_gold"], kept, _readable(by_source), _readable(summary), _readable(samples)
+
+    def round_header(self, round_lake: RoundLake) -> str:
+        """The round's vote settings and its audit's figures."""
+        settings, figures = round_lake.label_settings(), audit(round_lake)
+        audited = ", ".join(f"{name} {figures[name]:.3f}" for name in AUDIT_FIGURES if figures.get(name) is not None)
+        return f"**Round {round_lake.number} of arm {round_lake.arm}**: label source {settings.label_source}, tau {settings.tau}. The audit (hidden gold): {audited}."
+
+    def held_out(self, round_lake: RoundLake) -> tuple[str, pl.DataFrame]:
+        """Both checkpoints' greedy answers on the held-out problems (their evaluations'), with each one's count right."""
+        table = side_by_side(round_lake)
+        counts = ", ".join(f"{role} right on {table[f'{role}/correct'].sum()} of {table.height}" for role in ANSWER_ROLES if f"{role}/correct" in table.columns)
+        text = f"**Held-out problems** (greedy answers, from the evaluations): {counts or 'no evaluation yet'}."
+        return text, _readable(table.select(pl.exclude("^.*/completion$")))
+
+
+def _answer_text(name: str, answer: dict[str, str | None], gold: str | None = None) -> str:
+    """A checkpoint's answer and completion; against the hidden gold where it is given."""
+    verdict = "" if gold is None else AGAINST_GOLD[answers_equivalent(gold, answer["answer"])]
+    return f"### {name}\n\n**Answer:** `{answer['answer']}`{verdict}\n\n```\n{answer['completion']}\n```"
+
+
+def build(explorer: Explorer) -> gr.Blocks:
+    """The page: its two views and the events that fill them."""
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
+        gr.Markdown(f"# {TITLE}\n\nThe lake at `{explorer.root}`.")
+        with gr.Tab("A round's problems"):
+            with gr.Row():
+                arm = gr.Dropdown(label="Arm", choices=[])
+                number = gr.Dropdown(label="Round", choices=[])
+                problem = gr.Dropdown(label="Unlabeled problem", choices=[], scale=3)
+            header = gr.Markdown()
+            question = gr.Textbox(label="Question", lines=2, interactive=False)
+            with gr.Row():
+                gold = gr.Textbox(label="Hidden gold (the audit's only: no vote reads it)", interactive=False, elem_id="hidden-gold")
+                kept = gr.Markdown(elem_id="kept-label")
+            by_source = gr.Dataframe(label="The vote per label source", interactive=False, elem_id="votes-by-source")
+            summary = gr.Dataframe(label="The K samples' answers: how many gave each, and its share of each source's weight", interactive=False)
+            samples = gr.Dataframe(label="The teacher's K samples, with each label source's weight", interactive=False, wrap=True, elem_id="samples")
+            ask_round = gr.Button("Ask the round's student and its labeled-only control (greedy, on CPU)", variant="primary")
+            with gr.Row():
+                student_answer = gr.Markdown(elem_id="student-answer")
+                control_answer = gr.Markdown(elem_id="control-answer")
+            held_out_text = gr.Markdown()
+            held_out = gr.Dataframe(label="Held-out problems: student vs labeled-only control", interactive=False, elem_id="held-out")
+        with gr.Tab("Ask two checkpoints"):
+            with gr.Row():
+                left = gr.Dropdown(label="Checkpoint", choices=[], elem_id="left-checkpoint")
+                right = gr.Dropdown(label="Checkpoint", choices=[], elem_id="right-checkpoint")
+            own_question = gr.Textbox(label="Your question", lines=3, elem_id="own-question")
+            ask_both = gr.Button("Ask both (greedy, on CPU)", variant="primary")
+            with gr.Row():
+                left_answer = gr.Markdown(elem_id="left-answer")
+                right_answer = gr.Markdown(elem_id="right-answer")
+
+        problem_outputs = [question, gold, kept, by_source, summary, samples, student_answer, control_answer]
+        round_outputs = [header, held_out_text, held_out]
+
+        def show_problem(arm_name, round_number, problem_id):
+            if not problem_id:
+                return [gr.update()] * len(problem_outputs)
+            view = explorer.problem_view(explorer.round_lake(arm_name, round_number), problem_id)
+            return [*view, "", ""]
+
+        def show_round(arm_name, round_number, problem_id=None):
+            """The round's problem choices (on `problem_id`, else its first), the problem's view, the round's header and
+            its held-out table."""
+            round_lake = explorer.round_lake(arm_name, round_number)
+            choices = explorer.problems(round_lake)
+            if problem_id not in {value for _, value in choices}:
+                problem_id = choices[0][1] if choices else None
+            return [
+                gr.update(choices=choices, value=problem_id),
+                *show_problem(arm_name, round_number, problem_id),
+                explorer.round_header(round_lake),
+                *explorer.held_out(round_lake),
+            ]
+
+        def show_arm(arm_name, round_number=None, problem_id=None):
+            numbers = explorer.round_numbers(arm_name)
+            round_number = round_number if round_number in numbers else numbers[-1]
+            return [gr.update(choices=numbers, value=round_number), *show_round(arm_name, round_number, problem_id)]
+
+        def open_page(request: gr.Request):
+            """The lake as it is now, on the view the link names (else the first arm's latest round)."""
+            rounds, checkpoints = explorer.rounds(), list(lake_checkpoints(explorer.root))
+            pair = _default_pair(checkpoints)
+            ask = [gr.update(choices=checkpoints, value=pair[0]), gr.update(choices=checkpoints, value=pair[1])]
+            arms = sorted(set(rounds["arm"]))
+            if not arms:
+                return [gr.update(choices=[]), *[NO_ROUND if component is header else gr.update() for component in arm_outputs], *ask]
+            arm_name, round_number, problem_id = linked_view(request.query_params)
+            arm_name = arm_name if arm_name in arms else arms[0]
+            return [gr.update(choices=arms, value=arm_name), *show_arm(arm_name, round_number, problem_id), *ask]
+
+        def ask_round_checkpoints(arm_name, round_number, problem_id):
+            round_lake = explorer.round_lake(arm_name, round_number)
+            record = problem_record(round_lake, problem_id)
+            texts = []
+            for role in ANSWER_ROLES:
+                checkpoint = round_lake.checkpoint(role)
+                name = f"Round {round_number} {role}"
+                if (checkpoint / CHECKPOINT_CONFIG).is_file():
+                    texts.append(_answer_text(name, explorer.answer(checkpoint, record["prompt"]), record["hidden_gold"]))
+                else:
+                    texts.append(f"### {name}\n\nNot in the lake.")
+            return texts
+
+        def ask_two(left_name, right_name, text):
+            if not (left_name and right_name and text.strip()):
+                return "Pick two checkpoints and type a question.", ""
+            checkpoints = lake_checkpoints(explorer.root)
+            return [_answer_text(name, explorer.answer(checkpoints[name], text)) for name in (left_name, right_name)]
+
+        arm_outputs = [number, problem, *problem_outputs, *round_outputs]
+        page.load(open_page, outputs=[arm, *arm_outputs, left, right])
+        arm.input(show_arm, inputs=[arm], outputs=arm_outputs)
+        number.input(show_round, inputs=[arm, number], outputs=[problem, *problem_outputs, *round_outputs])
+        problem.input(show_problem, inputs=[arm, number, problem], outputs=problem_outputs)
+        ask_round.click(ask_round_checkpoints, inputs=[arm, number, problem], outputs=[student_answer, control_answer])
+        ask_both.click(ask_two, inputs=[left, right, own_question], outputs=[left_answer, right_answer])
+    return page
+
+
+def _default_pair(checkpoints: list[str]) -> tuple[str | None, str | None]:
+    """The pair a question is first put to: the latest round's student and its labeled-only control, else the first two."""
+    students = [name for name in checkpoints if name.endswith(f"/ {layout.STUDENT_ROLE}")]
+    if students:
+        control = students[-1].removesuffix(layout.STUDENT_ROLE) + layout.LABELED_ONLY
+        return students[-1], control if control in checkpoints else BASE_MODEL_NAME
+    padded = [*checkpoints, None, None]
+    return padded[0], padded[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lake", type=Path, default=layout.default_lake_root(), help="the data lake (default: NOISY_STUDENT_DATA_LAKE)")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=EvalSettings().max_new_tokens, help="completion tokens at most (default: the evaluations' own)"
+    )
+    args = parser.parse_args()
+    build(Explorer(args.lake.resolve(), args.max_new_tokens)).launch(server_name=args.host, server_port=args.port, theme=THEME)
+
+
+if __name__ == "__main__":
+    main()
