@@ -120,7 +120,8 @@ $(VENV)/.installed-explore: pyproject.toml
 # the venv first, within constraints-cpu.txt so that torch stays; the check after it says the pipeline still imports.
 notebooks: setup $(VENV)/.installed-notebooks
 	$(BIN)/jupytext --sync notebooks/*.py
-	set -a && . ./.env && set +a && $(BIN)/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+	@# As root (a container), Jupyter refuses to start unless told --allow-root.
+	set -a && . ./.env && set +a && $(BIN)/jupyter lab --ip 127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 $(VENV)/.installed-notebooks: pyproject.toml
 	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[notebooks]'

@@ -31,7 +31,7 @@ from noisy_student_assets.core.settings import LabeledRLSettings
 LAKE = layout.default_lake_root()  # NOISY_STUDENT_DATA_LAKE, which `make setup` writes to .env
 ARM = environment.inspected_arm(layout.DEFAULT_ARM)  # NOISY_STUDENT_ARM; `default` is the arm `make run` makes
 # Labeled RL's own GRPO settings (the profile's group size, completion length, learning rate and LoRA), cut to one
-# step that keeps no TRL checkpoint: enough to see a step's groups and metrics in a minute or two on a CPU.
+# step that keeps no TRL checkpoint: enough to see a step's groups and metrics in a few minutes on a 2-core CPU.
 GRPO = LabeledRLSettings().grpo.model_copy(update={"max_steps": 1, "save_steps": 0})
 
 # %%
@@ -97,7 +97,7 @@ pl.DataFrame(
 # `frac_reward_zero_std`). A problem is useful to GRPO only where the policy sometimes solves it.
 #
 # The step below trains `prompts_per_step` labeled problems x `num_generations` completions from the lake's base
-# model, with LoRA where the profile uses it, exactly as labeled RL's first step does (`train_grpo`, the function
+# model, with LoRA where the profile uses it, as each of labeled RL's steps does (`train_grpo`, the function
 # every GRPO run of the pipeline calls). `log_completions` has TRL keep the step's groups with their rewards and
 # advantages, which `logged_completions` reads back.
 
