@@ -5,7 +5,14 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets.core.experiments.arms import Arm, Experiment, default_experiments_dir, find_arm, load_experiments
+from noisy_student_assets.core.experiments.arms import (
+    EXPERIMENT_SUFFIX,
+    Arm,
+    Experiment,
+    default_experiments_dir,
+    find_arm,
+    load_experiment,
+)
 
 
 class ExperimentFiles(dg.ConfigurableResource):
@@ -26,5 +33,5 @@ class ExperimentFiles(dg.ConfigurableResource):
             raise dg.Failure(str(error.args[0]), allow_retries=False) from error
 
     def experiment(self, arm: Arm) -> Experiment:
-        """The experiment that declares `arm`."""
-        return load_experiments(self.path)[arm.experiment]
+        """The experiment that declares `arm` (its file only: `arm` found it among all of them)."""
+        return load_experiment(self.path / f"{arm.experiment}{EXPERIMENT_SUFFIX}")

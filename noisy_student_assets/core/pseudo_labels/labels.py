@@ -125,8 +125,7 @@ def audit_pseudo_labels(
     labels = with_label_correct(pseudo_labels, gold).with_columns(
         pl.col("agreement").cut(list(AGREEMENT_BUCKETS[1:]), left_closed=True, labels=_bucket_labels()).alias("bucket"),
     )
-    samples = generations.select("problem_id", "answer")
-    samples = samples.with_columns(pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in samples.iter_rows()]))
+    samples = graded_samples(generations.select("problem_id", "answer"), unlabeled_problems)
     solved = set(samples.filter("correct")["problem_id"])
     labeled = labels.filter(pl.col("pseudo_label").is_not_null())
     kept = labels.filter("kept")
@@ -152,6 +151,14 @@ def audit_pseudo_labels(
         teacher_pass_at_k=sum(pid in solved for pid in labels["problem_id"]) / max(labels.height, 1),
         buckets=buckets,
     )
+
+
+def graded_samples(samples: pl.DataFrame, unlabeled_problems: pl.DataFrame) -> pl.DataFrame:
+    """`samples` (the round's generations, or some of their columns) with `correct`: each answer's equivalence to its
+    problem's hidden gold, as the audit grades it (null: ungraded)."""
+    gold = dict(unlabeled_problems.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+    pairs = samples.select("problem_id", "answer").iter_rows()
+    return samples.with_columns(pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in pairs], dtype=pl.Boolean))
 
 
 def with_label_correct(labels: pl.DataFrame, gold: dict[str, str]) -> pl.DataFrame:

@@ -20,9 +20,9 @@ from urllib.parse import urlencode
 import polars as pl
 
 from noisy_student_assets.core import environment, layout
-from noisy_student_assets.core.grading import answers_equivalent, extract_answer
+from noisy_student_assets.core.grading import extract_answer
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, SETTINGS_FILE, source_votes, with_label_correct
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, SETTINGS_FILE, graded_samples, source_votes, with_label_correct
 from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.settings import PseudoLabelSettings
@@ -95,11 +95,8 @@ def sample_votes(round_lake: RoundLake) -> pl.DataFrame:
     """Each of the round's samples: its completion and answer, whether the answer matches the hidden gold
     (`correct`), and the weight each label source that can judge it gives it in the vote (`weight/<source>`)."""
     generations, settings, scores = round_lake.generations(), round_lake.label_settings(), round_lake.verifier_scores()
-    gold = dict(round_lake.unlabeled_problems().select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
-    samples = generations.select("problem_id", "sample_index", "completion", "answer", "mean_logprob", "finish_reason")
-    samples = samples.with_columns(
-        pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in samples.select("problem_id", "answer").iter_rows()])
-    )
+    columns = generations.select("problem_id", "sample_index", "completion", "answer", "mean_logprob", "finish_reason")
+    samples = graded_samples(columns, round_lake.unlabeled_problems())
     for name, source in SOURCES.items():
         if source.missing_input(generations, scores) is None:
             weights = source.weighted(generations, settings, scores).select("problem_id", "sample_index", pl.col("weight").alias(WEIGHT_PREFIX + name))

@@ -20,7 +20,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
 from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
 
-EVAL_ASSETS = (layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
+ARM_EVAL_ASSETS = (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
 ROUND_EVAL_ASSETS = (layout.EVAL_REPORT, layout.STUDENT_VALIDATION, *(layout.control_eval(control) for control in layout.CONTROLS))
 TABLE_ASSETS = (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS)
 COMPLETIONS = (GREEDY_FILE, SAMPLED_FILE)
@@ -30,7 +30,7 @@ def result_files(lake: Path, arms: list[str]) -> list[Path]:
     """The files of `arms` (and the shared ones) that a results directory keeps, as paths relative to `lake`."""
     directories = [layout.artifact_dir(lake, name) for name in (layout.BASE_MODEL_EVAL, layout.EVAL_PROBLEMS)]
     for arm in arms:
-        directories += [layout.artifact_dir(lake, name, arm) for name in (*EVAL_ASSETS[1:], layout.UNLABELED_PROBLEMS)]
+        directories += [layout.artifact_dir(lake, name, arm) for name in (*ARM_EVAL_ASSETS, layout.UNLABELED_PROBLEMS)]
         for round_dir in sorted(lake.glob(f"{layout.ROUND_PREFIX}*")):
             directories += [round_dir / name / arm for name in (*ROUND_EVAL_ASSETS, layout.PSEUDO_LABELS, layout.VERIFIER)]
     files = []
@@ -43,7 +43,7 @@ def result_files(lake: Path, arms: list[str]) -> list[Path]:
 
 
 def _kept(asset: str, file_name: str) -> bool:
-    if asset in (*EVAL_ASSETS, *ROUND_EVAL_ASSETS):
+    if asset in (layout.BASE_MODEL_EVAL, *ARM_EVAL_ASSETS, *ROUND_EVAL_ASSETS):
         return file_name.endswith((".json", ".parquet")) and file_name not in COMPLETIONS
     if asset == layout.PSEUDO_LABELS:
         return file_name.endswith(".json")
