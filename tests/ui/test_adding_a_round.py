@@ -1,0 +1,231 @@
+"""The README's "Adding a round" path in a real browser (`make ui-test`), as a user follows it: an experiment whose one
+arm has made two rounds (the grid, tiny model), `max_rounds` raised to 3 in its file, *Reload definitions*, then
+`round_003_job` launched for the arm from the job's page (the partition picked, the run config typed into the
+launchpad's editor). Round 3 must make only what the experiment asks for and show in the lineage, in the verdict
+materialized from the UI, and in MLflow's runs of the experiment."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from noisy_student_assets.core import environment, layout
+from noisy_student_assets.core.experiments.arms import load_experiment
+from noisy_student_assets.core.experiments.progress import round_assets
+from tests.cli import DagsterCli, graphql, own_device_lock, run_failures
+from tests.tiny_configs import round_names, tiny_config
+from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _lineage, _open
+
+pytestmark = pytest.mark.ui
+
+ARM = "r"
+NEW_ROUND = 3
+EXPERIMENT = {
+    "description": "The 'Adding a round' browser test's experiment: one arm, the labeled-only control alone.",
+    "defaults": {"max_rounds": NEW_ROUND - 1},
+    "controls": [layout.LABELED_ONLY],
+    "arms": {ARM: {}},
+}
+LOCATION = "noisy_student"
+"""workspace.yaml's code location."""
+ROUND_JOB = f"{layout.round_prefix(NEW_ROUND)}_job"
+RUN_TIMEOUT_S = 900
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+"""Every step in the run's process: no Python start and torch import per step (CI time)."""
+
+
+@pytest.fixture(scope="module")
+def two_rounds(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> DagsterCli:
+    """A project directory whose experiment file (in an experiments directory of its own) asks for 2 rounds of arm
+    `ARM`, which the grid made."""
+    cli = DagsterCli(tmp_path_factory.mktemp("adding_a_round"))
+    experiments = cli.home / "experiments"
+    experiments.mkdir()
+    experiment_file = experiments / "adding.yaml"
+    experiment_file.write_text(yaml.safe_dump(EXPERIMENT))
+    cli.env |= {environment.EXPERIMENTS: str(experiments)} | own_device_lock(cli)
+    log = cli.home / "grid.log"
+    grid = cli.grid(experiment_file, tiny_config(tiny_model_dir, rounds=NEW_ROUND - 1), log)
+    assert cli.finish(grid, log, RUN_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    return cli
+
+
+def _raise_max_rounds(experiment_file: Path, rounds: int) -> None:
+    document = yaml.safe_load(experiment_file.read_text())
+    document["defaults"]["max_rounds"] = rounds
+    experiment_file.write_text(yaml.safe_dump(document))
+
+
+def _job_ops(url: str, job: str) -> set[str]:
+    query = """query ($selector: PipelineSelector!) { pipelineOrError(params: $selector) { ... on Pipeline { solids { name } } } }"""
+    selector = {"pipelineName": job, "repositoryName": "__repository__", "repositoryLocationName": LOCATION}
+    return {solid["name"] for solid in graphql(url, query, {"selector": selector})["pipelineOrError"]["solids"]}
+
+
+def _missing_upstream(page) -> list[str]:
+    """Confirms the dialog Dagster opens before a launch whose upstream assets were never materialized; the assets
+    it lists."""
+    dialog = page.get_by_role("dialog").filter(has_text="Are you sure?")
+    dialog.wait_for(timeout=30000)
+    listed = [line.strip() for line in dialog.inner_text().splitlines() if " / " in line]
+    page.get_by_role("button", name="Confirm").click()
+    return sorted(listed)
+
+
+def _wait_for_run(instance_home: Path, job: str, timeout: float = RUN_TIMEOUT_S) -> dg.DagsterRun:
+    """The run of `job` launched from the UI, once it finished; it must have succeeded."""
+    deadline = time.monotonic() + timeout
+    with dg.DagsterInstance.from_config(str(instance_home)) as instance:
+        while True:
+            records = instance.get_run_records(dg.RunsFilter(job_name=job), limit=1)
+            if records and records[0].dagster_run.is_finished:
+                run = records[0].dagster_run
+                assert run.status == dg.DagsterRunStatus.SUCCESS, run_failures(instance, records)
+                return run
+            assert time.monotonic() < deadline, f"no run of {job} finished in {timeout} s"
+            time.sleep(2)
+
+
+def _materialized(instance_home: Path, run_id: str) -> set[str]:
+    with dg.DagsterInstance.from_config(str(instance_home)) as instance:
+        events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    return {event.dagster_event.asset_key.to_user_string() for event in events}
+
+
+def _partitions_filled(page, group: str, timeout: float = 60) -> dict[str, bool]:
+    """Whether each asset node drawn in `group` says its one partition is filled, once every node has loaded its
+    partition status ("100% filled" or "0% filled")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        drawn = page.locator("svg[class*=svgContainer] foreignObject").evaluate_all(
+            "objects => objects.flatMap(o => { const name = o.querySelector('[data-tooltip]'); "
+            "return name ? [[name.getAttribute('data-tooltip'), o.textContent]] : []; })"
+        )
+        nodes = {f"{group}/{name}": text for name, text in drawn if name != group}
+        if nodes and all("% filled" in text for text in nodes.values()):
+            return {name: "100% filled" in text for name, text in nodes.items()}
+        assert time.monotonic() < deadline, f"the lineage did not show every node's partitions in {timeout} s: {nodes}"
+        page.wait_for_timeout(1000)
+
+
+def _mlflow_ui(cli: DagsterCli, log: Path) -> tuple[subprocess.Popen, str]:
+    """`mlflow ui` on the lake's store, as the README starts it, on a free port; its URL once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)],
+            cwd=cli.home, env=cli.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + UI_START_TIMEOUT_S
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return process, url
+        except OSError:
+            assert process.poll() is None, f"mlflow ui exited:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"mlflow ui did not answer in {UI_START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
+            time.sleep(2)
+
+
+def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_lineage_verdict_and_mlflow(
+    two_rounds: DagsterCli, browser, tiny_model_dir: Path, monkeypatch
+) -> None:
+    cli = two_rounds
+    monkeypatch.chdir(cli.home)  # dagster.yaml's storage paths are relative to the working directory
+    experiment_file = Path(cli.env[environment.EXPERIMENTS]) / "adding.yaml"
+    new_round = layout.round_prefix(NEW_ROUND)
+    with cli.dev(timeout=UI_START_TIMEOUT_S) as url:
+        # Raise `max_rounds` and reload: the round's group appears.
+        page = _open(browser, f"{url}/asset-groups")
+        page.get_by_role("button", name=re.compile(layout.round_prefix(NEW_ROUND - 1))).wait_for(timeout=60000)
+        assert not page.get_by_role("button", name=re.compile(new_round)).count()
+        _raise_max_rounds(experiment_file, NEW_ROUND)
+        page.get_by_role("button", name="Reload definitions").click()
+        page.get_by_role("button", name=re.compile(new_round)).wait_for(timeout=180000)
+
+        # The round's job for the arm: Materialize all..., the partition, the run config, launch.
+        page.goto(f"{url}/locations/{LOCATION}/jobs/{ROUND_JOB}")
+        page.get_by_role("button", name="Materialize all…").click()
+        # Outside the job and never made for this arm: the verifier's scores, an optional input of the vote that only
+        # an arm whose label source reads a verifier makes (with `round_003_verifier_job`). The controls the experiment
+        # does not list are in the job (and skip), so Dagster lists none of them.
+        assert _missing_upstream(page) == [f"{new_round} / {layout.VERIFIER_SCORES}"]
+        page.get_by_text("Select a partition or create one").click()
+        page.get_by_text(ARM, exact=True).filter(visible=True).first.click()
+        page.keyboard.press("Escape")
+        page.get_by_text("Config", exact=True).click()
+        page.get_by_role("button", name="Add config").click()
+        ops = _job_ops(url, ROUND_JOB)
+        config = {"ops": {op: op_config for op, op_config in tiny_config(tiny_model_dir, rounds=NEW_ROUND)["ops"].items() if op in ops}}
+        page.locator(".CodeMirror").last.click()
+        page.keyboard.insert_text(json.dumps(config | IN_PROCESS))
+        page.get_by_role("button", name="Save config").click()
+        page.get_by_role("button", name="Launch 1 run").click()
+        run = _wait_for_run(cli.home, ROUND_JOB)
+        page.goto(f"{url}/runs/{run.run_id}")
+        page.get_by_text("Success", exact=True).first.wait_for(timeout=60000)
+        page.screenshot(path=SCREENSHOTS / "adding-a-round-run.png")
+        page.close()
+
+        assert run.tags.get("dagster/partition") == ARM
+        experiment = load_experiment(experiment_file)
+        asked_for = set(round_assets(NEW_ROUND, experiment, experiment.arm(ARM)))
+        assert _materialized(cli.home, run.run_id) == asked_for
+        assert not asked_for & set(round_names(NEW_ROUND, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL)))
+
+        # The lineage: what the experiment asks for is filled for the arm, the rest is not.
+        page = _lineage(browser, url, f"group:{new_round}", width=2600, height=1500)
+        filled = _partitions_filled(page, new_round)
+        assert {name for name, full in filled.items() if full} == asked_for, filled
+        page.screenshot(path=SCREENSHOTS / "adding-a-round-lineage.png")
+        page.close()
+
+        # The verdict from its page: it reads every arm's control evaluations, so Dagster lists those no experiment
+        # made here (gold and random labels); round 3 is in it once it ran.
+        page = _open(browser, f"{url}/assets/{layout.VERDICT}")
+        page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click()
+        unmade_controls = (layout.control_eval(layout.GOLD_LABEL), layout.control_eval(layout.RANDOM_LABEL))
+        assert _missing_upstream(page) == sorted(
+            f"{layout.round_prefix(number)} / {name}" for number in range(1, NEW_ROUND + 1) for name in unmade_controls
+        )
+        _wait_for_run(cli.home, "__ASSET_JOB")
+        page.reload()
+        page.get_by_text(re.compile(rf"round {NEW_ROUND} \(defaults\) is")).first.wait_for(timeout=60000)
+        page.screenshot(path=SCREENSHOTS / "adding-a-round-verdict.png")
+        page.close()
+
+    # MLflow: the experiment's model-training runs of round 3, one per asset made, named `<round>/<asset> <arm>`.
+    mlflow_ui, mlflow_url = _mlflow_ui(cli, cli.home / "mlflow-ui.log")
+    try:
+        import mlflow
+
+        experiment_id = mlflow.MlflowClient(f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}").get_experiment_by_name("noisy-student").experiment_id
+        search = urllib.parse.quote(f"tags.round = '{new_round}'")
+        page = _open(browser, f"{mlflow_url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&searchFilter={search}")
+        parent = page.locator("[role=row]", has_text=f"arm {ARM}")
+        parent.wait_for(timeout=60000)
+        parent.locator("button").first.click()  # the arm's parent run, expanded
+        names = {f"{name} {ARM}" for name in asked_for}
+        for name in names:
+            page.get_by_text(name, exact=True).wait_for(timeout=30000)
+        shown = {text.splitlines()[1] for text in page.locator("[role=row]").all_inner_texts() if text.startswith("#")}
+        assert shown == names
+        page.screenshot(path=SCREENSHOTS / "adding-a-round-mlflow.png")
+        page.close()
+    finally:
+        DagsterCli.stop(mlflow_ui)
