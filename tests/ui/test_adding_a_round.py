@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -83,17 +84,23 @@ def _missing_upstream(page) -> list[str]:
     return sorted(listed)
 
 
-def _wait_for_run(instance_home: Path, job: str, timeout: float = RUN_TIMEOUT_S) -> dg.DagsterRun:
-    """The run of `job` launched from the UI, once it finished; it must have succeeded."""
+def _wait_for_run(instance_home: Path, launched_after: datetime, asset: str, timeout: float = RUN_TIMEOUT_S) -> dg.DagsterRun:
+    """The run that materializes `asset`, launched from the UI after `launched_after`, once it finished; it must have
+    succeeded."""
     deadline = time.monotonic() + timeout
+    key = dg.AssetKey.from_user_string(asset)
     with dg.DagsterInstance.from_config(str(instance_home)) as instance:
         while True:
-            records = instance.get_run_records(dg.RunsFilter(job_name=job), limit=1)
+            records = [
+                record
+                for record in instance.get_run_records(dg.RunsFilter(created_after=launched_after))
+                if key in (record.dagster_run.asset_selection or ())
+            ]
             if records and records[0].dagster_run.is_finished:
                 run = records[0].dagster_run
-                assert run.status == dg.DagsterRunStatus.SUCCESS, run_failures(instance, records)
+                assert run.status == dg.DagsterRunStatus.SUCCESS, run_failures(instance, records[:1])
                 return run
-            assert time.monotonic() < deadline, f"no run of {job} finished in {timeout} s"
+            assert time.monotonic() < deadline, f"no run materializing {asset} finished in {timeout} s"
             time.sleep(2)
 
 
@@ -175,8 +182,10 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         page.locator(".CodeMirror").last.click()
         page.keyboard.insert_text(json.dumps(config | IN_PROCESS))
         page.get_by_role("button", name="Save config").click()
+        launched = datetime.now(UTC)
         page.get_by_role("button", name="Launch 1 run").click()
-        run = _wait_for_run(cli.home, ROUND_JOB)
+        run = _wait_for_run(cli.home, launched, f"{new_round}/{layout.EVAL_REPORT}")
+        assert run.job_name == ROUND_JOB
         page.goto(f"{url}/runs/{run.run_id}")
         page.get_by_text("Success", exact=True).first.wait_for(timeout=60000)
         page.screenshot(path=SCREENSHOTS / "adding-a-round-run.png")
@@ -198,12 +207,13 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         # The verdict from its page: it reads every arm's control evaluations, so Dagster lists those no experiment
         # made here (gold and random labels); round 3 is in it once it ran.
         page = _open(browser, f"{url}/assets/{layout.VERDICT}")
+        launched = datetime.now(UTC)
         page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click()
         unmade_controls = (layout.control_eval(layout.GOLD_LABEL), layout.control_eval(layout.RANDOM_LABEL))
         assert _missing_upstream(page) == sorted(
             f"{layout.round_prefix(number)} / {name}" for number in range(1, NEW_ROUND + 1) for name in unmade_controls
         )
-        _wait_for_run(cli.home, "__ASSET_JOB")
+        _wait_for_run(cli.home, launched, layout.VERDICT)
         page.reload()
         page.get_by_text(re.compile(rf"round {NEW_ROUND} \(defaults\) is")).first.wait_for(timeout=60000)
         page.screenshot(path=SCREENSHOTS / "adding-a-round-verdict.png")
