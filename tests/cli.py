@@ -59,9 +59,7 @@ class DagsterCli:
     def dev(self, timeout: float = 180) -> Iterator[str]:
         """`dagster dev` (webserver and daemon) on 127.0.0.1, once the webserver has loaded the code location: its
         base URL; stopped on exit."""
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         log = self.home / "dagster-dev.log"
         process = self.start("dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port), log=log)
         url = f"http://127.0.0.1:{port}"
@@ -108,6 +106,30 @@ class DagsterCli:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # what it left behind, or all of it if it hung on the way out
         process.wait(timeout=timeout)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now, for a server a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_serving(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Until `url` answers 200; the server `process` (its output in `log`) must not exit, nor take `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not _serving(url):
+        assert process.poll() is None, f"{process.args[0]} exited:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"{url} did not answer in {timeout} s:\n{log.read_text()[-4000:]}"
+        time.sleep(1)
+
+
+def _serving(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def own_device_lock(cli: DagsterCli) -> dict:

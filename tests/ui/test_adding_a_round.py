@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import yaml
 from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.experiments.progress import round_assets
-from tests.cli import DagsterCli, graphql, own_device_lock, run_failures
+from tests.cli import DagsterCli, free_port, graphql, own_device_lock, run_failures, wait_until_serving
 from tests.tiny_configs import round_names, tiny_config
 from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _lineage, _open
 
@@ -128,9 +127,7 @@ def _partitions_filled(page, group: str, timeout: float = 60) -> dict[str, bool]
 
 def _mlflow_ui(cli: DagsterCli, log: Path) -> tuple[subprocess.Popen, str]:
     """`mlflow ui` on the lake's store, as the README starts it, on a free port; its URL once it answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     store = f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -138,15 +135,12 @@ def _mlflow_ui(cli: DagsterCli, log: Path) -> tuple[subprocess.Popen, str]:
             cwd=cli.home, env=cli.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + UI_START_TIMEOUT_S
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=5)
-            return process, url
-        except OSError:
-            assert process.poll() is None, f"mlflow ui exited:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"mlflow ui did not answer in {UI_START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
-            time.sleep(2)
+    try:
+        wait_until_serving(url, process, log, UI_START_TIMEOUT_S)
+    except AssertionError:
+        DagsterCli.stop(process)
+        raise
+    return process, url
 
 
 def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_lineage_verdict_and_mlflow(

@@ -5,11 +5,8 @@ checkpoints and see two answers. Screenshots go to `ui-test-screenshots/` (`UI_T
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import polars as pl
@@ -19,6 +16,7 @@ from playwright.sync_api import expect
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.reporting.inspection import BASE_MODEL_NAME, RoundLake, explorer_link
+from tests.cli import free_port, wait_until_serving
 from tests.conftest import INSPECTED_ARM
 from tests.tiny_configs import TINY_EVAL
 from tests.ui.conftest import CHROMIUM
@@ -36,9 +34,7 @@ def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, mon
     """The explorer on `inspected_lake`, on a free port of 127.0.0.1: its base URL, which its links also name."""
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no chromium at {CHROMIUM}: `apt-get install chromium` (or set CHROMIUM)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     monkeypatch_module.setenv("NOISY_STUDENT_EXPLORER_URL", url)
     log = tmp_path_factory.mktemp("explorer") / "explorer.log"
@@ -46,11 +42,7 @@ def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, mon
     with log.open("w") as out:
         process = subprocess.Popen([*command, "--max-new-tokens", str(TINY_EVAL["max_new_tokens"])], stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _serving(url):
-            assert process.poll() is None, f"the explorer exited:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"the explorer did not serve in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}"
-            time.sleep(1)
+        wait_until_serving(url, process, log, START_TIMEOUT_S)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         yield url
     finally:
@@ -62,14 +54,6 @@ def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, mon
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:
         yield patch
-
-
-def _serving(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _unlabeled(lake: Path) -> pl.DataFrame:
