@@ -23,6 +23,7 @@ import yaml
 from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.experiments.progress import round_assets
+from resources.tracking import MODEL_TRAINING_VIEW
 from tests.cli import DagsterCli, free_port, graphql, own_device_lock, run_failures, wait_until_serving
 from tests.tiny_configs import round_names, tiny_config
 from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _lineage, _open
@@ -125,10 +126,9 @@ def _partitions_filled(page, group: str, timeout: float = 60) -> dict[str, bool]
         page.wait_for_timeout(1000)
 
 
-def _mlflow_ui(cli: DagsterCli, log: Path) -> tuple[subprocess.Popen, str]:
-    """`mlflow ui` on the lake's store, as the README starts it, on a free port; its URL once it answers."""
+def _mlflow_ui(cli: DagsterCli, store: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """`mlflow ui` on `store`, as the README starts it, on a free port; its URL once it answers."""
     port = free_port()
-    store = f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}"
     with log.open("w") as out:
         process = subprocess.Popen(
             [str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)],
@@ -214,13 +214,14 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         page.close()
 
     # MLflow: the experiment's model-training runs of round 3, one per asset made, named `<round>/<asset> <arm>`.
-    mlflow_ui, mlflow_url = _mlflow_ui(cli, cli.home / "mlflow-ui.log")
+    store = f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}"
+    mlflow_ui, mlflow_url = _mlflow_ui(cli, store, cli.home / "mlflow-ui.log")
     try:
         import mlflow
 
-        experiment_id = mlflow.MlflowClient(f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}").get_experiment_by_name("noisy-student").experiment_id
+        experiment_id = mlflow.MlflowClient(store).get_experiment_by_name("noisy-student").experiment_id
         search = urllib.parse.quote(f"tags.round = '{new_round}'")
-        page = _open(browser, f"{mlflow_url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&searchFilter={search}")
+        page = _open(browser, f"{mlflow_url}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}&searchFilter={search}")
         parent = page.locator("[role=row]", has_text=f"arm {ARM}")
         parent.wait_for(timeout=60000)
         parent.locator("button").first.click()  # the arm's parent run, expanded
