@@ -50,11 +50,11 @@ def test_the_tasks_are_the_profile_s_sources_with_their_own_generator() -> None:
     assert list(tasks) == ["two-digit-sums", "chain-sums", "products"]
     sums = tasks["two-digit-sums"].run_config()["ops"]
     assert ProblemPoolSettings(**sums[layout.PROBLEM_POOL]["config"]).resolved_source == ProblemPoolSettings().resolved_source
-    held_out = EvalProblemsSettings(**tasks["products"].run_config()["ops"][layout.EVAL_PROBLEMS]["config"]).resolved_source
-    assert (held_out.name, held_out.size, held_out.seed) == ("products", tasks["products"].eval_candidates, DEFAULT_EVAL_SOURCE.seed)
-    assert tasks["products"].eval_candidates > DEFAULT_EVAL_SOURCE.size == tasks["two-digit-sums"].eval_candidates
+    held_out = EvalProblemsSettings(**tasks["chain-sums"].run_config()["ops"][layout.EVAL_PROBLEMS]["config"]).resolved_source
+    assert (held_out.name, held_out.size, held_out.seed) == ("chain_sum", tasks["chain-sums"].eval_candidates, DEFAULT_EVAL_SOURCE.seed)
+    assert tasks["chain-sums"].eval_candidates > DEFAULT_EVAL_SOURCE.size == tasks["products"].eval_candidates
     problems = load_problems(**held_out.load_kwargs())
-    assert problems.height == tasks["products"].eval_candidates and "*" in problems["prompt"][0]
+    assert problems.height == tasks["chain-sums"].eval_candidates and "-" in " ".join(problems["prompt"])
 
 
 def test_a_task_row_has_both_headrooms_over_its_seeds(tmp_path: Path) -> None:
