@@ -9,6 +9,8 @@
     python -m noisy_student_assets.headroom table --lake results  # the table from them, without the lakes
     python -m noisy_student_assets.headroom run --experiment experiments/label_source_grid.yaml --task products
                                         # another experiment on a task's lake (the grid the table picks a task for)
+    python -m noisy_student_assets.headroom run --experiment experiments/label_source_grid.yaml --task two-digit-sums \
+        --arm lsg-verifier-s0 --through round_001/pseudo_labels   # its labels alone (the direct effect)
 
 `run` runs `python -m noisy_student_assets.grid run experiments/headroom.yaml` once per task of
 experiments/tasks/headroom.yaml, with the task's pool and held-out set as run config, in `<data lake>/headroom/<task>/`:
@@ -38,8 +40,9 @@ EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
 TASKS = REPOSITORY / "experiments" / "tasks" / "headroom.yaml"
 
 
-def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT) -> int:
-    """Each task's grid in turn; a task whose grid fails does not stop the next. The exit code is the first failure's."""
+def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, through: str | None = None) -> int:
+    """Each task's grid in turn (`through`: the grid's `--through`); a task whose grid fails does not stop the next.
+    The exit code is the first failure's."""
     lake = layout.default_lake_root()
     tasks = load_tasks(TASKS)
     failed = {}
@@ -51,6 +54,7 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT) -
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
         command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment.resolve()), "--config-json", json.dumps(tasks[name].run_config())]
         command += [option for arm in arms for option in ("--arm", arm)]
+        command += ["--through", through] if through else []
         returncode = subprocess.run(command, cwd=home, env=env).returncode
         if returncode:
             print(f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check stopped it)", flush=True)
@@ -94,13 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["run", "summary", "table", "export"])
     parser.add_argument("--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
+    parser.add_argument("--through", default=None, help="run: each arm only up to this asset (the grid's --through), e.g. round_001/pseudo_labels")
     parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run, summary, export: the experiment on each task's lake (default: headroom's)")
     parser.add_argument("--lake", type=Path, default=None, help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data lake")
     parser.add_argument("--to", type=Path, default=Path("results"), help="export: the results directory (default: results/)")
     args = parser.parse_args(argv)
     root = args.lake or layout.default_lake_root()
     if args.command == "run":
-        return run(args.task, args.arm, args.experiment)
+        return run(args.task, args.arm, args.experiment, args.through)
     if args.command == "summary":
         return summary(args.task, args.experiment, root)
     if args.command == "export":

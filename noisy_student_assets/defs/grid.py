@@ -5,6 +5,8 @@
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
     python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
     python -m noisy_student_assets.grid run experiments/tau.yaml --arm tau50-seed0   # one arm (and the verdict)
+    python -m noisy_student_assets.grid run experiments/tau.yaml --through round_001/pseudo_labels
+                                        # each arm up to its round-1 labels and what they read (no verdict)
     python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's outcome, per arm
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
@@ -63,6 +65,19 @@ def unevaluated_checks(check_targets: dict, materializations: dict) -> list:
     ]
 
 
+def assets_through(graph, names: Iterable[str], through: str) -> list[str]:
+    """Of `names`, in their order, `through` and the assets it reads, directly or not."""
+    upstream = graph.get_ancestor_asset_keys(asset_key(through), include_self=True)
+    return [name for name in names if asset_key(name) in upstream]
+
+
+def asset_key(name: str):
+    """The asset key of a name as the layout writes it ('round_001/pseudo_labels')."""
+    import dagster as dg
+
+    return dg.AssetKey(name.split("/"))
+
+
 def _filtered_run_config(run_config: dict, node_names: Iterable[str]) -> dict:
     """`run_config` with only the ops of this run (Dagster rejects config of ops outside the job)."""
     names = set(node_names)
@@ -87,7 +102,7 @@ def materialize_selection(
     from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
 
     graph = defs.resolve_asset_graph()
-    keys = dg.AssetSelection.assets(*(dg.AssetKey(n.split("/")) for n in names)).required_multi_asset_neighbors().resolve(graph)
+    keys = dg.AssetSelection.assets(*(asset_key(n) for n in names)).required_multi_asset_neighbors().resolve(graph)
     nodes = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=keys).graph.node_dict
     return dg.materialize(
         ASSETS_AND_CHECKS,
@@ -157,13 +172,16 @@ class Grid:
     def launcher_kind(self) -> str:
         return self.resources["stage_resources"].launcher.kind
 
-    def run(self, rounds: int | None = None, parallel_arms: int = 1, only: list[str] | None = None) -> bool:
+    def run(self, rounds: int | None = None, parallel_arms: int = 1, only: list[str] | None = None, through: str | None = None) -> bool:
         """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
-        experiment's), `parallel_arms` arms at a time, of the arms named in `only` (default: every arm); False if
-        any run failed."""
+        experiment's), `parallel_arms` arms at a time, of the arms named in `only` (default: every arm); with
+        `through` (an asset, e.g. round_001/pseudo_labels), of each arm only that asset and what it reads, and no
+        verdict. False if any run failed."""
         unknown = sorted(set(only or ()) - set(self.experiment.arms))
         if unknown:
             raise SystemExit(f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}")
+        if through is not None and not self.graph.has(asset_key(through)):
+            raise SystemExit(f"--through {through}: the code location has no such asset")
         self.register()
         self._fail_orphaned_runs()
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
@@ -173,23 +191,27 @@ class Grid:
             arms = [arm for arm in self.experiment.all_arms() if not only or arm.name in only]
             if parallel_arms == 1:
                 for arm in arms:
-                    ok = self.materialize_arm(arm, rounds) and ok
+                    ok = self.materialize_arm(arm, rounds, through) and ok
             else:
-                jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name) for arm in arms]
+                jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name, through) for arm in arms]
                 with ProcessPoolExecutor(max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")) as pool:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
+            if through is not None:  # the verdict reads every arm's students, which a partial run leaves out
+                return ok
             return self._materialize([layout.VERDICT], None, always=True) and ok
         finally:
             self._set_device_pool_limit(1)
 
-    def materialize_arm(self, arm, rounds: int | None = None) -> bool:
+    def materialize_arm(self, arm, rounds: int | None = None, through: str | None = None) -> bool:
         """Materialize what is missing or stale of one arm up to round `rounds` (default: its `max_rounds`), in one
         run; with a patience, one run per round, each round only if the arm's stopping rule lets it run (the rule the
-        next-round automation applies). False if a run failed."""
+        next-round automation applies). With `through`, only that asset and what it reads. False if a run failed."""
         from noisy_student_assets.core.experiments.progress import arm_assets, last_round
         from noisy_student_assets.defs.automation import stopped
 
         last = last_round(arm, rounds)
+        if through is not None:
+            return self._materialize(assets_through(self.graph, arm_assets(self.experiment, arm, last), through), arm)
         if arm.stopping_rule.patience is None:
             return self._materialize(arm_assets(self.experiment, arm, last), arm)
         for number in range(last + 1):
@@ -219,7 +241,7 @@ class Grid:
         scopes += [(arm.name, self._known_targets(arm, None)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
             for name in names:
-                checks = list(self.graph.get(self._key(name)).check_keys)
+                checks = list(self.graph.get(asset_key(name)).check_keys)
                 materialization = self._latest(name, partition)
                 passed = check_outcomes_on(self.instance, materialization, checks, partition, run_evaluations) if materialization else {}
                 judged = {check: "passed" if outcome else "failed" for check, outcome in passed.items()}
@@ -238,13 +260,10 @@ class Grid:
         shared = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
         return shared + ([layout.BASE_MODEL_EVAL] if self.experiment.held_out_eval else [])
 
-    def _key(self, name: str):
-        return self.dg.AssetKey(name.split("/"))
-
     def _latest(self, name: str, partition: str | None):
         from noisy_student_assets.defs.records import latest_materialization
 
-        return latest_materialization(self.instance, self._key(name), partition)
+        return latest_materialization(self.instance, asset_key(name), partition)
 
     def plan(self, rounds: int | None = None) -> dict[str | None, dict[str, str]]:
         """What `run` would materialize, without materializing anything: per arm (None: the shared assets), each
@@ -261,10 +280,10 @@ class Grid:
         partition = arm.name if arm else None
         latest, parents, made = {}, {}, {}
         for name in targets:
-            parents[name] = [parent.to_user_string() for parent in self.graph.get(self._key(name)).parent_keys]
+            parents[name] = [parent.to_user_string() for parent in self.graph.get(asset_key(name)).parent_keys]
             for asset in [name, *parents[name]]:
                 if asset not in latest:
-                    node = self.graph.get(self._key(asset))
+                    node = self.graph.get(asset_key(asset))
                     latest[asset] = self._latest(asset, partition if node.partitions_def else None)
                     made[asset] = self._made_with(node.assets_def, arm)
         versions = {name: (record.storage_id, lineage.data_version_of(record)) for name, record in latest.items() if record}
@@ -313,9 +332,9 @@ class Grid:
         materialization, except those that also read an asset in `waiting_on`; False if that run failed."""
         from noisy_student_assets.defs.records import latest_check_targets
 
-        own_steps = [check for name in names for check in self.graph.get(self._key(name)).check_keys if check in self.check_steps]
-        checks = checks_not_waiting(self.graph, own_steps, {self._key(name) for name in waiting_on})
-        materializations = {self._key(name): latest[name].storage_id if latest[name] else None for name in names}
+        own_steps = [check for name in names for check in self.graph.get(asset_key(name)).check_keys if check in self.check_steps]
+        checks = checks_not_waiting(self.graph, own_steps, {asset_key(name) for name in waiting_on})
+        materializations = {asset_key(name): latest[name].storage_id if latest[name] else None for name in names}
         pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
         if not pending:
             return True
@@ -353,9 +372,9 @@ class Grid:
 
 def _materialize_arm(job: tuple) -> bool:
     """One arm's part of a grid run, in a process of its own (`--parallel-arms`)."""
-    path, run_config, launcher, rounds, arm_name = job
+    path, run_config, launcher, rounds, arm_name, through = job
     grid = Grid(path, run_config, launcher)
-    return grid.materialize_arm(grid.experiment.arm(arm_name), rounds)
+    return grid.materialize_arm(grid.experiment.arm(arm_name), rounds, through)
 
 
 def with_experiment_resources(experiment, kind: str | None = None) -> dict:
@@ -427,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel-arms", type=int, default=1, help="run: arms materialized at once (their heavy steps overlap only on Ray)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm only (repeatable; default: every arm of the experiment)")
     parser.add_argument(
+        "--through", default=None,
+        help="run: each arm only up to this asset and what it reads, and no verdict (e.g. round_001/pseudo_labels:"
+        " the labels' direct effect without the students)",
+    )  # fmt: skip
+    parser.add_argument(
         "--ray-gpus", type=int, default=None,
         help="ray launcher without RAY_ADDRESS: GPUs the grid's own local cluster declares (default: those torch sees);"
         " more than the machine has only tries Ray's placement",
@@ -459,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(stop, signal.default_int_handler)
     try:
         with _ray_cluster_if_needed(grid, args.ray_gpus):
-            return 0 if grid.run(args.rounds, args.parallel_arms, args.arm) else 1
+            return 0 if grid.run(args.rounds, args.parallel_arms, args.arm, args.through) else 1
     except KeyboardInterrupt as interrupt:
         during = f" during {interrupt}" if str(interrupt) else ""
         print(f"[grid] stopped by an interrupt{during}; re-run the grid to resume", flush=True)

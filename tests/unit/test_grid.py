@@ -97,3 +97,18 @@ def test_cpu_threads_reach_torch_and_vllm_s_cpu_engine(monkeypatch) -> None:
         assert (os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_through_keeps_an_asset_and_what_it_reads_in_order() -> None:
+    from noisy_student_assets.core import layout
+    from noisy_student_assets.defs.code_location import defs
+    from noisy_student_assets.defs.grid import assets_through
+
+    experiment = Experiment(name="e", controls=("labeled_only", "gold_label"), arms={"v": ArmSpec(max_rounds=2, label_source="verifier")})
+    names = arm_assets(experiment, experiment.arm("v"))
+    labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
+    kept = assets_through(defs.resolve_asset_graph(), names, labels)
+    assert kept[-1] == labels and kept == [name for name in names if name in kept], "the arm's own order, ending at the labels"
+    assert {"labeled_rl_checkpoint", "round_001/generations", "round_001/verifier", "round_001/verifier_scores"} <= set(kept)
+    assert not [name for name in kept if name.startswith("round_002/") or (name.endswith(("_checkpoint", "_eval")) and name.startswith("round_001/"))]
+    assert "labeled_rl_eval" not in kept, "the labels do not read the teacher's held-out eval"

@@ -16,7 +16,7 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.markdown import markdown_table
-from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, group_label, lake_arms, summary_markdown
+from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, group_label, lake_arms, sources_against, summary_markdown
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -218,3 +218,43 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     _eval(other, layout.BASE_MODEL_EVAL, None, _correct(0.5), compute={})
     with pytest.raises(ValueError, match="holds results of another task or base model"):
         export_results(other, [], results)
+
+
+def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds() -> None:
+    """The direct effect: per coverage, each source minus majority in the same seed, with a t-interval over seeds."""
+    def arm_sources(group: str, arm: str, majority: float, verifier: float | None, confidence: float) -> pl.DataFrame:
+        return pl.DataFrame({
+            "experiment": ["lsg"] * 4, "group": [group] * 4, "arm": [arm] * 4, "round": [1] * 4,
+            "source": ["majority", "confidence", "verifier", "oracle (pass@K)"],
+            "at tau: coverage": [0.7, 0.6, 0.5, None], "at 50%": [majority, confidence, verifier, 1.0],
+        })  # fmt: skip
+
+    sources = pl.concat([
+        arm_sources("verifier", "v-s0", 0.50, 0.60, 0.55),
+        arm_sources("verifier", "v-s1", 0.60, 0.72, 0.55),
+        arm_sources("verifier", "v-s2", 0.40, 0.48, 0.40),
+        arm_sources("verifier", "v-s3", 0.50, None, 0.50),  # the verifier keeps fewer than half: not paired there
+        arm_sources("one", "o-s0", 0.50, 0.90, 0.50),
+    ])  # fmt: skip
+    table = sources_against(sources)
+    row = {(r["group"], r["source"]): r for r in table.filter(pl.col("coverage") == "at 50%").iter_rows(named=True)}
+    verifier = row[("verifier", "verifier")]
+    assert verifier["seeds"] == 3 and verifier["minus majority"] == pytest.approx(0.10)
+    assert verifier["majority"] == pytest.approx(0.50) and verifier["label_accuracy"] == pytest.approx(0.60)
+    assert 0 < verifier["low"] < 0.10 < verifier["high"] and verifier["outcome"] == "better"
+    confidence = row[("verifier", "confidence")]
+    assert confidence["seeds"] == 4 and confidence["low"] < 0 < confidence["high"] and confidence["outcome"] == "no difference"
+    assert row[("one", "verifier")]["outcome"] == "one seed" and row[("one", "verifier")]["low"] is None
+    assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")]["minus majority"] == pytest.approx(0.50)
+    assert set(table["coverage"]) == {"at 50%"}, "the operating point at tau is no matched coverage"
+    assert "over seeds (the direct effect" in summary_markdown(_results_with_sources(sources))
+
+
+def _results_with_sources(sources: pl.DataFrame):
+    from noisy_student_assets.core.reporting.summary import ExperimentResults
+
+    empty = pl.DataFrame()
+    return ExperimentResults(
+        accuracy=empty, differences=empty, audits=empty, calibration=empty, sources=sources, frontiers={}, flips=empty,
+        yardsticks=empty, verifiers=empty, validation=empty, sentences=[],
+    )

@@ -20,11 +20,13 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
+from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_published_eval
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
+from noisy_student_assets.core.reporting.verdict import crossed_interval, direction
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE, verifier_metrics
 
@@ -77,6 +79,11 @@ class ExperimentResults:
     """Per experiment, group, round and agreement bucket, over the group's seeds: labels, labels correct, accuracy."""
     sources: pl.DataFrame
     """Per arm, round and label source: kept-label accuracy at matched coverages, and at the source's tau."""
+
+    @property
+    def sources_over_seeds(self) -> pl.DataFrame:
+        """Each label source against majority at matched coverage, over each group's seeds (`sources_against`)."""
+        return sources_against(self.sources) if self.sources.height else pl.DataFrame()
     frontiers: dict[tuple[str, int], pl.DataFrame]
     """Per arm, its last round's label-quality frontier (`frontier.CURVE_SCHEMA`), by (arm, round)."""
     flips: pl.DataFrame
@@ -127,7 +134,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     "bucket", "problems", "labels_correct",
                 ))  # fmt: skip
             if (labels_dir / SOURCES_FILE).exists():
-                sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(*_arm_columns(row, number), pl.all()))
+                sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()))
                 last_frontier = ((arm.name, number), pl.read_json(labels_dir / FRONTIER_FILE))
             verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
             if (verifier_dir / VERIFIER_METRICS_FILE).exists():
@@ -197,6 +204,29 @@ _ACCURACY_SCHEMA = {
 }
 
 
+def sources_against(sources: pl.DataFrame, reference: str = MajoritySource.name) -> pl.DataFrame:
+    """The direct effect of each label source: per experiment, group, round, matched coverage and source, its
+    kept-label accuracy and `reference`'s averaged over the group's seeds, and the source minus `reference` with a
+    t-interval over the seeds' differences. Each seed's sources weigh the same samples, so the difference is paired
+    by seed; one seed gives no interval. `sources`: `ExperimentResults.sources`."""
+    coverages = [column for column in sources.columns if column.startswith("at ") and column.endswith("%")]
+    index = ["experiment", "group", "arm", "round"]
+    long = sources.unpivot(on=coverages, index=[*index, "source"], variable_name="coverage", value_name="label_accuracy")
+    references = long.filter(pl.col("source") == reference).select(*index, "coverage", pl.col("label_accuracy").alias(reference))
+    paired = long.filter(pl.col("source") != reference).join(references, on=[*index, "coverage"]).drop_nulls(["label_accuracy", reference])
+    rows = []
+    for (experiment, group, number, coverage, source), seeds in paired.group_by("experiment", "group", "round", "coverage", "source", maintain_order=True):
+        differences = (seeds["label_accuracy"] - seeds[reference]).to_numpy()
+        low, high = crossed_interval(differences[:, None]) if len(differences) > 1 else (None, None)
+        rows.append({
+            "experiment": experiment, "group": group, "round": number, "coverage": coverage, "source": source, "seeds": len(differences),
+            "label_accuracy": seeds["label_accuracy"].mean(), reference: seeds[reference].mean(),
+            f"minus {reference}": float(differences.mean()), "low": low, "high": high,
+            "outcome": direction(low, high) if low is not None else "one seed",
+        })  # fmt: skip
+    return pl.DataFrame(rows, schema_overrides={"low": pl.Float64, "high": pl.Float64}) if rows else pl.DataFrame()
+
+
 def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
     return [pl.lit(row["group"]).alias("group"), pl.lit(row["arm"]).alias("arm"), pl.lit(number).alias("round")]
 
@@ -236,7 +266,14 @@ def summary_markdown(results: ExperimentResults) -> str:
             "",
             "## Label sources at matched coverage (kept-label accuracy vs the hidden gold; oracle: pass@K)",
             "",
-            markdown_table(results.sources, max_rows=None),
+            markdown_table(results.sources.drop("experiment"), max_rows=None),
+        ]
+    if results.sources_over_seeds.height:
+        lines += [
+            "",
+            "## Label sources against majority at matched coverage, over seeds (the direct effect: t-interval over the seeds' paired differences)",
+            "",
+            markdown_table(results.sources_over_seeds.drop("experiment"), max_rows=None),
         ]
     if results.flips.height:
         lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]

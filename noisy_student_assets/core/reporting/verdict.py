@@ -45,11 +45,7 @@ class Difference:
     @property
     def direction(self) -> str:
         """'better', 'worse' or 'no difference': where the interval lies against 0."""
-        if self.low > 0:
-            return "better"
-        if self.high < 0:
-            return "worse"
-        return "no difference"
+        return direction(self.low, self.high)
 
     @property
     def outcome(self) -> str:
@@ -78,6 +74,15 @@ class Difference:
 
     def as_dict(self) -> dict:
         return asdict(self) | {"outcome": self.outcome}
+
+
+def direction(low: float, high: float) -> str:
+    """'better', 'worse' or 'no difference': where the interval from `low` to `high` lies against 0."""
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    return "no difference"
 
 
 def paired_difference(
