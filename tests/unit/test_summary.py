@@ -118,8 +118,10 @@ def test_lake_arms_are_the_declared_arms_with_an_evaluation(lake: Path, tmp_path
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     (experiments / "grid.yaml").write_text("defaults: {max_rounds: 2}\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  never-run: {seed: 5}\n")
+    (experiments / "labels.yaml").write_text("defaults: {max_rounds: 1}\narms:\n  labels-only: {seed: 6}\n")
+    layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), "labels-only").mkdir(parents=True)  # run --through its labels
     arms, rounds = lake_arms(lake, experiments)
-    assert [arm.name for arm in arms] == ["tau50-s0"] and rounds == 2
+    assert [arm.name for arm in arms] == ["tau50-s0", "labels-only"] and rounds == 2
 
 
 def test_markdown_table_formats_and_escapes() -> None:

@@ -322,10 +322,11 @@ def _lake_table(lake: Path, name: str, arm: str | None) -> pl.DataFrame | None:
 
 
 def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
-    """The arms of the experiment files that have a labeled-RL evaluation (held-out or validation) in the lake,
-    and the most rounds."""
+    """The arms of the experiment files that have a labeled-RL evaluation (held-out or validation) in the lake, or a
+    round's pseudo-labels (an arm run `--through` its labels), and the most rounds."""
     experiments = load_experiments(experiments_dir)
     evaluated = [layout.artifact_dir(lake, name) for name in (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)]
+    evaluated += [round_dir / layout.PSEUDO_LABELS for round_dir in lake.glob(f"{layout.ROUND_PREFIX}*")]
     arms = [
         arm for experiment in experiments.values() for arm in experiment.all_arms()
         if any((directory / arm.name).is_dir() for directory in evaluated)
