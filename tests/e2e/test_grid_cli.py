@@ -1,6 +1,6 @@
 """The grid command (`make grid`): killed mid-way, then run again, it resumes where it stopped; `--rounds`
 stops every arm after a round, and a run without it adds the rest; SIGTERM stops it mid-step; the label sources'
-grid reports every source (tiny model)."""
+grid reports every source, and `--through` stops an arm at its labels (tiny model)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
+from noisy_student_assets.core.pseudo_labels.labels import SOURCES_FILE
 from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE, SOURCES_TABLE
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
@@ -256,7 +257,16 @@ def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_a
         layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(held_out)}}},
     }
     _enter_home(dagster_cli, monkeypatch)
-    _grid_done(dagster_cli, config, tmp_path / "grid.log", experiment=experiment)
+    labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
+    through = _grid_done(dagster_cli, config, tmp_path / "labels.log", "--arm", "ls-verifier", "--through", labels, experiment=experiment)
+    (first,) = [line for line in through.splitlines() if line.startswith("[grid] arm ls-verifier: materializing")]
+    assert first.endswith(f"round_001/verifier, round_001/verifier_scores, {labels}"), "the labels and what they read, no student"
+    assert "ls-majority" not in through and "materializing verdict" not in through
+    sidecar = pl.read_json(layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.PSEUDO_LABELS), "ls-verifier") / SOURCES_FILE)
+    assert set(sidecar["source"]) == {"majority", "confidence", "verifier", ORACLE}, "the direct effect, without the students"
+    rest = _grid_done(dagster_cli, config, tmp_path / "grid.log", experiment=experiment)
+    (then,) = [line for line in rest.splitlines() if line.startswith("[grid] arm ls-verifier: materializing")]
+    assert "round_001/verifier" not in then and "round_001/student_checkpoint" in then, "the rest, not the labels again"
 
     checks = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(experiment)],
