@@ -79,11 +79,6 @@ class ExperimentResults:
     """Per experiment, group, round and agreement bucket, over the group's seeds: labels, labels correct, accuracy."""
     sources: pl.DataFrame
     """Per arm, round and label source: kept-label accuracy at matched coverages, and at the source's tau."""
-
-    @property
-    def sources_over_seeds(self) -> pl.DataFrame:
-        """Each label source against majority at matched coverage, over each group's seeds (`sources_against`)."""
-        return sources_against(self.sources) if self.sources.height else pl.DataFrame()
     frontiers: dict[tuple[str, int], pl.DataFrame]
     """Per arm, its last round's label-quality frontier (`frontier.CURVE_SCHEMA`), by (arm, round)."""
     flips: pl.DataFrame
@@ -268,12 +263,13 @@ def summary_markdown(results: ExperimentResults) -> str:
             "",
             markdown_table(results.sources.drop("experiment"), max_rows=None),
         ]
-    if results.sources_over_seeds.height:
+    over_seeds = sources_against(results.sources) if results.sources.height else pl.DataFrame()
+    if over_seeds.height:
         lines += [
             "",
             "## Label sources against majority at matched coverage, over seeds (the direct effect: t-interval over the seeds' paired differences)",
             "",
-            markdown_table(results.sources_over_seeds.drop("experiment"), max_rows=None),
+            markdown_table(over_seeds.drop("experiment"), max_rows=None),
         ]
     if results.flips.height:
         lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]
