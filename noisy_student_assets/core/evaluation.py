@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from noisy_student_assets.core.grading import answers_equivalent, format_reward
+from noisy_student_assets.core.grading import answers_equivalent, format_reward, unevaluated
 from noisy_student_assets.core.problems import fingerprint
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.sampling import (
@@ -69,6 +69,7 @@ def score_problems(
             "level": problem["level"],
             "greedy_correct": answers_equivalent(gold, first["answer"]),
             "greedy_formatted": format_reward(first["completion"]) == 1.0,
+            "greedy_unevaluated": unevaluated(gold, first["answer"]),
             "greedy_tokens": first["n_tokens"],
             "samples": len(answers),
             "samples_correct": verdicts.count(True),
@@ -86,6 +87,7 @@ def summarize(scores: pl.DataFrame, ks: tuple[int, ...]) -> dict[str, float]:
     metrics = {
         "greedy_accuracy": scores["greedy_correct"].mean(),
         "format_rate": scores["greedy_formatted"].mean(),
+        "unevaluated_rate": scores["greedy_unevaluated"].mean(),
         "mean_completion_tokens": scores["greedy_tokens"].mean(),
         "problems": float(scores.height),
         "ungraded": float(sum(scores[column].null_count() for column in correct_columns) + scores["samples_ungraded"].sum()),

@@ -39,6 +39,13 @@ _GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
 # reading as -3 and "x2" or "1.5.3" from yielding a number.
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
+_PLAIN_INTEGER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)")
+_PLAIN_DECIMAL = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)\.\d+")
+# An operator between operands ("60 * 55", "7 - 2 + 9", "2 \times 10^3", "(60)(55)"); a fraction or a root counts
+# as one only against an integer, for "0.5" may rightly be answered "1/2" but 60 never "120/2".
+_OPERATION = re.compile(r"[\d)}]\s*(?:[-+*^×÷]|\\times|\\cdot|\\div)\s*[-({\d]|\)\s*\(")
+_OPERATION_OR_FRACTION = re.compile(_OPERATION.pattern + r"|[\d)}]\s*/\s*[-({\d]|\\[dt]?frac|\\sqrt")
+_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}(?:\^\{?\d+\}?)?")  # "\mbox{ inches}^2" (a MATH-500 gold)
 
 Verdict: TypeAlias = bool | None
 """An equivalence check's outcome: True, False, or None when it is ungraded (see the module docstring)."""
@@ -82,16 +89,34 @@ def grade(response: str, gold: str, *, timeout_s: float | None = None) -> Verdic
 def answers_equivalent(gold: str | None, answer: str | None, *, timeout_s: float | None = None) -> Verdict:
     """Whether two extracted answers are mathematically equivalent, ``gold`` as math-verify's gold.
 
-    Never raises or hangs: False for missing, empty, over-long or over-nested strings; None
+    Never raises or hangs: False for missing, empty, over-long or over-nested strings, and for a number
+    against an arithmetic expression still to be evaluated (see ``unevaluated``); None
     (ungraded) for checks that do not finish in ``timeout_s`` CPU seconds (default ``TIMEOUT_S``),
     twice.
     """
     if not (isinstance(gold, str) and isinstance(answer, str)):
         return False
     gold, answer = _checkable(gold), _checkable(answer)
-    if not (gold and answer):
+    if not (gold and answer) or unevaluated(gold, answer) or unevaluated(answer, gold):
         return False
     return _equivalent(gold, answer, TIMEOUT_S if timeout_s is None else timeout_s)
+
+
+def unevaluated(number: str | None, answer: str | None) -> bool:
+    """True when ``number`` is a plain number and ``answer`` an arithmetic expression still to be evaluated.
+
+    math-verify evaluates expressions, so it grades ``60 * 55`` equal to 3300: a policy rewarded by it learns to
+    restate the question instead of answering it (the products task's seed 1 did, docs/results.md).  The answer
+    to a question whose gold is a number is a number: "7 - 2 + 9", "2 \\times 10^3" and "(60)(55)" are not,
+    nor against an integer are "120/2", "\\frac{120}{2}" or "\\sqrt{3600}".  A plain fraction stays a final
+    form against a decimal ("1/2" for 0.5).
+    """
+    if not (isinstance(number, str) and isinstance(answer, str)):
+        return False
+    number, answer = number.strip(), _UNIT.sub("", answer)
+    if _PLAIN_INTEGER.fullmatch(number):
+        return _OPERATION_OR_FRACTION.search(answer) is not None
+    return _PLAIN_DECIMAL.fullmatch(number) is not None and _OPERATION.search(answer) is not None
 
 
 def is_gradable(answer: str | None, *, timeout_s: float | None = None) -> Verdict:

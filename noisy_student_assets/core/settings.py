@@ -496,6 +496,10 @@ class EvalSettings(Settings):
     max_identical_share: float = Field(
         default=0.5, ge=0, le=1, description="eval_not_degenerate fails when one greedy completion text takes more than this share"
     )
+    max_unevaluated_rate: float = Field(
+        default=0.5, ge=0, le=1,
+        description="eval_not_degenerate fails above this share of greedy answers that restate a numeric question's arithmetic (60 * 55)",
+    )
 
     GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("max_new_tokens", "samples", "temperature", "ks", "seed")
     """What shapes the completions an eval generates (with the backend and, for transformers, the batch size)."""

@@ -22,8 +22,8 @@ GREEDY = pl.DataFrame(
     {
         "problem_id": ["p1", "p2"],
         "sample_index": [0, 0],
-        "completion": ["so \\boxed{2}", "it is 5"],
-        "answer": ["2", "5"],
+        "completion": ["so \\boxed{2}", "it is 2 + 2"],
+        "answer": ["2", "2 + 2"],  # restating the question is not answering it
         "n_tokens": [10, 20],
     }
 )
@@ -53,8 +53,9 @@ def test_scores_and_summary() -> None:
     assert (p2["greedy_correct"], p2["greedy_formatted"], p2["samples_correct"]) == (False, False, 1)
     assert (p1["maj@4_correct"], p2["maj@4_correct"]) == (True, False)  # p2 votes "5" twice
     assert (p1["maj@1_correct"], p2["maj@1_correct"]) == (True, False)
+    assert (p1["greedy_unevaluated"], p2["greedy_unevaluated"]) == (False, True)
     metrics = summarize(scores, ks=(1, 4))
-    assert metrics["greedy_accuracy"] == 0.5 and metrics["format_rate"] == 0.5
+    assert metrics["greedy_accuracy"] == 0.5 and metrics["format_rate"] == 0.5 and metrics["unevaluated_rate"] == 0.5
     assert metrics["mean_completion_tokens"] == 15
     assert metrics["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
     assert metrics["pass@4"] == 1.0 and metrics["maj@4"] == 0.5

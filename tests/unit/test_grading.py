@@ -26,10 +26,12 @@ from noisy_student_assets.core.grading import (
     format_reward,
     grade,
     is_gradable,
+    unevaluated,
 )
 
 DATA = Path(noisy_student_assets.__file__).parent / "data"
 HANG_GUARD_S = 30.0
+ROOT_OF_ONE = "\\sqrt{1}"  # the gold of the slow checks: against a plain number, a power tower is refused unparsed
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -112,6 +114,37 @@ def test_grade(response, gold, expected):
 
 
 @pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        ("3300", "60 * 55"),  # what products' seed 1 learned to answer (docs/results.md)
+        ("3300", "60 \\times 55"),
+        ("14", "7 - 2 + 9"),
+        ("2000", "2 \\times 10^3"),
+        ("1024", "2^{10}"),
+        ("3300", "(60)(55)"),
+        ("60", "120/2"),
+        ("60", "\\frac{120}{2}"),
+        ("60", "\\sqrt{3600}"),
+        ("0.5", "0.25 + 0.25"),
+    ],
+)
+def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
+    assert unevaluated(gold, answer)
+    assert answers_equivalent(gold, answer) is False
+    assert answers_equivalent(answer, gold) is False  # the vote compares answers both ways round
+    assert grade(f"\\boxed{{{answer}}}", gold) is False
+
+
+@pytest.mark.parametrize(
+    ("number", "answer"),
+    [("3300", "3300"), ("-5", "-5"), ("1,000", "1000"), ("18", "18.00"), ("5", "x=5"), ("25", "25\\%"), ("864", "864 \\mbox{ inches}^2"), ("0.5", "1/2"), ("0.5", "\\frac{1}{2}")],
+)
+def test_final_forms_are_not_unevaluated(number, answer):
+    assert not unevaluated(number, answer)
+    assert answers_equivalent(number, answer)
+
+
+@pytest.mark.parametrize(
     ("response", "gold"),
     [(None, "1"), ("\\boxed{1}", None), ("", "1"), ("\\boxed{1}", ""), ("\\boxed{}", ""), ("no answer", "1")],
 )
@@ -153,8 +186,8 @@ def test_extraction_of_a_megabyte_is_fast():
 @pytest.mark.parametrize(
     ("response", "gold", "verdict"),
     [
-        ("\\boxed{9^{9^{9^{9}}}}", "1", None),  # out of CPU time on both attempts: ungraded
-        ("\\boxed{(10^{8})!}", "1", None),
+        ("\\boxed{9^{9^{9^{9}}}}", ROOT_OF_ONE, None),  # out of CPU time on both attempts: ungraded
+        ("\\boxed{(10^{8})!}", ROOT_OF_ONE, None),
         ("x" * 1_000_000, "1", False),
         ("7" * 1_000_000, "7", False),
         ("\\boxed{" + "{" * 500_000 + "}" * 500_000, "1", False),
@@ -172,7 +205,7 @@ def test_pathological_inputs_are_wrong_or_ungraded_not_hung(response, gold, verd
 def test_bound_holds_in_a_thread():
     # math-verify itself raises outside the main thread: its timeouts use signal.alarm.
     results = []
-    checks = [("\\boxed{9^{9^{9^{8}}}}", "1"), ("\\boxed{1/2}", "0.5")]
+    checks = [("\\boxed{9^{9^{9^{8}}}}", ROOT_OF_ONE), ("\\boxed{1/2}", "0.5")]
     thread = threading.Thread(target=lambda: results.extend(grade(*check) for check in checks))
     thread.start()
     thread.join(HANG_GUARD_S)
@@ -182,13 +215,13 @@ def test_bound_holds_in_a_thread():
 def test_bound_holds_in_a_thread_pool():
     responses = ["\\boxed{9^{9^{9^{7}}}}", "\\boxed{2}", "\\boxed{7^{7^{7^{7}}}}", "#### 2.0"]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        assert list(pool.map(lambda r: grade(r, "2"), responses, timeout=HANG_GUARD_S)) == [None, True, None, True]
+        assert list(pool.map(lambda r: grade(r, "x=2"), responses, timeout=HANG_GUARD_S)) == [None, True, None, True]
 
 
 def test_a_check_out_of_cpu_time_is_ungraded_and_its_worker_replaced():
     assert grade("\\boxed{\\frac{6}{18}}", "1/3")  # a pair no other test grades: a cached verdict would start no helper
     hung_worker = helper_pids()
-    assert grade("\\boxed{9^{9^{9^{6}}}}", "1", timeout_s=0.2) is None
+    assert grade("\\boxed{9^{9^{9^{6}}}}", ROOT_OF_ONE, timeout_s=0.2) is None
     assert hung_worker and not hung_worker & helper_pids(), "the worker that ran out of time was killed"
     assert grade("\\boxed{\\frac{1}{4}}", "0.25")
     assert helper_pids(), "a fresh worker serves the next check"
@@ -213,7 +246,7 @@ def test_bound_holds_in_worker_processes(start_method, slow_answer):
     helpers = helper_pids()
     context = multiprocessing.get_context(start_method)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        checks = [pool.submit(answers_equivalent, "1", slow_answer, timeout_s=0.2), pool.submit(grade, "#### 8", "8")]
+        checks = [pool.submit(answers_equivalent, ROOT_OF_ONE, slow_answer, timeout_s=0.2), pool.submit(grade, "#### 8", "8")]
         assert [check.result(timeout=HANG_GUARD_S) for check in checks] == [None, True]
     # The child killed a helper of its own: a forked child must not use or kill its parent's.
     assert helper_pids() == helpers
@@ -326,5 +359,5 @@ def test_clear_cache_makes_the_next_check_cold():
 
 def test_an_ungraded_check_is_not_cached():
     grading.clear_cache()
-    assert answers_equivalent("1", "9^{9^{9^{7}}}", timeout_s=0.2) is None
+    assert answers_equivalent(ROOT_OF_ONE, "9^{9^{9^{7}}}", timeout_s=0.2) is None
     assert grading._verdict.cache_info().currsize == 0

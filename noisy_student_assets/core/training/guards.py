@@ -205,9 +205,19 @@ def output_health(completions: pl.DataFrame) -> OutputHealth:
 
 
 def degenerate_output_failure(
-    health: OutputHealth, *, min_answer_rate: float, max_truncation_rate: float, max_identical_share: float
+    health: OutputHealth,
+    *,
+    unevaluated_rate: float,
+    min_answer_rate: float,
+    max_truncation_rate: float,
+    max_identical_share: float,
+    max_unevaluated_rate: float,
 ) -> str | None:
-    """Why the completions look degenerate (every threshold crossed, with its numbers), or None."""
+    """Why the completions look degenerate (every threshold crossed, with its numbers), or None.
+
+    `unevaluated_rate` is the share of answers that restate a numeric question's arithmetic instead of
+    evaluating it (`grading.unevaluated`): graded wrong, but past the bound it is a policy that learned to.
+    """
     reasons = []
     if health.answer_rate < min_answer_rate:
         reasons.append(f"answer rate {health.answer_rate:.3f} < {min_answer_rate}")
@@ -215,6 +225,8 @@ def degenerate_output_failure(
         reasons.append(f"truncation rate {health.truncation_rate:.3f} > {max_truncation_rate}")
     if health.identical_share > max_identical_share:
         reasons.append(f"identical-completion share {health.identical_share:.3f} > {max_identical_share}")
+    if unevaluated_rate > max_unevaluated_rate:
+        reasons.append(f"unevaluated-expression answer rate {unevaluated_rate:.3f} > {max_unevaluated_rate}")
     return _verdict(f"degenerate outputs over {health.completions} completions", reasons)
 
 

@@ -314,6 +314,8 @@ def evaluate(
         "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
     }
     return staged, metrics, eval_not_degenerate(context.asset_key, health, degenerate_output_failure(
-        health, min_answer_rate=settings.min_answer_rate, max_truncation_rate=settings.max_truncation_rate, max_identical_share=settings.max_identical_share
+        health, unevaluated_rate=metrics["unevaluated_rate"], min_answer_rate=settings.min_answer_rate,
+        max_truncation_rate=settings.max_truncation_rate, max_identical_share=settings.max_identical_share,
+        max_unevaluated_rate=settings.max_unevaluated_rate,
     ))
 
