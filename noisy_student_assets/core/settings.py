@@ -337,6 +337,9 @@ class GRPOSettings(Settings):
 class LabeledRLSettings(Settings):
     """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
 
+    stage_version: ClassVar[int] = 2
+    """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
+
     grpo: GRPOSettings = Field(
         default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200)), description="GRPO settings (arm field `labeled_rl_steps`: grpo.max_steps)"
     )
@@ -344,6 +347,9 @@ class LabeledRLSettings(Settings):
 
 class LabeledOnlySettings(Settings):
     """The labeled-only control: the round's GRPO on the labeled problems alone, from its own previous round."""
+
+    stage_version: ClassVar[int] = 2
+    """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
     grpo: GRPOSettings = Field(default=GRPOSettings(), description="the same defaults as the student's, so the control is matched")
 
@@ -353,6 +359,9 @@ class StudentSettings(Settings):
     controls train the same way on their own labels. `grpo` is every mode's budget: steps, prompts x completions
     a step, learning rate, LoRA (sft and dpo ignore its sampling fields). Modes are registered in
     `training/modes/registry.py`."""
+
+    stage_version: ClassVar[int] = 2
+    """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
     student_init: Literal["teacher", "base_model"] = Field(default="teacher", description="where the student and the gold/random controls start")
     mode: str = Field(default="grpo", description="how the student trains: a mode registered in training/modes/registry.py")
@@ -416,6 +425,9 @@ class PseudoLabelSettings(Settings):
     """The vote over the teacher's samples: whose judgement weighs each sample (the label source), which labels to
     keep, and the floors below which the round must not train on them."""
 
+    stage_version: ClassVar[int] = 2
+    """2: the vote no longer merges a number with an unevaluated expression (`grading.unevaluated`)."""
+
     label_source: str = Field(
         default="majority", description="who weighs each sample's vote: a label source registered in pseudo_labels/sources/registry.py"
     )
@@ -445,6 +457,9 @@ class VerifierSettings(Settings):
     against their gold), and measured on its samples of the validation problems. The unlabeled problems never reach
     it; it only scores their samples."""
 
+    stage_version: ClassVar[int] = 2
+    """2: its training pairs are graded by the grading that refuses an unevaluated expression against a number."""
+
     k: int = Field(default=by_profile(cpu=4, gpu=8), ge=2, description="the teacher's samples per labeled and per validation problem")
     temperature: float = Field(default=by_profile(cpu=0.8, gpu=1.0), gt=0, description="their sampling temperature")
     max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
@@ -469,8 +484,9 @@ class VerifierSettings(Settings):
 class EvalSettings(Settings):
     """Evaluation on a problem set: greedy accuracy, and maj@k / pass@k from `samples` sampled answers."""
 
-    stage_version: ClassVar[int] = 2
-    """2: the completions it publishes carry their tokens' log-probabilities."""
+    stage_version: ClassVar[int] = 3
+    """2: the completions it publishes carry their tokens' log-probabilities. 3: an unevaluated expression is wrong
+    against a numeric gold (`grading.unevaluated`)."""
 
     backend: Backend = Field(default="vllm", description="vllm | transformers")
     max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024), ge=1, description="completion tokens at most")

@@ -122,8 +122,9 @@ def test_a_recorded_fingerprint_is_read_back_as_it_was_set() -> None:
 
 
 def test_reuse_keys_stay_those_of_the_content_at_version_one_and_change_with_a_raised_version(monkeypatch) -> None:
+    monkeypatch.setattr(PseudoLabelSettings, "stage_version", 1)
     assert reuse_key("abc", PseudoLabelSettings()) == "abc"
-    monkeypatch.setattr(StudentSettings, "stage_version", 2)
+    monkeypatch.setattr(StudentSettings, "stage_version", 3)
     assert reuse_key("abc", StudentSettings()) not in ("abc", reuse_key("abc", PseudoLabelSettings()))
 
 
