@@ -40,7 +40,7 @@ EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
 TASKS = REPOSITORY / "experiments" / "tasks" / "headroom.yaml"
 
 
-def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, through: str | None = None) -> int:
+def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, through: list[str] | None = None) -> int:
     """Each task's grid in turn (`through`: the grid's `--through`); a task whose grid fails does not stop the next.
     The exit code is the first failure's."""
     lake = layout.default_lake_root()
@@ -54,7 +54,7 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, t
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
         command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment.resolve()), "--config-json", json.dumps(tasks[name].run_config())]
         command += [option for arm in arms for option in ("--arm", arm)]
-        command += ["--through", through] if through else []
+        command += [option for name in through or () for option in ("--through", name)]
         returncode = subprocess.run(command, cwd=home, env=env).returncode
         if returncode:
             print(f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check stopped it)", flush=True)
@@ -98,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["run", "summary", "table", "export"])
     parser.add_argument("--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
-    parser.add_argument("--through", default=None, help="run: each arm only up to this asset (the grid's --through), e.g. round_001/pseudo_labels")
+    parser.add_argument(
+        "--through", action="append", default=[],
+        help="run: each arm only up to this asset (the grid's --through; repeatable), e.g. round_001/pseudo_labels",
+    )  # fmt: skip
     parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run, summary, export: the experiment on each task's lake (default: headroom's)")
     parser.add_argument("--lake", type=Path, default=None, help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data lake")
     parser.add_argument("--to", type=Path, default=Path("results"), help="export: the results directory (default: results/)")

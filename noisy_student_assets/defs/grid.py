@@ -65,9 +65,9 @@ def unevaluated_checks(check_targets: dict, materializations: dict) -> list:
     ]
 
 
-def assets_through(graph, names: Iterable[str], through: str) -> list[str]:
-    """Of `names`, in their order, `through` and the assets it reads, directly or not."""
-    upstream = graph.get_ancestor_asset_keys(asset_key(through), include_self=True)
+def assets_through(graph, names: Iterable[str], through: Iterable[str]) -> list[str]:
+    """Of `names`, in their order, the assets named in `through` and the assets they read, directly or not."""
+    upstream = set().union(*(graph.get_ancestor_asset_keys(asset_key(name), include_self=True) for name in through))
     return [name for name in names if asset_key(name) in upstream]
 
 
@@ -172,16 +172,17 @@ class Grid:
     def launcher_kind(self) -> str:
         return self.resources["stage_resources"].launcher.kind
 
-    def run(self, rounds: int | None = None, parallel_arms: int = 1, only: list[str] | None = None, through: str | None = None) -> bool:
+    def run(self, rounds: int | None = None, parallel_arms: int = 1, only: list[str] | None = None, through: list[str] | None = None) -> bool:
         """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
         experiment's), `parallel_arms` arms at a time, of the arms named in `only` (default: every arm); with
-        `through` (an asset, e.g. round_001/pseudo_labels), of each arm only that asset and what it reads, and no
+        `through` (assets, e.g. [round_001/pseudo_labels]), of each arm only those assets and what they read, and no
         verdict. False if any run failed."""
         unknown = sorted(set(only or ()) - set(self.experiment.arms))
         if unknown:
             raise SystemExit(f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}")
-        if through is not None and not self.graph.has(asset_key(through)):
-            raise SystemExit(f"--through {through}: the code location has no such asset")
+        for name in through or ():
+            if not self.graph.has(asset_key(name)):
+                raise SystemExit(f"--through {name}: the code location has no such asset")
         self.register()
         self._fail_orphaned_runs()
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
@@ -196,21 +197,21 @@ class Grid:
                 jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name, through) for arm in arms]
                 with ProcessPoolExecutor(max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")) as pool:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
-            if through is not None:  # the verdict reads every arm's students, which a partial run leaves out
+            if through:  # the verdict reads every arm's students, which a partial run leaves out
                 return ok
             return self._materialize([layout.VERDICT], None, always=True) and ok
         finally:
             self._set_device_pool_limit(1)
 
-    def materialize_arm(self, arm, rounds: int | None = None, through: str | None = None) -> bool:
+    def materialize_arm(self, arm, rounds: int | None = None, through: list[str] | None = None) -> bool:
         """Materialize what is missing or stale of one arm up to round `rounds` (default: its `max_rounds`), in one
         run; with a patience, one run per round, each round only if the arm's stopping rule lets it run (the rule the
-        next-round automation applies). With `through`, only that asset and what it reads. False if a run failed."""
+        next-round automation applies). With `through`, only those assets and what they read. False if a run failed."""
         from noisy_student_assets.core.experiments.progress import arm_assets, last_round
         from noisy_student_assets.defs.automation import stopped
 
         last = last_round(arm, rounds)
-        if through is not None:
+        if through:
             return self._materialize(assets_through(self.graph, arm_assets(self.experiment, arm, last), through), arm)
         if arm.stopping_rule.patience is None:
             return self._materialize(arm_assets(self.experiment, arm, last), arm)
@@ -446,9 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel-arms", type=int, default=1, help="run: arms materialized at once (their heavy steps overlap only on Ray)")
     parser.add_argument("--arm", action="append", default=[], help="run: this arm only (repeatable; default: every arm of the experiment)")
     parser.add_argument(
-        "--through", default=None,
-        help="run: each arm only up to this asset and what it reads, and no verdict (e.g. round_001/pseudo_labels:"
-        " the labels' direct effect without the students)",
+        "--through", action="append", default=[],
+        help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
+        " round_001/pseudo_labels: the labels' direct effect without the students)",
     )  # fmt: skip
     parser.add_argument(
         "--ray-gpus", type=int, default=None,

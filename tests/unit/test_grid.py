@@ -107,8 +107,13 @@ def test_through_keeps_an_asset_and_what_it_reads_in_order() -> None:
     experiment = Experiment(name="e", controls=("labeled_only", "gold_label"), arms={"v": ArmSpec(max_rounds=2, label_source="verifier")})
     names = arm_assets(experiment, experiment.arm("v"))
     labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
-    kept = assets_through(defs.resolve_asset_graph(), names, labels)
+    graph = defs.resolve_asset_graph()
+    kept = assets_through(graph, names, [labels])
     assert kept[-1] == labels and kept == [name for name in names if name in kept], "the arm's own order, ending at the labels"
     assert {"labeled_rl_checkpoint", "round_001/generations", "round_001/verifier", "round_001/verifier_scores"} <= set(kept)
     assert not [name for name in kept if name.startswith("round_002/") or (name.endswith(("_checkpoint", "_eval")) and name.startswith("round_001/"))]
     assert "labeled_rl_eval" not in kept, "the labels do not read the teacher's held-out eval"
+    controls = ["/".join(layout.round_asset(1, layout.eval_of(role))) for role in ("labeled_only", "gold_label")]
+    union = assets_through(graph, names, [labels, *controls])
+    assert set(union) == set(kept) | set(assets_through(graph, names, controls)), "several assets: the union of what each reads"
+    assert "round_001/student_checkpoint" not in union and set(controls) <= set(union)
