@@ -39,13 +39,19 @@ _GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
 # reading as -3 and "x2" or "1.5.3" from yielding a number.
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
-_PLAIN_INTEGER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)")
-_PLAIN_DECIMAL = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)\.\d+")
-# An operator between operands ("60 * 55", "7 - 2 + 9", "2 \times 10^3", "(60)(55)"); a fraction or a root counts
-# as one only against an integer, for "0.5" may rightly be answered "1/2" but 60 never "120/2".
-_OPERATION = re.compile(r"[\d)}]\s*(?:[-+*^×÷]|\\times|\\cdot|\\div)\s*[-({\d]|\)\s*\(")
-_OPERATION_OR_FRACTION = re.compile(_OPERATION.pattern + r"|[\d)}]\s*/\s*[-({\d]|\\[dt]?frac|\\sqrt")
-_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}(?:\^\{?\d+\}?)?")  # "\mbox{ inches}^2" (a MATH-500 gold)
+# A final numeric answer, once `_bare` has dropped its decorations.
+_NUMBER_FORM = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_FRACTION_FORM = re.compile(r"-?(?:\d+/\d+|\d*\\[dt]?frac(?:\{\d+\}\{\d+\}|\d\d))")  # "7/2", "\frac{7}{2}", "3\frac12"
+_UNIT = re.compile(
+    r"(?:\\(?:text|textrm|textbf|textit|mathrm|mbox|operatorname)\{[^{}]*\}|\{\\rm[^{}]*\})"
+    r"(?:\^(?:\{(?:[^{}]|\{[^{}]*\})*\}|\w))?"
+)  # "\text{ dollars}", "\mbox{ inches}^2", "{\rm cm}^{2}"
+_DECORATION = re.compile(r"\^\{?\\circ\}?|\\circ|°|\\?%|\\\$|\\[,;:! ]|\\q?quad|\\left|\\right|~|\s")
+_NAMED = re.compile(r"[A-Za-z]\w*=")  # "x=5"
+_TRAILING_WORDS = re.compile(r"[A-Za-z]+(?:\^\d)?$")  # "18 dollars", "5 cm^2" (spaces already dropped)
+# Arithmetic of literals alone ("60 * 55", "7 - 2 + 9", "(60)(55)"): never a final answer, to any question.
+_OPERATOR = re.compile(r"\\times|\\cdot|\\div|\\ast|[*×÷⋅∗·]")
+_LITERAL_ARITHMETIC = re.compile(r"[-+*/^().,\d]*\d[).]*(?:[-+*]|\)\()[(-]*\d[-+*/^().,\d]*")
 
 Verdict: TypeAlias = bool | None
 """An equivalence check's outcome: True, False, or None when it is ungraded (see the module docstring)."""
@@ -102,29 +108,51 @@ def answers_equivalent(gold: str | None, answer: str | None, *, timeout_s: float
     return _equivalent(gold, answer, TIMEOUT_S if timeout_s is None else timeout_s)
 
 
-def unevaluated(number: str | None, answer: str | None) -> bool:
-    """True when ``number`` is a plain number and ``answer`` an arithmetic expression still to be evaluated.
+def unevaluated(reference: str | None, answer: str | None) -> bool:
+    """True when ``reference`` is a plain number and ``answer`` is not a number in a final form.
 
     math-verify evaluates expressions, so it grades ``60 * 55`` equal to 3300: a policy rewarded by it learns to
-    restate the question instead of answering it (the products task's seed 1 did, docs/results.md).  The answer
-    to a question whose gold is a number is a number: "7 - 2 + 9", "2 \\times 10^3" and "(60)(55)" are not,
-    nor against an integer are "120/2", "\\frac{120}{2}" or "\\sqrt{3600}".  A plain fraction stays a final
-    form against a decimal ("1/2" for 0.5).
+    restate the question instead of answering it (the products task's seed 1 did, docs/results.md).  Against a
+    plain number, so, only a number is an answer: with its decorations dropped (``x =``, thousands separators,
+    ``\\$``, ``\\%``, degrees, units such as ``\\text{ cm}^2``, LaTeX spacing, trailing words), it must be a
+    decimal numeral, or against a non-integer a fraction (``7/2``, ``\\frac{7}{2}``, ``3\\frac12``).  Everything
+    else is refused unparsed: ``60 \\times 55``, ``120/2`` against 60, ``\\sqrt{3600}``, ``5!``, ``1.2e6`` and
+    ``60 * 55 = 3300`` (the box holds the answer, not the working).
     """
-    if not (isinstance(number, str) and isinstance(answer, str)):
+    reference, answer = _checkable(reference or ""), _checkable(answer or "")
+    if not (reference and answer and _NUMBER_FORM.fullmatch(reference)):
         return False
-    number, answer = number.strip(), _UNIT.sub("", answer)
-    if _PLAIN_INTEGER.fullmatch(number):
-        return _OPERATION_OR_FRACTION.search(answer) is not None
-    return _PLAIN_DECIMAL.fullmatch(number) is not None and _OPERATION.search(answer) is not None
+    form = _bare(answer)
+    if _NUMBER_FORM.fullmatch(form):
+        return False
+    return float(reference.replace(",", "")).is_integer() or not _FRACTION_FORM.fullmatch(form)
+
+
+def _bare(answer: str) -> str:
+    """The answer without what does not change a number's value: units, signs of unit, spacing, a name."""
+    form = _DECORATION.sub("", _UNIT.sub("", answer))
+    form = _TRAILING_WORDS.sub("", form.removeprefix(match.group()) if (match := _NAMED.match(form)) else form)
+    return form[1:-1] if form.startswith("{") and form.endswith("}") else form
+
+
+def is_literal_arithmetic(answer: str | None) -> bool:
+    """Whether ``answer`` is arithmetic on numbers alone ("60 * 55", "7 - 2 + 9", "(60)(55)"): a question restated,
+    which no question has as its final answer.  A fraction or a power ("3/4", "2^{10}") is not."""
+    if not isinstance(answer, str):
+        return False
+    form = _OPERATOR.sub("*", _DECORATION.sub("", answer.replace("\\$", "").replace("$", "")))
+    return _LITERAL_ARITHMETIC.fullmatch(form) is not None
 
 
 def is_gradable(answer: str | None, *, timeout_s: float | None = None) -> Verdict:
-    """True iff math-verify can check ``answer`` at all: it is equivalent to itself.
+    """True iff ``answer`` can be an answer at all: math-verify can check it (it is equivalent to itself), and it
+    is not a question restated (``is_literal_arithmetic``), which would otherwise win a vote and become a label.
 
-    False for None, empty, over-long, over-nested or unparseable answers; None when the self-check is
-    ungraded.
+    False for None, empty, over-long, over-nested, unparseable or literal-arithmetic answers; None when the
+    self-check is ungraded.
     """
+    if is_literal_arithmetic(answer):
+        return False
     return answers_equivalent(answer, answer, timeout_s=timeout_s)
 
 

@@ -512,9 +512,10 @@ class EvalSettings(Settings):
     max_identical_share: float = Field(
         default=0.5, ge=0, le=1, description="eval_not_degenerate fails when one greedy completion text takes more than this share"
     )
+    # No eval on this machine had such an answer; products' hacked seed 1 gave them for 207 of 208 problems.
     max_unevaluated_rate: float = Field(
-        default=0.5, ge=0, le=1,
-        description="eval_not_degenerate fails above this share of greedy answers that restate a numeric question's arithmetic (60 * 55)",
+        default=0.2, ge=0, le=1,
+        description="eval_not_degenerate fails above this share of greedy answers that are no final number against a numeric gold (60 * 55)",
     )
 
     GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("max_new_tokens", "samples", "temperature", "ks", "seed")

@@ -46,7 +46,7 @@ def test_no_answers_no_winner(answers):
     assert majority_vote(answers) == Vote(answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=len(answers))
 
 
-@pytest.mark.parametrize("missing", [None, "", "1" * 2000, "{" * 100 + "4" + "}" * 100])
+@pytest.mark.parametrize("missing", [None, "", "1" * 2000, "{" * 100 + "4" + "}" * 100, "2 + 2"])  # a restated question too
 def test_missing_or_ungradable_answers_never_win(missing):
     vote = majority_vote([missing, missing, missing, "4"])
     assert (vote.answer, vote.count, vote.agreement, vote.n_clusters, vote.entropy) == ("4", 1, 0.25, 1, 0.0)

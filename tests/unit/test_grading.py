@@ -26,6 +26,7 @@ from noisy_student_assets.core.grading import (
     format_reward,
     grade,
     is_gradable,
+    is_literal_arithmetic,
     unevaluated,
 )
 
@@ -118,15 +119,27 @@ def test_grade(response, gold, expected):
     [
         ("3300", "60 * 55"),  # what products' seed 1 learned to answer (docs/results.md)
         ("3300", "60 \\times 55"),
+        ("3300", "60\\,\\times\\,55"),
+        ("3300", "\\left(60\\right) \\cdot \\left(55\\right)"),
+        ("3300", "60 ⋅ 55"),
+        ("3300", "(60)(55)"),
+        ("3300", "6600:2"),
         ("14", "7 - 2 + 9"),
         ("2000", "2 \\times 10^3"),
         ("1024", "2^{10}"),
-        ("3300", "(60)(55)"),
+        ("1200000", "1.2 \\times 10^{6}"),
         ("60", "120/2"),
         ("60", "\\frac{120}{2}"),
+        ("60", "120 \\over 2"),
         ("60", "\\sqrt{3600}"),
+        ("60.0", "120/2"),  # an integral decimal is an integer
+        ("10", "\\binom{5}{2}"),
+        ("120", "5!"),
+        ("2", "17 \\mod 5"),
+        ("1", "\\cos 0"),
         ("0.5", "0.25 + 0.25"),
-        ("3300", "60 * 55 = 3300"),  # the box holds the answer, not the working (rare here)
+        ("0.5", "\\sqrt{0.25}"),
+        ("3300", "60 * 55 = 3300"),  # the box holds the answer, not the working
     ],
 )
 def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
@@ -138,11 +151,31 @@ def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
 
 @pytest.mark.parametrize(
     ("number", "answer"),
-    [("3300", "3300"), ("-5", "-5"), ("1,000", "1000"), ("18", "18.00"), ("5", "x=5"), ("25", "25\\%"), ("864", "864 \\mbox{ inches}^2"), ("0.5", "1/2"), ("0.5", "\\frac{1}{2}")],
-)
+    [
+        ("3300", "3300"), ("-5", "-5"), ("1,000", "1000"), ("3300", "3,300.00"), ("18", "18.00"), ("18", "{18}"),
+        ("5", "x=5"), ("5", "x = 5"), ("18", "\\$18"), ("1000", "\\$1,000.00"), ("25", "25\\%"),
+        ("18", "18 \\text{ dollars}"), ("864", "864 \\mbox{ inches}^2"), ("5", "5\\textrm{ cm}^2"), ("5", "5\\ {\\rm cm}^2"),
+        ("5", "5\\text{ cm}^{\\text{2}}"), ("90", "90^{\\circ}"), ("90", "90^\\circ"), ("90", "90^{\\circ}\\text{C}"),
+        ("0.5", "1/2"), ("0.5", "\\frac{1}{2}"), ("3.5", "7/2"), ("3.5", "3\\frac{1}{2}"),
+    ],
+)  # fmt: skip
 def test_final_forms_are_not_unevaluated(number, answer):
     assert not unevaluated(number, answer)
     assert answers_equivalent(number, answer)
+
+
+@pytest.mark.parametrize(
+    ("answer", "restated"),
+    [
+        ("60 * 55", True), ("7 - 2 + 9", True), ("(60)(55)", True), ("60 \\times 55", True), ("$12 \\div 4$", True),
+        ("3/4", False), ("2^{10}", False), ("-5", False), ("1,000", False), ("\\frac{1}{2}", False), ("x+1", False),
+        ("3 + 2i", False), ("1-\\sqrt{2}", False), ("12", False), (None, False),
+    ],
+)  # fmt: skip
+def test_literal_arithmetic_is_a_restated_question_and_never_gradable(answer, restated):
+    assert is_literal_arithmetic(answer) is restated
+    if answer is not None:
+        assert is_gradable(answer) is not restated
 
 
 @pytest.mark.parametrize(
