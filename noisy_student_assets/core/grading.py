@@ -40,13 +40,14 @@ _GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
 # A final numeric answer, once `_bare` has dropped its decorations.
-_NUMBER_FORM = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_NUMBER_FORM = re.compile(r"-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")  # ".35625" is a MATH-500 gold
 _FRACTION_FORM = re.compile(r"-?(?:\d+/\d+|\d*\\[dt]?frac(?:\{\d+\}\{\d+\}|\d\d))")  # "7/2", "\frac{7}{2}", "3\frac12"
 _UNIT = re.compile(
     r"(?:\\(?:text|textrm|textbf|textit|mathrm|mbox|operatorname)\{[^{}]*\}|\{\\rm[^{}]*\})"
     r"(?:\^(?:\{(?:[^{}]|\{[^{}]*\})*\}|\w))?"
 )  # "\text{ dollars}", "\mbox{ inches}^2", "{\rm cm}^{2}"
-_DECORATION = re.compile(r"\^\{?\\circ\}?|\\circ|°|\\?%|\\\$|\\[,;:! ]|\\q?quad|\\left|\\right|~|\s")
+# Degrees, percent, dollars, a base's subscript ("52_8", as math-verify reads it), LaTeX spacing, whitespace.
+_DECORATION = re.compile(r"\^\{?\\circ\}?|\\circ|°|\\?%|\\\$|_\{?\d+\}?|\\[,;:! ]|\\q?quad|\\left|\\right|~|\s")
 _NAMED = re.compile(r"[A-Za-z]\w*=")  # "x=5"
 _TRAILING_WORDS = re.compile(r"[A-Za-z]+(?:\^\d)?$")  # "18 dollars", "5 cm^2" (spaces already dropped)
 # Arithmetic of literals alone ("60 * 55", "7 - 2 + 9", "(60)(55)"): never a final answer, to any question.

@@ -157,6 +157,7 @@ def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
         ("18", "18 \\text{ dollars}"), ("864", "864 \\mbox{ inches}^2"), ("5", "5\\textrm{ cm}^2"), ("5", "5\\ {\\rm cm}^2"),
         ("5", "5\\text{ cm}^{\\text{2}}"), ("90", "90^{\\circ}"), ("90", "90^\\circ"), ("90", "90^{\\circ}\\text{C}"),
         ("0.5", "1/2"), ("0.5", "\\frac{1}{2}"), ("3.5", "7/2"), ("3.5", "3\\frac{1}{2}"),
+        ("0.35625", ".35625"), ("52", "52_8"), ("4210", "4210_{5}"),  # MATH-500 golds
     ],
 )  # fmt: skip
 def test_final_forms_are_not_unevaluated(number, answer):
