@@ -12,7 +12,7 @@ TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_c
 # A random model runs every completion to its (8-token) limit, often in whitespace alone, and answers nothing:
 # the degenerate-output checks would stop every run, so their thresholds are off here (tests/unit/test_guards.py and
 # tests/integration/test_broken_models.py test them).
-RANDOM_MODEL_OUTPUT = {"min_answer_rate": 0.0, "max_truncation_rate": 1.0, "max_identical_share": 1.0}
+RANDOM_MODEL_OUTPUT = {"min_answer_rate": 0.0, "max_truncation_rate": 1.0, "max_identical_share": 1.0, "max_unevaluated_rate": 1.0}
 TINY_EVAL = {"backend": "transformers", "max_new_tokens": 8, "samples": 2, "ks": [1, 2]} | RANDOM_MODEL_OUTPUT
 TINY_SMOKE = {"prompts": 2, "max_new_tokens": 8, "max_empty_rate": 1.0, "max_truncation_rate": 1.0}
 TINY_GREEDY_EVAL = TINY_EVAL | {"samples": 0, "ks": []}

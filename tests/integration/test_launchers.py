@@ -22,7 +22,7 @@ from resources.tracking import MlflowTracking
 from tests.faults import failures, fresh, leftovers, retries
 from tests.killed_run import PAYLOAD_FAULT, kill_at, materialization
 from tests.lakes import arms_instance, materialize, metadata_of
-from tests.tiny_configs import TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
+from tests.tiny_configs import RANDOM_MODEL_OUTPUT, TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
 
 ARM = "a"
 STUDENT = "/".join(layout.round_asset(1, layout.STUDENT))
@@ -135,8 +135,7 @@ def test_a_rank_that_dies_fails_the_attempt_and_the_retry_resumes_on_two_ranks(s
 
 @pytest.mark.long
 def test_an_evaluation_killed_midway_resumes_from_its_shards_with_the_same_scores(sevens_lake_copy, sevens_model_dir, fault) -> None:
-    greedy = {"backend": "transformers", "max_new_tokens": 8, "samples": 0, "ks": [], "shard_size": 2,
-              "min_answer_rate": 0.0, "max_truncation_rate": 1.0, "max_identical_share": 1.0}
+    greedy = {"backend": "transformers", "max_new_tokens": 8, "samples": 0, "ks": [], "shard_size": 2} | RANDOM_MODEL_OUTPUT
     config = with_op_config(tiny_config(sevens_model_dir), layout.LABELED_RL_EVAL, **greedy)
     whole = fresh(sevens_lake_copy)
     materialize(whole, [layout.LABELED_RL_EVAL], config, ARM, launcher="subprocess")
