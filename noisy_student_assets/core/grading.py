@@ -41,18 +41,27 @@ _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
 # A final numeric answer, once `_bare` has dropped its decorations.
 _NUMBER_FORM = re.compile(r"-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")  # ".35625" is a MATH-500 gold
-_FRACTION_FORM = re.compile(r"-?(?:\d+/\d+|\d*\\[dt]?frac(?:\{\d+\}\{\d+\}|\d\d))")  # "7/2", "\frac{7}{2}", "3\frac12"
+_FRACTION_FORM = re.compile(r"-?(?:\d+/\d+|\d*\\[dt]?frac(?:\{-?\d+\}\{\d+\}|\d\d))")  # "7/2", "\frac{7}{2}", "3\frac12"
+# Decorations, dropped in this order by `_normalized`: a numeral in a font ("\textbf{18}"); a unit, which has a
+# letter and at most a one-digit power ("\text{ dollars}", "\mbox{ inches}^2", "{\rm cm}^{2}"); then degrees,
+# percent, dollars, a base's subscript ("52_8": math-verify ignores it), LaTeX spacing, \left, \right, \mathbin and
+# whitespace.
+_FONT = re.compile(r"\\(?:text|textrm|textbf|mathrm|mathbf|boldsymbol|mbox)\{([-+.,\d\s]*)\}")
 _UNIT = re.compile(
-    r"(?:\\(?:text|textrm|textbf|textit|mathrm|mbox|operatorname)\{[^{}]*\}|\{\\rm[^{}]*\})"
-    r"(?:\^(?:\{(?:[^{}]|\{[^{}]*\})*\}|\w))?"
-)  # "\text{ dollars}", "\mbox{ inches}^2", "{\rm cm}^{2}"
-# Degrees, percent, dollars, a base's subscript ("52_8", as math-verify reads it), LaTeX spacing, whitespace.
-_DECORATION = re.compile(r"\^\{?\\circ\}?|\\circ|°|\\?%|\\\$|_\{?\d+\}?|\\[,;:! ]|\\q?quad|\\left|\\right|~|\s")
-_NAMED = re.compile(r"[A-Za-z]\w*=")  # "x=5"
+    r"(?:\\(?:text|textrm|textbf|textit|mathrm|mbox|operatorname)\{\s*[A-Za-z][^{}]*\}|\{\\rm\s*[A-Za-z][^{}]*\})"
+    r"(?:\^(?:\{\\text\{\d\}\}|\{\d\}|\d))?"
+)
+_DECORATION = re.compile(
+    r"\^\{?\\circ\}?|\\circ|°|\\?%|\\\$|_(?:\{\d+\}|\d+)|\\[,;:! ]|\\q?quad|\\left|\\right|\\mathbin|\{,\}|~|\s"
+)
+_NAMED = re.compile(r"(?:[A-Za-z]\w*)?=")  # "x=5", and "=18" left of "\text{Total} = 18"
 _TRAILING_WORDS = re.compile(r"[A-Za-z]+(?:\^\d)?$")  # "18 dollars", "5 cm^2" (spaces already dropped)
-# Arithmetic of literals alone ("60 * 55", "7 - 2 + 9", "(60)(55)"): never a final answer, to any question.
-_OPERATOR = re.compile(r"\\times|\\cdot|\\div|\\ast|[*×÷⋅∗·]")
-_LITERAL_ARITHMETIC = re.compile(r"[-+*/^().,\d]*\d[).]*(?:[-+*]|\)\()[(-]*\d[-+*/^().,\d]*")
+# Arithmetic on numbers alone, once `_normalized` has run and its operators and fractions are rewritten below:
+# a binary + - * after a number or a bracket, or a product written by juxtaposition ("60(55)", "(60)(55)").
+_OPERATOR = re.compile(r"\\times|\\cdot|\\div|\\ast|[*×÷⋅∗·:]")
+_BRACED_FRACTION = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_LITERAL = re.compile(r"[-+*/^().,\d]+")
+_BINARY = re.compile(r"[\d)][-+*]|\d\(|\)[\d(]")
 
 Verdict: TypeAlias = bool | None
 """An equivalence check's outcome: True, False, or None when it is ungraded (see the module docstring)."""
@@ -114,11 +123,12 @@ def unevaluated(reference: str | None, answer: str | None) -> bool:
 
     math-verify evaluates expressions, so it grades ``60 * 55`` equal to 3300: a policy rewarded by it learns to
     restate the question instead of answering it (the products task's seed 1 did, docs/results.md).  Against a
-    plain number, so, only a number is an answer: with its decorations dropped (``x =``, thousands separators,
-    ``\\$``, ``\\%``, degrees, units such as ``\\text{ cm}^2``, LaTeX spacing, trailing words), it must be a
-    decimal numeral, or against a non-integer a fraction (``7/2``, ``\\frac{7}{2}``, ``3\\frac12``).  Everything
-    else is refused unparsed: ``60 \\times 55``, ``120/2`` against 60, ``\\sqrt{3600}``, ``5!``, ``1.2e6`` and
-    ``60 * 55 = 3300`` (the box holds the answer, not the working).
+    plain number, so, only a number is an answer: with its decorations dropped (``x =``, a leading ``+``, thousands
+    separators, ``\\$``, ``\\%``, degrees, a font, units such as ``\\text{ cm}^2``, LaTeX spacing, trailing words,
+    one pair of brackets), it must be a decimal numeral, or against a non-integer a fraction (``7/2``,
+    ``\\frac{7}{2}``).  Everything else is refused unparsed: ``60 \\times 55``, ``120/2`` against 60,
+    ``\\sqrt{3600}``, ``5!``, ``55\\text{}^{2}``, ``1.2e6`` and ``60 * 55 = 3300`` (the box holds the answer, not
+    the working).
     """
     reference, answer = _checkable(reference or ""), _checkable(answer or "")
     if not (reference and answer and _NUMBER_FORM.fullmatch(reference)):
@@ -129,20 +139,31 @@ def unevaluated(reference: str | None, answer: str | None) -> bool:
     return float(reference.replace(",", "")).is_integer() or not _FRACTION_FORM.fullmatch(form)
 
 
+def _normalized(answer: str) -> str:
+    """``answer`` without the decorations that leave its value alone (see ``_DECORATION``), a unicode minus as ``-``."""
+    return _DECORATION.sub("", _UNIT.sub("", _FONT.sub(r"\1", answer))).replace("−", "-")
+
+
 def _bare(answer: str) -> str:
-    """The answer without what does not change a number's value: units, signs of unit, spacing, a name."""
-    form = _DECORATION.sub("", _UNIT.sub("", answer))
+    """The normalized answer without a name (``x =``), trailing words, a leading ``+`` and one pair of brackets."""
+    form = _normalized(answer)
     form = _TRAILING_WORDS.sub("", form.removeprefix(match.group()) if (match := _NAMED.match(form)) else form)
-    return form[1:-1] if form.startswith("{") and form.endswith("}") else form
+    if form[:1] + form[-1:] in ("{}", "()"):
+        form = form[1:-1]
+    return form.removeprefix("+")
 
 
 def is_literal_arithmetic(answer: str | None) -> bool:
-    """Whether ``answer`` is arithmetic on numbers alone ("60 * 55", "7 - 2 + 9", "(60)(55)"): a question restated,
-    which no question has as its final answer.  A fraction or a power ("3/4", "2^{10}") is not."""
+    """Whether ``answer`` is arithmetic on numbers alone ("60 * 55", "7 - 2 + 9", "60(55)", "\\frac{1}{2} + \\frac{1}{4}"):
+    a question restated, which no question has as its final answer.  A number, a fraction, a power or a tuple
+    ("-3", "3/4", "2^{10}", "(3,-4)") is not; a range written "1-2" counts as arithmetic.
+    """
     if not isinstance(answer, str):
         return False
-    form = _OPERATOR.sub("*", _DECORATION.sub("", answer.replace("\\$", "").replace("$", "")))
-    return _LITERAL_ARITHMETIC.fullmatch(form) is not None
+    form = _normalized(answer.replace("\\$", "").replace("$", ""))  # plain words stay: "3 + 2i" is a number
+    # A fraction becomes a/b without brackets: a mixed number ("1\frac{4}{5}") is no product.
+    form = _BRACED_FRACTION.sub(r"\1/\2", _OPERATOR.sub("*", form)).replace("{", "").replace("}", "")
+    return _LITERAL.fullmatch(form) is not None and _BINARY.search(form) is not None
 
 
 def is_gradable(answer: str | None, *, timeout_s: float | None = None) -> Verdict:

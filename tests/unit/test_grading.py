@@ -140,6 +140,9 @@ def test_grade(response, gold, expected):
         ("0.5", "0.25 + 0.25"),
         ("0.5", "\\sqrt{0.25}"),
         ("3300", "60 * 55 = 3300"),  # the box holds the answer, not the working
+        ("3300", "60(55)"),
+        ("3025", "55\\text{}^{2}"),  # a power behind an empty "unit"
+        ("3300", "10\\text{}^{\\log_{10}(60)+\\log_{10}(55)}"),
     ],
 )
 def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
@@ -158,6 +161,8 @@ def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
         ("5", "5\\text{ cm}^{\\text{2}}"), ("90", "90^{\\circ}"), ("90", "90^\\circ"), ("90", "90^{\\circ}\\text{C}"),
         ("0.5", "1/2"), ("0.5", "\\frac{1}{2}"), ("3.5", "7/2"), ("3.5", "3\\frac{1}{2}"),
         ("0.35625", ".35625"), ("52", "52_8"), ("4210", "4210_{5}"),  # MATH-500 golds
+        ("18", "\\textbf{18}"), ("18", "\\mathbf{18}"), ("18", "+18"), ("18", "(18)"), ("18", "\\left(18\\right)"),
+        ("1000", "1{,}000"), ("-0.5", "\\frac{-1}{2}"), ("18", "\\text{Total} = 18"), ("18", "x = 18 \\text{ cm}"),
     ],
 )  # fmt: skip
 def test_final_forms_are_not_unevaluated(number, answer):
@@ -169,8 +174,11 @@ def test_final_forms_are_not_unevaluated(number, answer):
     ("answer", "restated"),
     [
         ("60 * 55", True), ("7 - 2 + 9", True), ("(60)(55)", True), ("60 \\times 55", True), ("$12 \\div 4$", True),
+        ("60 − 55", True), ("60(55)", True), ("60{\\times}55", True), ("60 \\mathbin{\\times} 55", True), ("2^{3}+1", True),
+        ("\\frac{1}{2} + \\frac{1}{4}", True), ("60\\times55\\text{ cm}", True),
         ("3/4", False), ("2^{10}", False), ("-5", False), ("1,000", False), ("\\frac{1}{2}", False), ("x+1", False),
-        ("3 + 2i", False), ("1-\\sqrt{2}", False), ("12", False), (None, False),
+        ("3 + 2i", False), ("1-\\sqrt{2}", False), ("12", False), ("(3,-4)", False), ("(-1)^{2}", False), ("(18)", False),
+        ("\\pm 2", False), ("1\\frac{4}{5}", False), ("137 \\frac{1}{2}", False), (None, False),
     ],
 )  # fmt: skip
 def test_literal_arithmetic_is_a_restated_question_and_never_gradable(answer, restated):
