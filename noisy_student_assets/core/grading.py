@@ -160,7 +160,7 @@ def is_literal_arithmetic(answer: str | None) -> bool:
     """
     if not isinstance(answer, str):
         return False
-    form = _normalized(answer.replace("\\$", "").replace("$", ""))  # plain words stay: "3 + 2i" is a number
+    form = _normalized(_checkable(answer) or "")  # plain words stay: "3 + 2i" is a number
     # A fraction becomes a/b without brackets: a mixed number ("1\frac{4}{5}") is no product.
     form = _BRACED_FRACTION.sub(r"\1/\2", _OPERATOR.sub("*", form)).replace("{", "").replace("}", "")
     return _LITERAL.fullmatch(form) is not None and _BINARY.search(form) is not None
