@@ -82,6 +82,18 @@ class DagsterCli:
                 cwd=self.home, env=self.env | FAULTHANDLER | (env or {}), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
+    def grid_done(self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> str:
+        """`grid` run to its end (it must succeed); its output."""
+        process = self.grid(experiment, config, log, *options, env=env)
+        assert self.finish(process, log, 900) == 0, log.read_text()[-3000:]
+        return log.read_text()
+
+    def enter(self, monkeypatch) -> None:
+        """Work in the home, as a grid run there does, with its instance's storage already created."""
+        monkeypatch.chdir(self.home)  # dagster.yaml's storage paths are relative to the working directory
+        with dg.DagsterInstance.from_config(str(self.home)):
+            pass  # its SQLite storage is created here, not by a test and the grid at once (a race of two schema migrations)
+
     @staticmethod
     def finish(process: subprocess.Popen, log: Path, timeout: float) -> int:
         """The exit status of a `grid` process; one still running after `timeout` fails the test with the stack of
@@ -106,6 +118,12 @@ class DagsterCli:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # what it left behind, or all of it if it hung on the way out
         process.wait(timeout=timeout)
+
+
+def materializing(log: Path, arm: str) -> str:
+    """The line of a grid's output that lists what it materialized for `arm`."""
+    (line,) = [line for line in log.read_text().splitlines() if line.startswith(f"[grid] arm {arm}: materializing")]
+    return line
 
 
 def free_port() -> int:
