@@ -221,6 +221,18 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     with pytest.raises(ValueError, match="holds results of another task or base model"):
         export_results(other, [], results)
 
+    base_model_eval = layout.artifact_dir(lake, layout.BASE_MODEL_EVAL)
+    metrics = json.loads((base_model_eval / layout.METRICS_FILE).read_text())
+    metrics["metrics"]["unevaluated_rate"] = 0.0  # the base model evaluated again by a new eval stage version
+    (base_model_eval / layout.METRICS_FILE).write_text(json.dumps(metrics))
+    scores = pl.read_parquet(base_model_eval / layout.SCORES_FILE)
+    scores.with_columns(greedy_unevaluated=pl.lit(False)).write_parquet(base_model_eval / layout.SCORES_FILE)
+    export_results(lake, [ARMS[0].name], results)
+    assert json.loads((results / base_model_eval.relative_to(lake) / layout.METRICS_FILE).read_text()) == metrics, "the new evaluation replaces the copy"
+    scores.with_columns(greedy_correct=~pl.col("greedy_correct")).write_parquet(base_model_eval / layout.SCORES_FILE)
+    with pytest.raises(ValueError, match="holds results of another task or base model"):
+        export_results(lake, [ARMS[0].name], results)
+
 
 def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds() -> None:
     """The direct effect: per coverage, each source minus majority in the same seed, with a t-interval over seeds."""

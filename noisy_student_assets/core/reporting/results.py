@@ -16,6 +16,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import polars as pl
+
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
 from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
@@ -52,14 +54,27 @@ def _kept(asset: str, file_name: str) -> bool:
     return asset in TABLE_ASSETS and file_name == layout.TABLE_FILE_NAME
 
 
+def _same_origin(source: Path, target: Path) -> bool:
+    """Whether a lake's shared file (`source`) and a results directory's copy of it (`target`) are of the same task
+    and base model: the same held-out problems, and the base model's same greedy verdict on each. The base model's
+    evaluation redone under a new eval stage version (a metric or a column more) is of the same origin."""
+    if source.read_bytes() == target.read_bytes():
+        return True
+    if source.parent.name != layout.BASE_MODEL_EVAL:
+        return False
+    verdicts = [pl.read_parquet(directory / layout.SCORES_FILE, columns=["problem_id", "greedy_correct"]) for directory in (source.parent, target.parent)]
+    return verdicts[0].equals(verdicts[1])
+
+
 def export_results(lake: Path, arms: list[str], destination: Path) -> list[Path]:
     """Copy the result files of `arms` from `lake` into `destination` in the same layout (what was there of other
     arms stays); the files copied, relative to both. A shared file (the held-out problems, the base model's
-    evaluation) that `destination` holds otherwise is refused: those results are of another task or model."""
+    evaluation) that `destination` holds of another origin (`_same_origin`) is refused: those results are of
+    another task or model."""
     files = result_files(lake, arms)
     for relative in files:
         target = destination / relative
-        if len(relative.parts) == 2 and target.exists() and target.read_bytes() != (lake / relative).read_bytes():
+        if len(relative.parts) == 2 and target.exists() and not _same_origin(lake / relative, target):
             raise ValueError(f"{target} differs from {lake / relative}: {destination} holds results of another task or base model")
     for relative in files:
         target = destination / relative
