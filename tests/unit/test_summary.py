@@ -222,14 +222,26 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
         export_results(other, [], results)
 
     base_model_eval = layout.artifact_dir(lake, layout.BASE_MODEL_EVAL)
+    exported = results / base_model_eval.relative_to(lake)
     metrics = json.loads((base_model_eval / layout.METRICS_FILE).read_text())
     metrics["metrics"]["unevaluated_rate"] = 0.0  # the base model evaluated again by a new eval stage version
     (base_model_eval / layout.METRICS_FILE).write_text(json.dumps(metrics))
     scores = pl.read_parquet(base_model_eval / layout.SCORES_FILE)
-    scores.with_columns(greedy_unevaluated=pl.lit(False)).write_parquet(base_model_eval / layout.SCORES_FILE)
+    reevaluated = scores.with_columns(greedy_unevaluated=pl.lit(False)).sample(fraction=1.0, shuffle=True, seed=0)
+    reevaluated.write_parquet(base_model_eval / layout.SCORES_FILE)
     export_results(lake, [ARMS[0].name], results)
-    assert json.loads((results / base_model_eval.relative_to(lake) / layout.METRICS_FILE).read_text()) == metrics, "the new evaluation replaces the copy"
-    scores.with_columns(greedy_correct=~pl.col("greedy_correct")).write_parquet(base_model_eval / layout.SCORES_FILE)
+    assert json.loads((exported / layout.METRICS_FILE).read_text()) == metrics, "the new evaluation replaces the copy"
+    for other_origin in (
+        reevaluated.with_columns(greedy_correct=~pl.col("greedy_correct")),  # another model's verdicts
+        scores,  # the older evaluation, over the newer copy
+    ):
+        other_origin.write_parquet(base_model_eval / layout.SCORES_FILE)
+        with pytest.raises(ValueError, match="holds results of another task or base model"):
+            export_results(lake, [ARMS[0].name], results)
+    assert pl.read_parquet(exported / layout.SCORES_FILE).equals(reevaluated), "a refusal leaves the copy as it was"
+    reevaluated.write_parquet(base_model_eval / layout.SCORES_FILE)
+    (exported / layout.SCORES_FILE).unlink()  # a copy whose scores cannot be compared
+    (base_model_eval / layout.METRICS_FILE).write_text(json.dumps(metrics | {"note": "evaluated again"}))
     with pytest.raises(ValueError, match="holds results of another task or base model"):
         export_results(lake, [ARMS[0].name], results)
 

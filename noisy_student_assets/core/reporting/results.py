@@ -56,14 +56,16 @@ def _kept(asset: str, file_name: str) -> bool:
 
 def _same_origin(source: Path, target: Path) -> bool:
     """Whether a lake's shared file (`source`) and a results directory's copy of it (`target`) are of the same task
-    and base model: the same held-out problems, and the base model's same greedy verdict on each. The base model's
-    evaluation redone under a new eval stage version (a metric or a column more) is of the same origin."""
+    and base model: the same held-out problems, and the base model's same scores of each. Its evaluation redone
+    under a new eval stage version, which adds a column or a metric, is of the same origin; an older one is not
+    taken over the newer."""
     if source.read_bytes() == target.read_bytes():
         return True
-    if source.parent.name != layout.BASE_MODEL_EVAL:
+    scores = [directory / layout.SCORES_FILE for directory in (source.parent, target.parent)]
+    if source.parent.name != layout.BASE_MODEL_EVAL or not all(path.is_file() for path in scores):
         return False
-    verdicts = [pl.read_parquet(directory / layout.SCORES_FILE, columns=["problem_id", "greedy_correct"]) for directory in (source.parent, target.parent)]
-    return verdicts[0].equals(verdicts[1])
+    new, old = (pl.read_parquet(path).sort("problem_id") for path in scores)
+    return set(old.columns) <= set(new.columns) and new.select(old.columns).equals(old)
 
 
 def export_results(lake: Path, arms: list[str], destination: Path) -> list[Path]:
