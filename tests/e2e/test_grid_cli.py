@@ -113,13 +113,13 @@ def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_a
     dagster_cli.enter(monkeypatch)
     labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
     through = dagster_cli.grid_done(experiment, config, tmp_path / "labels.log", "--arm", "ls-verifier", "--through", labels)
-    (first,) = [line for line in through.splitlines() if line.startswith("[grid] arm ls-verifier: materializing")]
+    first = materializing(tmp_path / "labels.log", "ls-verifier")
     assert first.endswith(f"round_001/verifier, round_001/verifier_scores, {labels}"), "the labels and what they read, no student"
     assert "ls-majority" not in through and "materializing verdict" not in through
     sidecar = pl.read_json(layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.PSEUDO_LABELS), "ls-verifier") / SOURCES_FILE)
     assert set(sidecar["source"]) == {"majority", "confidence", "verifier", ORACLE}, "the direct effect, without the students"
-    rest = dagster_cli.grid_done(experiment, config, tmp_path / "grid.log")
-    (then,) = [line for line in rest.splitlines() if line.startswith("[grid] arm ls-verifier: materializing")]
+    dagster_cli.grid_done(experiment, config, tmp_path / "grid.log")
+    then = materializing(tmp_path / "grid.log", "ls-verifier")
     assert "round_001/verifier" not in then and "round_001/student_checkpoint" in then, "the rest, not the labels again"
 
     checks = subprocess.run(
