@@ -8,7 +8,7 @@ import pytest
 
 from noisy_student_assets.core.experiments import arms as experiments
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, apply, find_arm, load_experiment, load_experiments, max_rounds
-from noisy_student_assets.core.settings import LabeledOnlySettings, LabeledRLSettings, PseudoLabelSettings, RoundsSettings
+from noisy_student_assets.core.settings import LabeledOnlySettings, LabeledRLSettings, PseudoLabelSettings, RoundsSettings, StudentSettings
 from noisy_student_assets.defs.config import (
     EvalConfig,
     LabeledOnlyConfig,
@@ -84,6 +84,9 @@ def test_each_arm_field_reaches_the_settings_it_names() -> None:
     assert (sampling.k, sampling.temperature, sampling.seed) == (16, 0.9, 3)
     labeled_rl = with_arm(LabeledRLConfig(), arm)[0].grpo
     assert (labeled_rl.max_steps, labeled_rl.seed) == (40, 3)
+    full_fine_tuning = with_arm(LabeledRLConfig(), Arm(name="f", experiment="e", spec=ArmSpec(labeled_rl_lora=False, labeled_rl_learning_rate=1e-5)))[0]
+    assert (full_fine_tuning.grpo.use_lora, full_fine_tuning.grpo.learning_rate) == (False, 1e-5)
+    assert with_arm(StudentConfig(), Arm(name="f", experiment="e", spec=ArmSpec(labeled_rl_lora=False)))[0] == StudentSettings()  # labeled RL's alone
     student = with_arm(StudentConfig(), arm)[0]
     assert (student.student_init, student.grpo.max_steps, student.grpo.seed) == ("base_model", 12, 3)
     assert student.grpo.learning_rate == StudentConfig().grpo.learning_rate  # untouched settings stay

@@ -138,6 +138,8 @@ ARM_FIELDS: dict[str, ArmField] = {
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
     "student_init": ArmField(((STUDENT, "student_init"),)),
     "labeled_rl_steps": ArmField(((LABELED_RL, "grpo.max_steps"),), "GRPO steps of labeled RL"),
+    "labeled_rl_lora": ArmField(((LABELED_RL, "grpo.use_lora"),), "labeled RL with LoRA adapters; false: it fine-tunes every weight"),
+    "labeled_rl_learning_rate": ArmField(((LABELED_RL, "grpo.learning_rate"),), "labeled RL's peak learning rate"),
     "round_steps": ArmField(((STUDENT, "grpo.max_steps"), (LABELED_ONLY, "grpo.max_steps")), "GRPO steps of each round's student and of each control"),
     "prompts_per_step": ArmField(
         ((STUDENT, "grpo.prompts_per_step"), (LABELED_ONLY, "grpo.prompts_per_step")), "prompts per GRPO step of each round's student and of each control"
