@@ -12,6 +12,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
+from noisy_student_assets.core.pseudo_labels.frontier import MATCHED_COVERAGES, coverage_column, frontier
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.eval_report import metadata_key
@@ -246,41 +247,71 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
         export_results(lake, [ARMS[0].name], results)
 
 
-def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds() -> None:
-    """The direct effect: per coverage, each source minus majority in the same seed, with a t-interval over seeds."""
-    def arm_sources(group: str, arm: str, majority: float, verifier: float | None, confidence: float) -> pl.DataFrame:
-        return pl.DataFrame({
-            "experiment": ["lsg"] * 4, "group": [group] * 4, "arm": [arm] * 4, "round": [1] * 4,
-            "source": ["majority", "confidence", "verifier", "oracle (pass@K)"],
-            "at tau: coverage": [0.7, 0.6, 0.5, None], "at 50%": [majority, confidence, verifier, 1.0],
-        })  # fmt: skip
+def _arm_sources(group: str, arm: str, kept_in_order: dict[str, list[bool]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """An arm's round-1 sources at matched coverage and their frontiers, as `collect` reads them: each source's
+    labels right or not in the order it keeps them, over 20 unlabeled problems (a shorter list leaves the rest
+    unlabeled); the oracle solves 16."""
+    problems = 20
+    labelled = {
+        source: pl.DataFrame({
+            "pseudo_label": ["7"] * len(right) + [None] * (problems - len(right)),
+            "agreement": [1 - rank / problems for rank in range(len(right))] + [None] * (problems - len(right)),
+            "label_correct": right + [None] * (problems - len(right)),
+        }, schema={"pseudo_label": pl.Utf8, "agreement": pl.Float64, "label_correct": pl.Boolean})
+        for source, right in kept_in_order.items()
+    }  # fmt: skip
+    curve, sources = frontier(labelled, pass_at_k=0.8)
+    columns = [pl.lit("lsg").alias("experiment"), pl.lit(group).alias("group"), pl.lit(arm).alias("arm"), pl.lit(1).alias("round")]
+    return sources.select(*columns, pl.all(), pl.lit(0.5).alias("at tau: coverage")), curve.select(*columns, pl.all())
 
-    sources = pl.concat([
-        arm_sources("verifier", "v-s0", 0.50, 0.60, 0.55),
-        arm_sources("verifier", "v-s1", 0.60, 0.72, 0.55),
-        arm_sources("verifier", "v-s2", 0.40, 0.48, 0.40),
-        arm_sources("verifier", "v-s3", 0.50, None, 0.50),  # the verifier keeps fewer than half: not paired there
-        arm_sources("one", "o-s0", 0.50, 0.90, 0.50),
-    ])  # fmt: skip
-    table = sources_against(sources)
+
+def _right(first: int, of: int = 20) -> list[bool]:
+    return [rank < first for rank in range(of)]
+
+
+def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds() -> None:
+    """The direct effect: per coverage, each source minus majority in the same seed, with an interval over seeds and
+    the labels kept. At 50% coverage each source keeps 10 labels."""
+    arms = [
+        # the verifier wins by 8 of 10 labels on each seed: better, seeds or not
+        _arm_sources("verifier", "v-s0", {"majority": _right(2), "verifier": _right(10), "confidence": _right(3)}),
+        _arm_sources("verifier", "v-s1", {"majority": _right(1), "verifier": _right(9), "confidence": _right(1)}),
+        _arm_sources("verifier", "v-s2", {"majority": _right(2), "verifier": _right(10), "confidence": _right(1)}),
+        _arm_sources("verifier", "v-s3", {"majority": _right(2), "verifier": _right(8, of=8), "confidence": _right(2)}),  # keeps 8 only
+        # by one label of 10 on each of 3 seeds: the seeds agree exactly, but one label of 10 is no finding
+        _arm_sources("by-one", "b-s0", {"majority": _right(5), "verifier": _right(6)}),
+        _arm_sources("by-one", "b-s1", {"majority": _right(4), "verifier": _right(5)}),
+        _arm_sources("by-one", "b-s2", {"majority": _right(6), "verifier": _right(7)}),
+        _arm_sources("one", "o-s0", {"majority": _right(5), "verifier": _right(9)}),
+    ]
+    sources, curves = pl.concat([arm[0] for arm in arms], how="diagonal_relaxed"), pl.concat([arm[1] for arm in arms])
+    table = sources_against(sources, curves)
     row = {(r["group"], r["source"]): r for r in table.filter(pl.col("coverage") == "at 50%").iter_rows(named=True)}
     verifier = row[("verifier", "verifier")]
-    assert verifier["seeds"] == 3 and verifier["minus majority"] == pytest.approx(0.10)
-    assert verifier["majority"] == pytest.approx(0.50) and verifier["label_accuracy"] == pytest.approx(0.60)
-    assert 0 < verifier["low"] < 0.10 < verifier["high"] and verifier["outcome"] == "better"
+    assert verifier["seeds"] == 3 and verifier["minus majority"] == pytest.approx(0.80, abs=0.04)
+    assert verifier["majority"] == pytest.approx(5 / 30) and verifier["label_accuracy"] == pytest.approx(29 / 30)
+    assert 0 < verifier["low"] < verifier["minus majority"] < verifier["high"] and verifier["outcome"] == "better"
     confidence = row[("verifier", "confidence")]
     assert confidence["seeds"] == 4 and confidence["low"] < 0 < confidence["high"] and confidence["outcome"] == "no difference"
+    by_one = row[("by-one", "verifier")]
+    assert by_one["minus majority"] == pytest.approx(0.1) and by_one["low"] < 0 < by_one["high"] and by_one["outcome"] == "no difference"
     assert row[("one", "verifier")]["outcome"] == "one seed" and row[("one", "verifier")]["low"] is None
-    assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")]["minus majority"] == pytest.approx(0.50)
-    assert set(table["coverage"]) == {"at 50%"}, "the operating point at tau is no matched coverage"
-    assert "over seeds (the direct effect" in summary_markdown(_results_with_sources(sources))
+    assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")]["minus majority"] == pytest.approx(33 / 40)
+    assert set(table["coverage"]) == {coverage_column(coverage) for coverage in MATCHED_COVERAGES}, "the operating point at tau is no matched coverage"
+    results = _results_with_sources(sources, curves)
+    assert "over seeds and the labels kept" in summary_markdown(results)
+    assert set(results.frontiers) == {(arm, 1) for arm in sources["arm"]} and results.frontiers[("v-s0", 1)].equals(arms[0][1].drop(
+        "experiment", "group", "arm", "round"
+    ))  # fmt: skip
 
 
-def _results_with_sources(sources: pl.DataFrame):
+def _results_with_sources(sources: pl.DataFrame, curves: pl.DataFrame):
     from noisy_student_assets.core.reporting.summary import ExperimentResults
 
     empty = pl.DataFrame()
     return ExperimentResults(
-        accuracy=empty, differences=empty, audits=empty, calibration=empty, sources=sources, frontiers={}, flips=empty,
+        accuracy=empty, differences=empty, audits=empty, calibration=empty, sources=sources, curves=curves, flips=empty,
         yardsticks=empty, verifiers=empty, validation=empty, sentences=[],
     )
+
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import polars as pl
 
 ORACLE = "oracle (pass@K)"
@@ -56,17 +57,35 @@ def oracle_curve(problems: int, solved: int) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=CURVE_SCHEMA)
 
 
+def coverage_column(coverage: float) -> str:
+    """The name of the matched-coverage column of `coverage`: 'at 50%'."""
+    return f"at {coverage:.0%}"
+
+
+def kept_at(coverage: float, problems: int) -> int:
+    """How many labels a source keeps at `coverage` of `problems` (at least one)."""
+    return max(1, math.ceil(coverage * problems - 1e-9))
+
+
 def at_coverages(curve: pl.DataFrame, problems: int, coverages: Sequence[float] = MATCHED_COVERAGES) -> pl.DataFrame:
     """Each source's label accuracy at the same coverages (null where it keeps fewer labels): the sources compared
     at matched coverage, one row per source."""
     rows = []
     for source in curve["source"].unique(maintain_order=True):
         accuracy = dict(curve.filter(pl.col("source") == source).select("kept", "label_accuracy").iter_rows())
-        rows.append(
-            {"source": source}
-            | {f"at {coverage:.0%}": accuracy.get(max(1, math.ceil(coverage * problems - 1e-9))) for coverage in coverages}
-        )
-    return pl.DataFrame(rows, schema={"source": pl.Utf8} | {f"at {coverage:.0%}": pl.Float64 for coverage in coverages})
+        rows.append({"source": source} | {coverage_column(coverage): accuracy.get(kept_at(coverage, problems)) for coverage in coverages})
+    return pl.DataFrame(rows, schema={"source": pl.Utf8} | {coverage_column(coverage): pl.Float64 for coverage in coverages})
+
+
+def rightness_by_rank(curve: pl.DataFrame, kept: int) -> np.ndarray | None:
+    """One source's labels in the order it keeps them, the first `kept`: how right each is (1 or 0; within a tie,
+    the tie's share of right labels). Their mean is the source's label accuracy at that coverage, and their spread is
+    what the problems drawn add to it. None where the source keeps fewer labels. `curve`: the source's own rows."""
+    ordered = curve.sort("kept")
+    if ordered.height < kept:
+        return None
+    right = (ordered["label_accuracy"] * ordered["kept"]).to_numpy()[:kept]
+    return np.diff(right, prepend=0.0)
 
 
 def frontier(labelled: Mapping[str, pl.DataFrame], pass_at_k: float) -> tuple[pl.DataFrame, pl.DataFrame]:

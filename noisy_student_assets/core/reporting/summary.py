@@ -15,10 +15,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
+from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at, rightness_by_rank
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
@@ -79,8 +81,8 @@ class ExperimentResults:
     """Per experiment, group, round and agreement bucket, over the group's seeds: labels, labels correct, accuracy."""
     sources: pl.DataFrame
     """Per arm, round and label source: kept-label accuracy at matched coverages, and at the source's tau."""
-    frontiers: dict[tuple[str, int], pl.DataFrame]
-    """Per arm, its last round's label-quality frontier (`frontier.CURVE_SCHEMA`), by (arm, round)."""
+    curves: pl.DataFrame
+    """Per arm, round and label source: its label-quality frontier (`frontier.CURVE_SCHEMA`), the oracle's beside it."""
     flips: pl.DataFrame
     """Per arm, round and eval set: the problems the student got right that its teacher got wrong, and the reverse."""
     yardsticks: pl.DataFrame
@@ -95,14 +97,24 @@ class ExperimentResults:
     """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, in words (the sentences
     speak of the last round evaluated)."""
 
+    @property
+    def frontiers(self) -> dict[tuple[str, int], pl.DataFrame]:
+        """Per arm, its last round's frontier (`frontier.CURVE_SCHEMA`), by (arm, round)."""
+        if not self.curves.height:
+            return {}
+        last = self.curves.group_by("arm", maintain_order=True).agg(pl.col("round").max())
+        return {
+            (arm, number): self.curves.filter((pl.col("arm") == arm) & (pl.col("round") == number)).select(CURVE_SCHEMA.names())
+            for arm, number in last.iter_rows()
+        }
+
 
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, sources, flips, yardsticks, verifiers, pending, frontiers, by_group = [], [], [], [], [], [], [], [], [], {}, {}
+    accuracy, audits, calibration, validation, sources, curves, flips, yardsticks, verifiers, pending, by_group = [], [], [], [], [], [], [], [], [], [], {}
     for arm in arms:
-        last_frontier = None
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         if validated:
             validation.append({
@@ -130,7 +142,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 ))  # fmt: skip
             if (labels_dir / SOURCES_FILE).exists():
                 sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()))
-                last_frontier = ((arm.name, number), pl.read_json(labels_dir / FRONTIER_FILE))
+                curves.append(pl.read_json(labels_dir / FRONTIER_FILE).select(*_arm_columns(row, number), pl.all()))
             verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
             if (verifier_dir / VERIFIER_METRICS_FILE).exists():
                 measured = verifier_metrics(verifier_dir)
@@ -146,8 +158,6 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 audits.append(
                     row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS} | {"student_transductive_greedy": transductive}
                 )
-        if last_frontier:
-            frontiers[last_frontier[0]] = last_frontier[1]
         asked = arm.stopping_rule.max_rounds
         missing = [str(number) for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
         if evaluations and missing:
@@ -186,7 +196,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         flips=pl.concat(flips) if flips else pl.DataFrame(),
         yardsticks=pl.concat(yardsticks) if yardsticks else pl.DataFrame(),
         verifiers=pl.DataFrame(verifiers) if verifiers else pl.DataFrame(),
-        frontiers=frontiers,
+        curves=pl.concat(curves) if curves else pl.DataFrame(),
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
         pending=pending,
@@ -199,20 +209,34 @@ _ACCURACY_SCHEMA = {
 }
 
 
-def sources_against(sources: pl.DataFrame, reference: str = MajoritySource.name) -> pl.DataFrame:
+def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str = MajoritySource.name) -> pl.DataFrame:
     """The direct effect of each label source: per experiment, group, round, matched coverage and source, its
-    kept-label accuracy and `reference`'s averaged over the group's seeds, and the source minus `reference` with a
-    t-interval over the seeds' differences. Each seed's sources weigh the same samples, so the difference is paired
-    by seed; one seed gives no interval. `sources`: `ExperimentResults.sources`."""
-    coverages = [column for column in sources.columns if column.startswith("at ") and column.endswith("%")]
+    kept-label accuracy and `reference`'s averaged over the group's seeds, and the source minus `reference` with the
+    verdict's interval (`crossed_interval`) over seeds and the labels kept. Each seed's sources weigh the same
+    samples, so the difference is paired by seed; within a seed, the two sources' labels are paired by rank (the
+    first kept with the first kept), each label right or not. So a few seeds that agree by chance still carry the
+    width of the few labels each kept; pairing by rank rather than by problem leaves out that two sources often
+    keep the same problems with the same labels, so the interval errs wide. One seed gives no interval.
+    `sources`: `ExperimentResults.sources`; `curves`: `ExperimentResults.curves`."""
+    coverages = {coverage_column(coverage): coverage for coverage in MATCHED_COVERAGES if coverage_column(coverage) in sources.columns}
     index = ["experiment", "group", "arm", "round"]
-    long = sources.unpivot(on=coverages, index=[*index, "source"], variable_name="coverage", value_name="label_accuracy")
+    long = sources.unpivot(on=list(coverages), index=[*index, "source"], variable_name="coverage", value_name="label_accuracy")
     references = long.filter(pl.col("source") == reference).select(*index, "coverage", pl.col("label_accuracy").alias(reference))
     paired = long.filter(pl.col("source") != reference).join(references, on=[*index, "coverage"]).drop_nulls(["label_accuracy", reference])
+
+    def by_rank(arm: str, number: int, source: str, coverage: float) -> np.ndarray:
+        curve = curves.filter((pl.col("arm") == arm) & (pl.col("round") == number))
+        problems = round(curve["kept"][0] / curve["coverage"][0])
+        kept = kept_at(coverage, problems)
+        return rightness_by_rank(curve.filter(pl.col("source") == source), kept) - rightness_by_rank(curve.filter(pl.col("source") == reference), kept)
+
     rows = []
     for (experiment, group, number, coverage, source), seeds in paired.group_by("experiment", "group", "round", "coverage", "source", maintain_order=True):
         differences = (seeds["label_accuracy"] - seeds[reference]).to_numpy()
-        low, high = crossed_interval(differences[:, None]) if len(differences) > 1 else (None, None)
+        if len(differences) > 1:
+            low, high = crossed_interval(np.stack([by_rank(arm, number, source, coverages[coverage]) for arm in seeds["arm"]]))
+        else:
+            low, high = None, None
         rows.append({
             "experiment": experiment, "group": group, "round": number, "coverage": coverage, "source": source, "seeds": len(differences),
             "label_accuracy": seeds["label_accuracy"].mean(), reference: seeds[reference].mean(),
@@ -263,11 +287,11 @@ def summary_markdown(results: ExperimentResults) -> str:
             "",
             markdown_table(results.sources.drop("experiment"), max_rows=None),
         ]
-    over_seeds = sources_against(results.sources) if results.sources.height else pl.DataFrame()
+    over_seeds = sources_against(results.sources, results.curves) if results.sources.height else pl.DataFrame()
     if over_seeds.height:
         lines += [
             "",
-            "## Label sources against majority at matched coverage, over seeds (the direct effect: t-interval over the seeds' paired differences)",
+            "## Label sources against majority at matched coverage, over seeds (the direct effect: interval over seeds and the labels kept)",
             "",
             markdown_table(over_seeds.drop("experiment"), max_rows=None),
         ]
