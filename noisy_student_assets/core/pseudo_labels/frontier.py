@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import polars as pl
 
 ORACLE = "oracle (pass@K)"
@@ -75,17 +74,6 @@ def at_coverages(curve: pl.DataFrame, problems: int, coverages: Sequence[float] 
         accuracy = dict(curve.filter(pl.col("source") == source).select("kept", "label_accuracy").iter_rows())
         rows.append({"source": source} | {coverage_column(coverage): accuracy.get(kept_at(coverage, problems)) for coverage in coverages})
     return pl.DataFrame(rows, schema={"source": pl.Utf8} | {coverage_column(coverage): pl.Float64 for coverage in coverages})
-
-
-def rightness_by_rank(curve: pl.DataFrame, kept: int) -> np.ndarray | None:
-    """One source's labels in the order it keeps them, the first `kept`: how right each is (1 or 0; within a tie,
-    the tie's share of right labels). Their mean is the source's label accuracy at that coverage, and their spread is
-    what the problems drawn add to it. None where the source keeps fewer labels. `curve`: the source's own rows."""
-    ordered = curve.sort("kept")
-    if ordered.height < kept:
-        return None
-    right = (ordered["label_accuracy"] * ordered["kept"]).to_numpy()[:kept]
-    return np.diff(right, prepend=0.0)
 
 
 def frontier(labelled: Mapping[str, pl.DataFrame], pass_at_k: float) -> tuple[pl.DataFrame, pl.DataFrame]:

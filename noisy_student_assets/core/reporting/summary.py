@@ -20,7 +20,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
-from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at, rightness_by_rank
+from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
@@ -28,7 +28,7 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
-from noisy_student_assets.core.reporting.verdict import crossed_interval, direction
+from noisy_student_assets.core.reporting.verdict import direction, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE, verifier_metrics
 
@@ -211,35 +211,34 @@ _ACCURACY_SCHEMA = {
 
 def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str = MajoritySource.name) -> pl.DataFrame:
     """The direct effect of each label source: per experiment, group, round, matched coverage and source, its
-    kept-label accuracy and `reference`'s averaged over the group's seeds, and the source minus `reference` with the
-    verdict's interval (`crossed_interval`) over seeds and the labels kept. Each seed's sources weigh the same
-    samples, so the difference is paired by seed; within a seed, the two sources' labels are paired by rank (the
-    first kept with the first kept), each label right or not. So a few seeds that agree by chance still carry the
-    width of the few labels each kept; pairing by rank rather than by problem leaves out that two sources often
-    keep the same problems with the same labels, so the interval errs wide. One seed gives no interval.
-    `sources`: `ExperimentResults.sources`; `curves`: `ExperimentResults.curves`."""
+    kept-label accuracy and `reference`'s averaged over the group's seeds, and the source minus `reference` with an
+    interval over seeds (`seeds_interval`). Each seed's sources weigh the same samples, so the difference is paired
+    by seed. Within a seed, each source's accuracy over the labels it kept has its binomial variance, the two sources
+    taken as independent: the interval is at least as wide as that allows, so a few seeds that agree by chance on a
+    handful of labels take no side. Both sources judge the same samples, so their labels are right together more
+    often than apart and this floor errs wide; a floor paired by problem would need each source's label of each
+    problem, which the lake does not keep. One seed gives no interval.
+    `sources`: `ExperimentResults.sources`; `curves`: `ExperimentResults.curves` (how many problems each arm labels)."""
     coverages = {coverage_column(coverage): coverage for coverage in MATCHED_COVERAGES if coverage_column(coverage) in sources.columns}
     index = ["experiment", "group", "arm", "round"]
     long = sources.unpivot(on=list(coverages), index=[*index, "source"], variable_name="coverage", value_name="label_accuracy")
     references = long.filter(pl.col("source") == reference).select(*index, "coverage", pl.col("label_accuracy").alias(reference))
     paired = long.filter(pl.col("source") != reference).join(references, on=[*index, "coverage"]).drop_nulls(["label_accuracy", reference])
-
-    def by_rank(arm: str, number: int, source: str, coverage: float) -> np.ndarray:
-        curve = curves.filter((pl.col("arm") == arm) & (pl.col("round") == number))
-        problems = round(curve["kept"][0] / curve["coverage"][0])
-        kept = kept_at(coverage, problems)
-        return rightness_by_rank(curve.filter(pl.col("source") == source), kept) - rightness_by_rank(curve.filter(pl.col("source") == reference), kept)
-
+    problems = {
+        (arm, number): round(kept / coverage)
+        for arm, number, kept, coverage in curves.group_by("arm", "round").agg(pl.col("kept", "coverage").first()).iter_rows()
+    } if curves.height else {}  # fmt: skip
     rows = []
     for (experiment, group, number, coverage, source), seeds in paired.group_by("experiment", "group", "round", "coverage", "source", maintain_order=True):
-        differences = (seeds["label_accuracy"] - seeds[reference]).to_numpy()
+        accuracy, reference_accuracy = seeds["label_accuracy"].to_numpy(), seeds[reference].to_numpy()
+        differences = accuracy - reference_accuracy
+        low, high = None, None
         if len(differences) > 1:
-            low, high = crossed_interval(np.stack([by_rank(arm, number, source, coverages[coverage]) for arm in seeds["arm"]]))
-        else:
-            low, high = None, None
+            kept = np.array([kept_at(coverages[coverage], problems[(arm, number)]) for arm in seeds["arm"]])
+            low, high = seeds_interval(differences, (accuracy * (1 - accuracy) + reference_accuracy * (1 - reference_accuracy)) / kept)
         rows.append({
             "experiment": experiment, "group": group, "round": number, "coverage": coverage, "source": source, "seeds": len(differences),
-            "label_accuracy": seeds["label_accuracy"].mean(), reference: seeds[reference].mean(),
+            "label_accuracy": accuracy.mean(), reference: reference_accuracy.mean(),
             f"minus {reference}": float(differences.mean()), "low": low, "high": high,
             "outcome": direction(low, high) if low is not None else "one seed",
         })  # fmt: skip
@@ -291,7 +290,7 @@ def summary_markdown(results: ExperimentResults) -> str:
     if over_seeds.height:
         lines += [
             "",
-            "## Label sources against majority at matched coverage, over seeds (the direct effect: interval over seeds and the labels kept)",
+            "## Label sources against majority at matched coverage, over seeds (the direct effect: interval over seeds, at least each seed's binomial width)",
             "",
             markdown_table(over_seeds.drop("experiment"), max_rows=None),
         ]

@@ -148,6 +148,17 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
     return float(mean - half_width), float(mean + half_width)
 
 
+def seeds_interval(differences: np.ndarray, sampling_variances: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The interval of the mean of per-seed `differences` (seeds >= 2): the t-interval over the seeds, its half-width
+    at least the normal one that each seed's own sampling variance (`sampling_variances`, one per seed) gives the
+    mean. A few seeds that agree by chance cannot make it narrower than what each of them measured allows."""
+    n_seeds = len(differences)
+    over_seeds = stats.t.ppf(1 - (1 - confidence) / 2, n_seeds - 1) * np.sqrt(np.var(differences, ddof=1) / n_seeds)
+    within_seeds = stats.norm.ppf(1 - (1 - confidence) / 2) * np.sqrt(np.sum(sampling_variances)) / n_seeds
+    half_width = max(over_seeds, within_seeds)
+    return float(np.mean(differences) - half_width), float(np.mean(differences) + half_width)
+
+
 def paired_scores(pairs: list[tuple[pl.DataFrame, pl.DataFrame]], column: str = "greedy_correct") -> tuple[np.ndarray, np.ndarray]:
     """[seeds, problems] arrays of `column` for the (treatment, control) score tables of each seed, over
     the problems every table scored (a null score, an ungraded check, is not scored), in one order."""
