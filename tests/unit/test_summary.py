@@ -249,9 +249,9 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
 
 def _arm_sources(group: str, arm: str, kept_in_order: dict[str, list[bool]], number: int = 1) -> tuple[pl.DataFrame, pl.DataFrame]:
     """An arm's round-`number` sources at matched coverage and their frontiers, as `collect` reads them: each source's
-    labels right or not in the order it keeps them, over 20 unlabeled problems (a shorter list leaves the rest
-    unlabeled); the oracle solves 16."""
-    problems = 20
+    labels right or not in the order it keeps them, over as many unlabeled problems as the longest list (a shorter
+    list leaves the rest unlabeled); the oracle solves 80% of them."""
+    problems = max(len(right) for right in kept_in_order.values())
     labelled = {
         source: pl.DataFrame({
             "pseudo_label": ["7"] * len(right) + [None] * (problems - len(right)),
@@ -271,17 +271,17 @@ def _right(first: int, of: int = 20) -> list[bool]:
 
 def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds() -> None:
     """The direct effect: per coverage, each source minus majority in the same seed, with an interval over seeds at
-    least as wide as each seed's labels allow. At 50% coverage each source keeps 10 labels."""
+    least as wide as each seed's labels allow. At 50% coverage each source keeps 10 labels (20 in `by-one`)."""
     arms = [
         # the verifier wins by 8 of 10 labels on each seed: better, seeds or not
         _arm_sources("verifier", "v-s0", {"majority": _right(2), "verifier": _right(10), "confidence": _right(3)}),
         _arm_sources("verifier", "v-s1", {"majority": _right(1), "verifier": _right(9), "confidence": _right(1)}),
         _arm_sources("verifier", "v-s2", {"majority": _right(2), "verifier": _right(10), "confidence": _right(1)}),
         _arm_sources("verifier", "v-s3", {"majority": _right(2), "verifier": _right(8, of=8), "confidence": _right(2)}),  # keeps 8 only
-        # by one label of 10 on each of 3 seeds: the seeds agree exactly, but one label of 10 is no finding
-        _arm_sources("by-one", "b-s0", {"majority": _right(5), "verifier": _right(6)}),
-        _arm_sources("by-one", "b-s1", {"majority": _right(4), "verifier": _right(5)}),
-        _arm_sources("by-one", "b-s2", {"majority": _right(6), "verifier": _right(7)}),
+        # by one label of 20 on each of 3 seeds of 40 problems: the seeds agree exactly, but one label is no finding
+        _arm_sources("by-one", "b-s0", {"majority": _right(5, of=40), "verifier": _right(6, of=40)}),
+        _arm_sources("by-one", "b-s1", {"majority": _right(4, of=40), "verifier": _right(5, of=40)}),
+        _arm_sources("by-one", "b-s2", {"majority": _right(6, of=40), "verifier": _right(7, of=40)}),
         _arm_sources("one", "o-s0", {"majority": _right(5), "verifier": _right(9)}),
         _arm_sources("one", "o-s0", {"majority": _right(6), "verifier": _right(9)}, number=2),
     ]
@@ -295,9 +295,9 @@ def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds
     confidence = row[("verifier", "confidence")]
     assert confidence["seeds"] == 4 and confidence["low"] < 0 < confidence["high"] and confidence["outcome"] == "no difference"
     by_one = row[("by-one", "verifier")]
-    assert by_one["minus majority"] == pytest.approx(0.1) and by_one["outcome"] == "no difference"
-    # binomial variances (0.6*0.4 + 0.5*0.5)/10, (0.5*0.5 + 0.4*0.6)/10, (0.7*0.3 + 0.6*0.4)/10: 0.1 ± 1.96 * sqrt(0.143) / 3
-    assert (by_one["low"], by_one["high"]) == (pytest.approx(-0.1471, abs=1e-3), pytest.approx(0.3471, abs=1e-3))
+    assert by_one["minus majority"] == pytest.approx(0.05) and by_one["outcome"] == "no difference"
+    # binomial variances (0.3*0.7 + 0.25*0.75)/20, (0.25*0.75 + 0.2*0.8)/20, (0.35*0.65 + 0.3*0.7)/20: 0.05 ± 1.96 * sqrt(0.059125) / 3
+    assert (by_one["low"], by_one["high"]) == (pytest.approx(-0.1089, abs=1e-3), pytest.approx(0.2089, abs=1e-3))
     assert row[("one", "verifier")]["outcome"] == "one seed" and row[("one", "verifier")]["low"] is None
     assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")]["minus majority"] == pytest.approx(33 / 40)
     assert set(table["coverage"]) == {coverage_column(coverage) for coverage in MATCHED_COVERAGES}, "the operating point at tau is no matched coverage"

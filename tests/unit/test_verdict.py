@@ -177,7 +177,7 @@ def _sided(low: float, high: float) -> bool:
 @pytest.mark.parametrize("seeds", [2, 3, 5])
 def test_with_no_true_difference_a_label_source_takes_a_side_at_most_5_percent_of_the_time(seeds: int) -> None:
     """The direct effect's interval (`summary.sources_against`): one source's kept-label accuracy minus another's over
-    16 labels per seed. The t-interval over the seeds alone takes a side in about 12% of these at 2 seeds (a few
+    16 labels per seed. The t-interval over the seeds alone takes a side in about 11% of these at 2 seeds (a few
     labels make differences that coincide by chance, and a zero-width interval); with each seed's binomial width as
     its floor, at most 5%."""
     rng = np.random.default_rng(seeds)

@@ -224,10 +224,8 @@ def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str 
     long = sources.unpivot(on=list(coverages), index=[*index, "source"], variable_name="coverage", value_name="label_accuracy")
     references = long.filter(pl.col("source") == reference).select(*index, "coverage", pl.col("label_accuracy").alias(reference))
     paired = long.filter(pl.col("source") != reference).join(references, on=[*index, "coverage"]).drop_nulls(["label_accuracy", reference])
-    problems = {
-        (arm, number): round(kept / coverage)
-        for arm, number, kept, coverage in curves.group_by("arm", "round").agg(pl.col("kept", "coverage").first()).iter_rows()
-    } if curves.height else {}  # fmt: skip
+    first_rows = curves.group_by("arm", "round").agg(pl.col("kept", "coverage").first())
+    problems = {(arm, number): round(kept / coverage) for arm, number, kept, coverage in first_rows.iter_rows()}
     rows = []
     for (experiment, group, number, coverage, source), seeds in paired.group_by("experiment", "group", "round", "coverage", "source", maintain_order=True):
         accuracy, reference_accuracy = seeds["label_accuracy"].to_numpy(), seeds[reference].to_numpy()
