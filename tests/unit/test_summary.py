@@ -315,5 +315,3 @@ def _results_with_sources(sources: pl.DataFrame, curves: pl.DataFrame):
         accuracy=empty, differences=empty, audits=empty, calibration=empty, sources=sources, curves=curves, flips=empty,
         yardsticks=empty, verifiers=empty, validation=empty, sentences=[],
     )
-
-

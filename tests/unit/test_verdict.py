@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores, seeds_interval
+from noisy_student_assets.core.reporting.verdict import direction, paired_difference, paired_scores, seeds_interval
 
 NAMES = {"treatment_name": "round 2", "control_name": "its labeled-only control"}
 
@@ -161,32 +161,19 @@ def test_seeds_that_agree_by_chance_keep_the_width_their_own_sampling_gives() ->
     assert high - low == pytest.approx(2 * 4.303 * 0.3 / np.sqrt(3), abs=1e-3)
 
 
-def _null_label_accuracies(rng: np.random.Generator, seeds: int, kept: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two label sources as accurate as each other, judging the same samples: each seed's `kept` labels of each are
-    right at the seed's own rate (0.3 to 0.8), and 80% of the two sources' draws are shared."""
-    rate = rng.uniform(0.3, 0.8, (seeds, 1))
-    draw = rng.random((seeds, kept))
-    other = np.where(rng.random((seeds, kept)) < 0.8, draw, rng.random((seeds, kept)))
-    return (draw < rate).mean(axis=1), (other < rate).mean(axis=1)
-
-
-def _sided(low: float, high: float) -> bool:
-    return bool(low > 0 or high < 0)
-
-
 @pytest.mark.parametrize("seeds", [2, 3, 5])
 def test_with_no_true_difference_a_label_source_takes_a_side_at_most_5_percent_of_the_time(seeds: int) -> None:
     """The direct effect's interval (`summary.sources_against`): one source's kept-label accuracy minus another's over
-    16 labels per seed. The t-interval over the seeds alone takes a side in about 11% of these at 2 seeds (a few
-    labels make differences that coincide by chance, and a zero-width interval); with each seed's binomial width as
-    its floor, at most 5%."""
+    16 labels per seed, two sources judging the same samples as the null grids' two checkpoints do. The t-interval
+    over the seeds alone takes a side in about 11% of these at 2 seeds (a few labels make differences that coincide
+    by chance, and a zero-width interval); with each seed's binomial width as its floor, at most 5%."""
     rng = np.random.default_rng(seeds)
     floored, seeds_alone = [], []
     for _ in range(2000):
-        source, majority = _null_label_accuracies(rng, seeds, kept=16)
+        source, majority = (labels.mean(axis=1) for labels in _null_grids(rng, seeds, problems=16))
         differences = source - majority
-        floored.append(_sided(*seeds_interval(differences, (source * (1 - source) + majority * (1 - majority)) / 16)))
-        seeds_alone.append(_sided(*seeds_interval(differences, np.zeros(seeds))))
+        floored.append(direction(*seeds_interval(differences, (source * (1 - source) + majority * (1 - majority)) / 16)) != "no difference")
+        seeds_alone.append(direction(*seeds_interval(differences, np.zeros(seeds))) != "no difference")
     assert np.mean(floored) <= 0.05
     if seeds == 2:
         assert np.mean(seeds_alone) > 0.08, "the simulation catches the seeds-only interval"
