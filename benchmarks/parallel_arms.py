@@ -32,7 +32,9 @@ def shortened() -> dict:
     from noisy_student_assets.core.settings import two_digit_addition
 
     eval_source = two_digit_addition(size=60, seed=1000).model_dump()
-    return {"ops": {"eval_problems": {"config": {"source": eval_source}}, "problem_split": {"config": {"n_unlabeled": 16}}}}
+    return {
+        "ops": {"eval_problems": {"config": {"source": eval_source}}, "problem_split": {"config": {"n_unlabeled": 16}}}
+    }
 
 
 def run_grid(options: list[str]) -> float:
@@ -41,7 +43,16 @@ def run_grid(options: list[str]) -> float:
     env = os.environ | {"DAGSTER_HOME": str(home), "NOISY_STUDENT_DATA_LAKE": str(home / "data_lake")}
     env.pop("RAY_ADDRESS", None)
     started = time.perf_counter()
-    command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(shortened()), *options]
+    command = [
+        sys.executable,
+        "-m",
+        "noisy_student_assets.grid",
+        "run",
+        str(EXPERIMENT),
+        "--config-json",
+        json.dumps(shortened()),
+        *options,
+    ]
     subprocess.run(command, cwd=home, env=env, check=True)
     return time.perf_counter() - started
 
@@ -62,8 +73,12 @@ def plot(results: dict) -> None:
     axis.barh(names, [seconds[name] / 60 for name in names], color=["#888888", "#3b75af"])
     for row, name in enumerate(names):
         axis.text(seconds[name] / 60, row, f" {seconds[name] / 60:.1f} min", va="center")
-    axis.set_xlabel("wall minutes: 2 arms x 1 round, every heavy stage on 1 thread\n(SmolLM2-135M, cpu profile, shortened: a timing, not a result)")
-    axis.set_title(f"{results['cores']}-core CPU machine, no GPU; {results['date']}, commit {results['commit']}", fontsize=9)
+    axis.set_xlabel(
+        "wall minutes: 2 arms x 1 round, every heavy stage on 1 thread\n(SmolLM2-135M, cpu profile, shortened: a timing, not a result)"
+    )
+    axis.set_title(
+        f"{results['cores']}-core CPU machine, no GPU; {results['date']}, commit {results['commit']}", fontsize=9
+    )
     axis.invert_yaxis()
     axis.set_xlim(0, max(seconds.values()) / 60 * 1.25)
     figure.tight_layout()
@@ -73,9 +88,16 @@ def plot(results: dict) -> None:
 def main() -> None:
     """Run both grids and plot them; `--plot`: plot the saved results again."""
     if sys.argv[1:] != ["--plot"]:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         seconds = {name: run_grid(options) for name, options in RUNS.items()}
-        results = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "cores": os.cpu_count(), "wall_seconds": seconds}
+        results = {
+            "date": time.strftime("%Y-%m-%d"),
+            "commit": commit,
+            "cores": os.cpu_count(),
+            "wall_seconds": seconds,
+        }
         RESULTS.write_text(json.dumps(results, indent=2))
     results = json.loads(RESULTS.read_text())
     plot(results)

@@ -42,10 +42,15 @@ def plain_grpo(init_dir: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFra
             pseudo_labeled.select("problem_id", "prompt", pl.col("pseudo_label").alias("target")),
         ]
     ).sample(fraction=1.0, shuffle=True, seed=grpo["seed"])
-    dataset = datasets.Dataset.from_list([{"prompt": build_messages(row["prompt"]), "target": row["target"]} for row in rows.iter_rows(named=True)])
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": build_messages(row["prompt"]), "target": row["target"]} for row in rows.iter_rows(named=True)]
+    )
 
     def reward(completions, target, **kwargs) -> list[float]:
-        return [answer_reward(completion[-1]["content"], answer) for completion, answer in zip(completions, target, strict=True)]
+        return [
+            answer_reward(completion[-1]["content"], answer)
+            for completion, answer in zip(completions, target, strict=True)
+        ]
 
     completions_per_step = grpo["prompts_per_step"] * grpo["num_generations"]
     start = time.time()
@@ -74,13 +79,27 @@ def plain_grpo(init_dir: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFra
         logging_steps=1,  # each step's completion lengths, to count the tokens sampled
         report_to="none",
     )
-    lora = LoraConfig(task_type="CAUSAL_LM", r=grpo["lora_r"], lora_alpha=grpo["lora_alpha"], target_modules=grpo["lora_target_modules"])
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora)
+    lora = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=grpo["lora_r"],
+        lora_alpha=grpo["lora_alpha"],
+        target_modules=grpo["lora_target_modules"],
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
     trainer.train()
     trainer.model.merge_and_unload().save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     seconds = time.time() - start
-    lengths = [entry["completions/mean_length"] for entry in trainer.state.log_history if "completions/mean_length" in entry]
+    lengths = [
+        entry["completions/mean_length"] for entry in trainer.state.log_history if "completions/mean_length" in entry
+    ]
     step_times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
     steps = trainer.state.global_step
     return {
@@ -96,7 +115,17 @@ def plain_grpo(init_dir: Path, labeled: pl.DataFrame, pseudo_labeled: pl.DataFra
     }
 
 
-def plain_vllm(checkpoint_dir: Path, prompts: list[str], *, n: int, temperature: float, top_p: float, max_tokens: int, seed: int, dtype: str) -> dict:
+def plain_vllm(
+    checkpoint_dir: Path,
+    prompts: list[str],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    seed: int,
+    dtype: str,
+) -> dict:
     """`n` samples of each problem in `prompts` from `checkpoint_dir`, with vLLM's chat API (the checkpoint's chat
     template) in one call, the engine seeded by `seed`; returns its seconds and what it generated."""
     for name, value in VLLM_CPU_ENV.items():

@@ -96,7 +96,14 @@ def machine() -> dict:
     cpu = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")), cpu)
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            cpu,
+        )
     info = {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -172,7 +179,11 @@ def step_seconds(events: list[tuple[str, str, float, str]]) -> dict[str, float]:
             waits[step] = t
         elif DEVICE_LOCK_ACQUIRED in message and step in waits:
             waited[step] = waited.get(step, 0.0) + t - waits.pop(step)
-    return {step: t - starts[step] - waited.get(step, 0.0) for step, kind, t, _ in events if kind == "STEP_SUCCESS" and step in starts}
+    return {
+        step: t - starts[step] - waited.get(step, 0.0)
+        for step, kind, t, _ in events
+        if kind == "STEP_SUCCESS" and step in starts
+    }
 
 
 def cost_ratio(stage_seconds: float, step_seconds: float, plain_seconds: float) -> dict[str, float]:
@@ -191,10 +202,15 @@ def cost_ratio(stage_seconds: float, step_seconds: float, plain_seconds: float) 
 
 def commit() -> str:
     """The code measured: HEAD's short hash, marked when the work tree differs from it."""
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=RESULTS_DIR, check=True).stdout.strip()
 
-    return git("rev-parse", "--short", "HEAD") + (" (modified)" if git("status", "--porcelain", "--untracked-files=no") else "")
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, cwd=RESULTS_DIR, check=True
+        ).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (
+        " (modified)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    )
 
 
 def run(teacher_steps: int, skip: set[str]) -> dict:
@@ -235,7 +251,9 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
 
         def materialize(names, config, arm=None, on=resources):
             started = time.time()
-            result = materialize_selection(names, partition=arm, instance=instance, resources=on, run_config={"ops": config})
+            result = materialize_selection(
+                names, partition=arm, instance=instance, resources=on, run_config={"ops": config}
+            )
             assert result.success, f"materializing {names} failed"
             return result, started, time.time()
 
@@ -256,7 +274,9 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
         for backend in ("vllm",) if "transformers" in skip else ("vllm", "transformers"):
             print(f"generation: {backend}, {problems.height} problems x {settings.n} samples", flush=True)
             start = time.time()
-            generations[backend] = generate_samples(teacher, problems, settings, backend=backend, **compute.settings.generation_options())
+            generations[backend] = generate_samples(
+                teacher, problems, settings, backend=backend, **compute.settings.generation_options()
+            )
             end = time.time()
             tokens = int(generations[backend]["n_tokens"].sum())
             stages[f"generation_{backend}"] = {
@@ -291,12 +311,28 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
             result, start, end = materialize(round_assets, round_config, ARM, on)
             entries = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
             events = {e.dagster_event.asset_key.to_user_string(): e for e in entries}
-            return start, end, events, {name: e.dagster_event.step_materialization_data.materialization.metadata for name, e in events.items()}
+            return (
+                start,
+                end,
+                events,
+                {
+                    name: e.dagster_event.step_materialization_data.materialization.metadata
+                    for name, e in events.items()
+                },
+            )
 
         start, end, events, metadata = round_one(resources)
         run_id = next(iter(events.values())).run_id
         walls = step_seconds(
-            [(e.step_key, e.dagster_event.event_type_value if e.is_dagster_event else "", e.timestamp, e.user_message) for e in instance.all_logs(run_id)]
+            [
+                (
+                    e.step_key,
+                    e.dagster_event.event_type_value if e.is_dagster_event else "",
+                    e.timestamp,
+                    e.user_message,
+                )
+                for e in instance.all_logs(run_id)
+            ]
         )
         stage_keys = {
             "sampling": (round_assets[0], "sampling_seconds"),
@@ -309,7 +345,9 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
                 "control eval": (round_assets[4], "eval_seconds"),
                 "eval": (round_assets[5], "eval_seconds"),
             }
-        in_stages = {name: metadata[asset][key].value for name, (asset, key) in stage_keys.items() if key in metadata[asset]}
+        in_stages = {
+            name: metadata[asset][key].value for name, (asset, key) in stage_keys.items() if key in metadata[asset]
+        }
         wall = end - start
         # Each stage ends at its asset's materialization event (Dagster picks the order of independent steps).
         ends = {name: events[stage_keys[name][0]].timestamp for name in in_stages}
@@ -340,17 +378,29 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
         # Under the machine's device lock, as the stages ran: no other heavy step shares the cores while they are timed.
         with compute.exclusive(print):
             plain_sampling = plain_vllm(
-                Path(samples["teacher"].value), problems["prompt"].to_list(), n=sampling["n"], temperature=sampling["temperature"],
-                top_p=sampling["top_p"], max_tokens=sampling["max_new_tokens"], seed=sampling["seed"], dtype=compute.settings.dtype,
-            )  # fmt: skip
+                Path(samples["teacher"].value),
+                problems["prompt"].to_list(),
+                n=sampling["n"],
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                max_tokens=sampling["max_new_tokens"],
+                seed=sampling["seed"],
+                dtype=compute.settings.dtype,
+            )
         with compute.exclusive(print):
-            plain_training = plain_grpo(Path(student["init_checkpoint"].value), labeled, pseudo, grpo, lake.root_path / "plain-grpo" / "model")
+            plain_training = plain_grpo(
+                Path(student["init_checkpoint"].value), labeled, pseudo, grpo, lake.root_path / "plain-grpo" / "model"
+            )
         hash_start = time.time()
         weights_sha256(Path(student["init_checkpoint"].value))
         stages["framework_cost"] = {
             "sampling": {
                 **cost_ratio(in_stages["sampling"], walls[step_of["sampling"]], plain_sampling["seconds"]),
-                "project": {"problems": problems.height, "completions": samples["samples"].value, "generated_tokens": samples["generated_tokens"].value},
+                "project": {
+                    "problems": problems.height,
+                    "completions": samples["samples"].value,
+                    "generated_tokens": samples["generated_tokens"].value,
+                },
                 "plain": plain_sampling,
                 "settings": sampling,
             },
@@ -374,7 +424,10 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
         }
 
         if "launcher" not in skip:
-            print("the same round with the subprocess launcher (payload processes, Dagster Pipes), from scratch", flush=True)
+            print(
+                "the same round with the subprocess launcher (payload processes, Dagster Pipes), from scratch",
+                flush=True,
+            )
             shutil.rmtree(lake.root_path / INDEX_DIR_NAME)  # nothing may be read back from the in-process round
             grading.clear_cache()
             payloads = lake_resources(lake, compute, launcher=StageLauncher(kind="subprocess"))
@@ -402,9 +455,11 @@ def markdown(results: dict) -> str:
     round_ = s["round"]
     lines = [
         f"Run of {results['date']}, code of commit {results['commit']}"
-        + (f", without {', '.join(results['skipped'])} (`--skip`)" if results["skipped"] else "") + ".",
+        + (f", without {', '.join(results['skipped'])} (`--skip`)" if results["skipped"] else "")
+        + ".",
         f"Profile `{results['profile']}` on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB"
-        + (f", {m['gpu']}" if m["gpu"] else ", no GPU") + f"); torch {m['torch']}, vLLM {m['vllm']}.",
+        + (f", {m['gpu']}" if m["gpu"] else ", no GPU")
+        + f"); torch {m['torch']}, vLLM {m['vllm']}.",
         f"Generation: {results['settings']['problems']} problems x {results['settings']['sampling']['n']} samples, "
         f"<= {results['settings']['sampling']['max_new_tokens']} new tokens, temperature {results['settings']['sampling']['temperature']}.",
         "",
@@ -415,14 +470,20 @@ def markdown(results: dict) -> str:
         if f"generation_{backend}" not in s:
             continue
         g = s[f"generation_{backend}"]
-        lines.append(f"| generation, {backend} | {g['seconds']:.1f} | {g['tokens_per_second']:.0f} tokens/s ({g['generated_tokens']} tokens) | {g['peak_memory_gib']:.2f} |")
+        lines.append(
+            f"| generation, {backend} | {g['seconds']:.1f} | {g['tokens_per_second']:.0f} tokens/s ({g['generated_tokens']} tokens) | {g['peak_memory_gib']:.2f} |"
+        )
     c = s["consensus_grading"]
     lines.append(
         f"| consensus + grading | {c['seconds']:.2f} | {c['answers_per_second']:.0f} answers/s, "
         f"{100 * c['share_of_vllm_generation']:.2f}% of vLLM generation time | {c['peak_memory_gib']:.2f} |"
     )
     for name, seconds in round_["stage_seconds"].items():
-        extra = f"{round_['grpo_seconds_per_step']:.1f} s/step over {round_['grpo_steps']:.0f} steps" if name == "training" else ""
+        extra = (
+            f"{round_['grpo_seconds_per_step']:.1f} s/step over {round_['grpo_steps']:.0f} steps"
+            if name == "training"
+            else ""
+        )
         lines.append(f"| round: {name} | {seconds:.1f} | {extra} | {round_['stage_peak_memory_gib'][name]:.2f} |")
     lines.append(
         f"| round: Dagster + IO | {round_['dagster_io_overhead_seconds']:.1f} | "
@@ -436,7 +497,10 @@ def markdown(results: dict) -> str:
         "| phase | seconds |",
         "|---|---|",
     ]
-    lines += [f"| {phase} | {step['phases'][phase]:.2f} |" for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step")]
+    lines += [
+        f"| {phase} | {step['phases'][phase]:.2f} |"
+        for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step")
+    ]
     lines.append(f"| completion tokens generated in the run | {step['completion_tokens']:.0f} |")
     lines += framework_cost_lines(s["framework_cost"])
     if "launcher" not in s:
@@ -470,7 +534,15 @@ def markdown(results: dict) -> str:
 
 COUNTS = {
     "sampling": ("problems", "completions", "generated_tokens"),
-    "training": ("optimizer_steps", "prompts", "completions", "generated_tokens", "train_rows", "gold_rows", "pseudo_rows"),
+    "training": (
+        "optimizer_steps",
+        "prompts",
+        "completions",
+        "generated_tokens",
+        "train_rows",
+        "gold_rows",
+        "pseudo_rows",
+    ),
 }
 """What each side of a framework-cost row did, reported side by side."""
 
@@ -492,21 +564,29 @@ def framework_cost_lines(cost: dict) -> list[str]:
         )
     lines += ["", "What each side did:", "", "| stage | count | project | plain |", "|---|---|---|---|"]
     for name, counts in COUNTS.items():
-        lines += [f"| {name} | {count} | {cost[name]['project'][count]:.0f} | {cost[name]['plain'][count]:.0f} |" for count in counts]
+        lines += [
+            f"| {name} | {count} | {cost[name]['project'][count]:.0f} | {cost[name]['plain'][count]:.0f} |"
+            for count in counts
+        ]
     if "seconds_per_step" in cost["training"]["plain"]:
         lines += [
             "",
             f"A GRPO step by TRL's own timer (mean): {cost['training']['project_seconds_per_step']:.2f} s in the project's stage, "
             f"{cost['training']['plain']['seconds_per_step']:.2f} s in the plain script.",
         ]
-    lines += ["", f"Hashing one checkpoint's weights (the training step hashes two): {cost['training']['checkpoint_hash_seconds']:.2f} s."]
+    lines += [
+        "",
+        f"Hashing one checkpoint's weights (the training step hashes two): {cost['training']['checkpoint_hash_seconds']:.2f} s.",
+    ]
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher-steps", type=int, default=2, help="GRPO steps of the labeled-RL teacher (default 2)")
-    parser.add_argument("--skip", action="append", default=[], choices=SKIPPABLE, help="leave a part out (repeatable); see above")
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=SKIPPABLE, help="leave a part out (repeatable); see above"
+    )
     args = parser.parse_args()
     results = run(args.teacher_steps, set(args.skip))
     RESULTS_DIR.mkdir(exist_ok=True)

@@ -56,10 +56,15 @@ def train_student(lake_root: Path, processes: int) -> dict:
         wall = time.perf_counter() - started
         assert result.success, f"training on {processes} processes failed"
         # The labeled-only control's check, against the new student (it is a check of the control's asset).
-        matched = evaluate_checks([dg.AssetCheckKey(control, COMPUTE_MATCHED)], partition=ARM, instance=instance, resources=resources)
+        matched = evaluate_checks(
+            [dg.AssetCheckKey(control, COMPUTE_MATCHED)], partition=ARM, instance=instance, resources=resources
+        )
     (event,) = result.get_asset_materialization_events()
     metadata = event.step_materialization_data.materialization.metadata
-    checks = {check.check_name: check.passed for check in [*result.get_asset_check_evaluations(), *matched.get_asset_check_evaluations()]}
+    checks = {
+        check.check_name: check.passed
+        for check in [*result.get_asset_check_evaluations(), *matched.get_asset_check_evaluations()]
+    }
     compute = read_compute(lake.artifact_dir(dg.AssetKey(student), ARM)).own
     shutil.rmtree(copy.parent)
     return {
@@ -75,9 +80,17 @@ def train_student(lake_root: Path, processes: int) -> dict:
 def main(lake_root: Path) -> None:
     import subprocess
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     runs = [train_student(lake_root, processes) for processes in PROCESSES]
-    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit, "cores": os.cpu_count(), "lake": str(lake_root), "runs": runs}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": commit,
+        "cores": os.cpu_count(),
+        "lake": str(lake_root),
+        "runs": runs,
+    }
     (REPO / "benchmarks" / "results" / "training_processes.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
 

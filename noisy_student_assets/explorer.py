@@ -43,9 +43,20 @@ from noisy_student_assets.core.settings import EvalSettings
 TITLE = "noisy-student explorer"
 NO_ROUND = "No round in this lake yet: `make run` makes one."
 ANSWER_ROLES = (layout.STUDENT_ROLE, layout.LABELED_ONLY)
-AUDIT_FIGURES = ("coverage", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k", "teacher_pass_at_k")
+AUDIT_FIGURES = (
+    "coverage",
+    "kept_label_accuracy",
+    "all_label_accuracy",
+    "teacher_pass_at_1",
+    "teacher_maj_at_k",
+    "teacher_pass_at_k",
+)
 """The audit's figures the round's header shows (the rest are the verifier's, in the Dagster UI)."""
-AGAINST_GOLD = {True: " ✓ (the hidden gold)", False: " ✗ (not the hidden gold)", None: " ? (ungraded: the grader timed out)"}
+AGAINST_GOLD = {
+    True: " ✓ (the hidden gold)",
+    False: " ✗ (not the hidden gold)",
+    None: " ? (ungraded: the grader timed out)",
+}
 # System fonts: the default theme fetches its fonts from Google, which an offline machine cannot reach.
 THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
@@ -98,12 +109,17 @@ class Explorer:
     def problems(self, round_lake: RoundLake) -> list[tuple[str, str]]:
         """The round's unlabeled problems as (the first words of the question, its id)."""
         unlabeled = round_lake.unlabeled_problems()
-        return [(f"{problem_id}: {' '.join(prompt.split())[:80]}", problem_id) for problem_id, prompt in unlabeled.select("problem_id", "prompt").iter_rows()]
+        return [
+            (f"{problem_id}: {' '.join(prompt.split())[:80]}", problem_id)
+            for problem_id, prompt in unlabeled.select("problem_id", "prompt").iter_rows()
+        ]
 
     def answer(self, checkpoint: Path, question: str) -> dict[str, str | None]:
         return _answer(checkpoint, _version(checkpoint / CHECKPOINT_CONFIG), question, self.max_new_tokens)
 
-    def problem_view(self, round_lake: RoundLake, problem_id: str) -> tuple[str, str, str, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    def problem_view(
+        self, round_lake: RoundLake, problem_id: str
+    ) -> tuple[str, str, str, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """The problem's question, hidden gold and kept label, each source's vote, the vote per answer and the samples."""
         votes, labels = self.votes(round_lake)
         record = problem_record(round_lake, problem_id)
@@ -124,10 +140,23 @@ class Explorer:
             pl.col("label_correct").alias("right (audit)"),
         )
         samples = votes.filter(pl.col("problem_id") == problem_id).select(
-            "sample_index", "answer", pl.col("correct").alias("right (audit)"), pl.col("^weight/.*$"), "completion", "mean_logprob", "finish_reason"
+            "sample_index",
+            "answer",
+            pl.col("correct").alias("right (audit)"),
+            pl.col("^weight/.*$"),
+            "completion",
+            "mean_logprob",
+            "finish_reason",
         )
         summary = vote_summary(votes, problem_id).rename({"correct": "right (audit)"})
-        return record["prompt"], record["hidden_gold"], kept, _readable(by_source), _readable(summary), _readable(samples)
+        return (
+            record["prompt"],
+            record["hidden_gold"],
+            kept,
+            _readable(by_source),
+            _readable(summary),
+            _readable(samples),
+        )
 
     def round_header(self, round_lake: RoundLake) -> str:
         """The round's vote settings and its audit's figures."""
@@ -138,7 +167,11 @@ class Explorer:
     def held_out(self, round_lake: RoundLake) -> tuple[str, pl.DataFrame]:
         """Both checkpoints' greedy answers on the held-out problems (their evaluations'), with each one's count right."""
         table = side_by_side(round_lake)
-        counts = ", ".join(f"{role} right on {table[f'{role}/correct'].sum()} of {table.height}" for role in ANSWER_ROLES if f"{role}/correct" in table.columns)
+        counts = ", ".join(
+            f"{role} right on {table[f'{role}/correct'].sum()} of {table.height}"
+            for role in ANSWER_ROLES
+            if f"{role}/correct" in table.columns
+        )
         text = f"**Held-out problems** (greedy answers, from the evaluations): {counts or 'no evaluation yet'}."
         return text, _readable(table.select(pl.exclude("^.*/completion$")))
 
@@ -161,17 +194,31 @@ def build(explorer: Explorer) -> gr.Blocks:
             header = gr.Markdown()
             question = gr.Textbox(label="Question", lines=2, interactive=False)
             with gr.Row():
-                gold = gr.Textbox(label="Hidden gold (the audit's only: no vote reads it)", interactive=False, elem_id="hidden-gold")
+                gold = gr.Textbox(
+                    label="Hidden gold (the audit's only: no vote reads it)", interactive=False, elem_id="hidden-gold"
+                )
                 kept = gr.Markdown(elem_id="kept-label")
             by_source = gr.Dataframe(label="The vote per label source", interactive=False, elem_id="votes-by-source")
-            summary = gr.Dataframe(label="The K samples' answers: how many gave each, and its share of each source's weight", interactive=False)
-            samples = gr.Dataframe(label="The teacher's K samples, with each label source's weight", interactive=False, wrap=True, elem_id="samples")
-            ask_round = gr.Button("Ask the round's student and its labeled-only control (greedy, on CPU)", variant="primary")
+            summary = gr.Dataframe(
+                label="The K samples' answers: how many gave each, and its share of each source's weight",
+                interactive=False,
+            )
+            samples = gr.Dataframe(
+                label="The teacher's K samples, with each label source's weight",
+                interactive=False,
+                wrap=True,
+                elem_id="samples",
+            )
+            ask_round = gr.Button(
+                "Ask the round's student and its labeled-only control (greedy, on CPU)", variant="primary"
+            )
             with gr.Row():
                 student_answer = gr.Markdown(elem_id="student-answer")
                 control_answer = gr.Markdown(elem_id="control-answer")
             held_out_text = gr.Markdown()
-            held_out = gr.Dataframe(label="Held-out problems: student vs labeled-only control", interactive=False, elem_id="held-out")
+            held_out = gr.Dataframe(
+                label="Held-out problems: student vs labeled-only control", interactive=False, elem_id="held-out"
+            )
         with gr.Tab("Ask two checkpoints"):
             with gr.Row():
                 left = gr.Dropdown(label="Checkpoint", choices=[], elem_id="left-checkpoint")
@@ -217,7 +264,11 @@ def build(explorer: Explorer) -> gr.Blocks:
             ask = [gr.update(choices=checkpoints, value=pair[0]), gr.update(choices=checkpoints, value=pair[1])]
             arms = sorted(set(rounds["arm"]))
             if not arms:
-                return [gr.update(choices=[]), *[NO_ROUND if component is header else gr.update() for component in arm_outputs], *ask]
+                return [
+                    gr.update(choices=[]),
+                    *[NO_ROUND if component is header else gr.update() for component in arm_outputs],
+                    *ask,
+                ]
             arm_name, round_number, problem_id = linked_view(request.query_params)
             arm_name = arm_name if arm_name in arms else arms[0]
             return [gr.update(choices=arms, value=arm_name), *show_arm(arm_name, round_number, problem_id), *ask]
@@ -230,7 +281,9 @@ def build(explorer: Explorer) -> gr.Blocks:
                 checkpoint = round_lake.checkpoint(role)
                 name = f"Round {round_number} {role}"
                 if (checkpoint / CHECKPOINT_CONFIG).is_file():
-                    texts.append(_answer_text(name, explorer.answer(checkpoint, record["prompt"]), record["hidden_gold"]))
+                    texts.append(
+                        _answer_text(name, explorer.answer(checkpoint, record["prompt"]), record["hidden_gold"])
+                    )
                 else:
                     texts.append(f"### {name}\n\nNot in the lake.")
             return texts
@@ -263,14 +316,21 @@ def _default_pair(checkpoints: list[str]) -> tuple[str | None, str | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lake", type=Path, default=layout.default_lake_root(), help="the data lake (default: NOISY_STUDENT_DATA_LAKE)")
+    parser.add_argument(
+        "--lake", type=Path, default=layout.default_lake_root(), help="the data lake (default: NOISY_STUDENT_DATA_LAKE)"
+    )
     parser.add_argument("--port", type=int, default=7860)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=EvalSettings().max_new_tokens, help="completion tokens at most (default: the evaluations' own)"
+        "--max-new-tokens",
+        type=int,
+        default=EvalSettings().max_new_tokens,
+        help="completion tokens at most (default: the evaluations' own)",
     )
     args = parser.parse_args()
-    build(Explorer(args.lake.resolve(), args.max_new_tokens)).launch(server_name=args.host, server_port=args.port, theme=THEME)
+    build(Explorer(args.lake.resolve(), args.max_new_tokens)).launch(
+        server_name=args.host, server_port=args.port, theme=THEME
+    )
 
 
 if __name__ == "__main__":

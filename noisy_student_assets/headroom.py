@@ -49,15 +49,28 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, t
     for name in task_names or list(tasks):
         home = task_home(lake, name)
         home.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPOSITORY / "dagster.yaml", home / "dagster.yaml")  # its storage paths are relative to the home
+        shutil.copyfile(
+            REPOSITORY / "dagster.yaml", home / "dagster.yaml"
+        )  # its storage paths are relative to the home
         env = environment.own_instance(home, task_lake(lake, name))
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
-        command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment.resolve()), "--config-json", json.dumps(tasks[name].run_config())]
+        command = [
+            sys.executable,
+            "-m",
+            "noisy_student_assets.grid",
+            "run",
+            str(experiment.resolve()),
+            "--config-json",
+            json.dumps(tasks[name].run_config()),
+        ]
         command += [option for arm in arms for option in ("--arm", arm)]
         command += [option for name in through or () for option in ("--through", name)]
         returncode = subprocess.run(command, cwd=home, env=env).returncode
         if returncode:
-            print(f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check stopped it)", flush=True)
+            print(
+                f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check stopped it)",
+                flush=True,
+            )
             failed[name] = returncode
     if failed:
         print(f"[headroom] failed: {', '.join(failed)}", flush=True)
@@ -69,8 +82,18 @@ def summary(task_names: list[str], experiment: Path, root: Path) -> int:
     `export` wrote): `python -m noisy_student_assets.summary --lake <the task's lake>`."""
     for name in task_names or list(load_tasks(TASKS)):
         print(f"\n# {name}", flush=True)
-        command = [sys.executable, "-m", "noisy_student_assets.summary", "--experiment", str(experiment.resolve()), "--lake", str(task_lake(root, name))]
-        env = environment.own_instance(task_home(root, name), task_lake(root, name))  # the MLflow store it names is the task's
+        command = [
+            sys.executable,
+            "-m",
+            "noisy_student_assets.summary",
+            "--experiment",
+            str(experiment.resolve()),
+            "--lake",
+            str(task_lake(root, name)),
+        ]
+        env = environment.own_instance(
+            task_home(root, name), task_lake(root, name)
+        )  # the MLflow store it names is the task's
         if returncode := subprocess.run(command, env=env).returncode:
             return returncode
     return 0
@@ -96,15 +119,36 @@ def table(root: Path) -> pl.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "summary", "table", "export"])
-    parser.add_argument("--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)")
-    parser.add_argument("--arm", action="append", default=[], help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)")
     parser.add_argument(
-        "--through", action="append", default=[],
+        "--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)"
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)",
+    )
+    parser.add_argument(
+        "--through",
+        action="append",
+        default=[],
         help="run: each arm only up to this asset (the grid's --through; repeatable), e.g. round_001/pseudo_labels",
-    )  # fmt: skip
-    parser.add_argument("--experiment", type=Path, default=EXPERIMENT, help="run, summary, export: the experiment on each task's lake (default: headroom's)")
-    parser.add_argument("--lake", type=Path, default=None, help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data lake")
-    parser.add_argument("--to", type=Path, default=Path("results"), help="export: the results directory (default: results/)")
+    )
+    parser.add_argument(
+        "--experiment",
+        type=Path,
+        default=EXPERIMENT,
+        help="run, summary, export: the experiment on each task's lake (default: headroom's)",
+    )
+    parser.add_argument(
+        "--lake",
+        type=Path,
+        default=None,
+        help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data lake",
+    )
+    parser.add_argument(
+        "--to", type=Path, default=Path("results"), help="export: the results directory (default: results/)"
+    )
     args = parser.parse_args(argv)
     root = args.lake or layout.default_lake_root()
     if args.command == "run":
@@ -116,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     headroom = table(root)
     print(markdown_table(headroom.with_columns(pl.col(pl.Float64).round(3))))
     chosen = grid_task(headroom)
-    print(f"\nThe label-source grid's task: {chosen}" if chosen else "\nNo task has data headroom (gold labels beating labeled-only on 3 seeds).")
+    print(
+        f"\nThe label-source grid's task: {chosen}"
+        if chosen
+        else "\nNo task has data headroom (gold labels beating labeled-only on 3 seeds)."
+    )
     return 0
 
 

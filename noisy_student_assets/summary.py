@@ -11,9 +11,13 @@ from resources import DataLake, MlflowTracking
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--experiment", type=Path, help="an experiment file: its arms only (default: every experiment's in the lake)")
+    parser.add_argument(
+        "--experiment", type=Path, help="an experiment file: its arms only (default: every experiment's in the lake)"
+    )
     parser.add_argument("--lake", type=Path, help="a lake or a results directory to read (default: the data lake)")
-    parser.add_argument("--export", type=Path, help="copy the summarized arms' results into this directory (e.g. results/<name>)")
+    parser.add_argument(
+        "--export", type=Path, help="copy the summarized arms' results into this directory (e.g. results/<name>)"
+    )
     args = parser.parse_args()
     main(
         mlflow_store=MlflowTracking(lake=DataLake()).resolved_tracking_uri,

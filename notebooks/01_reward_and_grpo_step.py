@@ -137,9 +137,10 @@ groups.select(
     "question",
     "answer_reward",
     "advantage",
-    ((pl.col("answer_reward") - pl.col("answer_reward").mean().over("question")) / (pl.col("answer_reward").std().over("question") + 1e-4)).alias(
-        "(reward - group mean) / (group std + 1e-4)"
-    ),
+    (
+        (pl.col("answer_reward") - pl.col("answer_reward").mean().over("question"))
+        / (pl.col("answer_reward").std().over("question") + 1e-4)
+    ).alias("(reward - group mean) / (group std + 1e-4)"),
 )
 
 # %% [markdown]

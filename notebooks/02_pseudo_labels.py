@@ -40,14 +40,25 @@ from IPython.display import Image, Markdown, display
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, FRONTIER_FILE, SOURCES_FILE
 from noisy_student_assets.core.reporting import plots
-from noisy_student_assets.core.reporting.inspection import RoundLake, audit, problem_record, sample_votes, source_labels, vote_summary
+from noisy_student_assets.core.reporting.inspection import (
+    RoundLake,
+    audit,
+    problem_record,
+    sample_votes,
+    source_labels,
+    vote_summary,
+)
 
 pl.Config.set_fmt_str_lengths(100)
 pl.Config.set_tbl_rows(40)
 round_lake = RoundLake(LAKE, ARM, ROUND)
 labels_dir = round_lake.artifact(layout.PSEUDO_LABELS)
 pseudo_labels, settings, audited = round_lake.pseudo_labels(), round_lake.label_settings(), audit(round_lake)
-display(Markdown(f"Arm `{ARM}`, round {ROUND}: label source `{settings.label_source}`, tau {settings.tau:g}, {pseudo_labels.height} unlabeled problems."))
+display(
+    Markdown(
+        f"Arm `{ARM}`, round {ROUND}: label source `{settings.label_source}`, tau {settings.tau:g}, {pseudo_labels.height} unlabeled problems."
+    )
+)
 pl.DataFrame({"audit": list(audited), "value": [str(value) for value in audited.values()]})
 
 # %% [markdown]
@@ -61,7 +72,11 @@ pl.DataFrame({"audit": list(audited), "value": [str(value) for value in audited.
 # How strongly the teacher's samples agreed with the label, per problem; the problems right of tau were kept.
 
 # %%
-display(Image(plots.agreement_histogram(pseudo_labels["agreement"].to_list(), audited["tau"], int(pseudo_labels["k"].max()))))
+display(
+    Image(
+        plots.agreement_histogram(pseudo_labels["agreement"].to_list(), audited["tau"], int(pseudo_labels["k"].max()))
+    )
+)
 
 # %% [markdown]
 # Is agreement a good confidence? The label accuracy (against the hidden gold) of each agreement bucket:
@@ -98,7 +113,9 @@ sources
 votes = sample_votes(round_lake)
 labels = source_labels(round_lake)
 chosen = labels.filter("chosen")
-disagreed = labels.group_by("problem_id").agg(pl.col("pseudo_label").n_unique() > 1).filter("pseudo_label")["problem_id"]
+disagreed = (
+    labels.group_by("problem_id").agg(pl.col("pseudo_label").n_unique() > 1).filter("pseudo_label")["problem_id"]
+)
 solved = votes.filter("correct")["problem_id"]
 kinds = {
     "kept, but wrong": chosen.filter(pl.col("kept") & ~pl.col("label_correct")).sort("agreement", descending=True),
@@ -111,11 +128,19 @@ shown = {f"problem {problem_id}": problem_id for problem_id in PROBLEM_IDS} or {
 }
 for kind, problem_id in shown.items():
     record = problem_record(round_lake, problem_id)
-    display(Markdown(f"### {kind}: `{problem_id}`\n\n> {record['prompt']}\n\nHidden gold (the audit's; no vote saw it): **{record['hidden_gold']}**"))
+    display(
+        Markdown(
+            f"### {kind}: `{problem_id}`\n\n> {record['prompt']}\n\nHidden gold (the audit's; no vote saw it): **{record['hidden_gold']}**"
+        )
+    )
     display(labels.filter(pl.col("problem_id") == problem_id).drop("problem_id"))
     display(vote_summary(votes, problem_id).rename({"correct": "matches hidden gold"}))
     display(
         votes.filter(pl.col("problem_id") == problem_id).select(
-            "sample_index", "answer", pl.col("correct").alias("matches hidden gold"), pl.col("^weight/.*$"), pl.col("completion").str.slice(0, 80)
+            "sample_index",
+            "answer",
+            pl.col("correct").alias("matches hidden gold"),
+            pl.col("^weight/.*$"),
+            pl.col("completion").str.slice(0, 80),
         )
     )

@@ -75,7 +75,9 @@ for number in range(1, ROUND + 1):
     student, teacher = round_lake.evaluation(layout.STUDENT_ROLE), teacher_evaluation(round_lake)
     if student and teacher:
         difference = paired_difference(
-            *paired_scores([(student.scores, teacher.scores)]), treatment_name=f"round {number}'s student", control_name="its teacher"
+            *paired_scores([(student.scores, teacher.scores)]),
+            treatment_name=f"round {number}'s student",
+            control_name="its teacher",
         )
         against_teacher.append({"round": number} | difference.as_dict())
 pl.DataFrame(against_teacher).drop("treatment", "control")
@@ -85,7 +87,9 @@ pl.DataFrame(against_teacher).drop("treatment", "control")
 # same optimizer steps, prompts and completions since the base model):
 
 # %%
-results.differences.select("round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched")
+results.differences.select(
+    "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
+)
 
 # %% [markdown]
 # ## Flips
@@ -101,7 +105,9 @@ results.flips
 
 # %%
 round_lake = RoundLake(LAKE, ARM, ROUND)
-eval_problems = pl.read_parquet(layout.artifact_dir(LAKE, layout.EVAL_PROBLEMS) / layout.TABLE_FILE_NAME).select("problem_id", "prompt", "gold_answer")
+eval_problems = pl.read_parquet(layout.artifact_dir(LAKE, layout.EVAL_PROBLEMS) / layout.TABLE_FILE_NAME).select(
+    "problem_id", "prompt", "gold_answer"
+)
 flipped_problems(round_lake).join(eval_problems, on="problem_id").select(
     "flip", "prompt", "gold_answer", "teacher/answer", "student/answer", pl.col("student/completion").str.slice(0, 80)
 ).sort("flip")
@@ -126,12 +132,23 @@ versus.filter(pl.col("student/correct") != pl.col("labeled_only/correct")).selec
 # %%
 roles = [role for role in (layout.STUDENT_ROLE, *layout.CONTROLS) if round_lake.checkpoint(role).exists()]
 spent = {role: read_compute(round_lake.checkpoint(role)) for role in roles}
-pl.DataFrame([{"checkpoint": role, "compute": part, **getattr(spent[role], part).as_dict()} for role in roles for part in ("own", "total")])
+pl.DataFrame(
+    [
+        {"checkpoint": role, "compute": part, **getattr(spent[role], part).as_dict()}
+        for role in roles
+        for part in ("own", "total")
+    ]
+)
 
 # %%
 student = round_lake.evaluation(layout.STUDENT_ROLE)
 for control in roles[1:]:
     matched, table = compute_comparison(student.metrics, round_lake.evaluation(control).metrics)
     mismatches = recipe_mismatches(spent[control].recipe, spent[layout.STUDENT_ROLE].recipe)
-    display(Markdown(f"**{control}**: {'compute-matched' if matched else 'NOT compute-matched'}; recipe " + ("; ".join(mismatches) or "the same")))
+    display(
+        Markdown(
+            f"**{control}**: {'compute-matched' if matched else 'NOT compute-matched'}; recipe "
+            + ("; ".join(mismatches) or "the same")
+        )
+    )
     display(table.rename({"treatment": layout.STUDENT_ROLE, "control": control}))

@@ -10,7 +10,10 @@ from resources.tracking import MlflowTracking
 
 
 def lake_resources(
-    lake: DataLake, compute: ComputeResource | None = None, experiments: ExperimentFiles | None = None, launcher: StageLauncher | None = None
+    lake: DataLake,
+    compute: ComputeResource | None = None,
+    experiments: ExperimentFiles | None = None,
+    launcher: StageLauncher | None = None,
 ) -> dict:
     """Every resource the assets need, all on `lake`: the code location's set, and the set a script or
     test materializes with into a lake of its own."""

@@ -45,7 +45,10 @@ class DataLake(dg.ConfigurableResource):
     """Root directory of all artifacts: `<root>/<asset key path>/<arm>/`, or `<root>/<asset key path>/` for
     the assets every arm shares (see `noisy_student_assets.core.layout`)."""
 
-    root: str = Field(default=str(layout.default_lake_root()), description="where the artifacts live (NOISY_STUDENT_DATA_LAKE; default ./data_lake)")
+    root: str = Field(
+        default=str(layout.default_lake_root()),
+        description="where the artifacts live (NOISY_STUDENT_DATA_LAKE; default ./data_lake)",
+    )
 
     @property
     def root_path(self) -> Path:
@@ -108,7 +111,9 @@ class DataLake(dg.ConfigurableResource):
     def read_sidecars(self, asset_key: dg.AssetKey, partition_key: str | None) -> dict[str, str]:
         """The small text files published beside a table (see `write_table`), by name."""
         directory = self.artifact_dir(asset_key, partition_key)
-        return {path.name: path.read_text() for path in sorted(directory.iterdir()) if path.name != layout.TABLE_FILE_NAME}
+        return {
+            path.name: path.read_text() for path in sorted(directory.iterdir()) if path.name != layout.TABLE_FILE_NAME
+        }
 
     def write_table(
         self,

@@ -68,5 +68,7 @@ class InstanceStorage(DagsterStorage, ConfigurableClass):
         try:
             from dagster_postgres import DagsterPostgresStorage
         except ImportError as missing:
-            raise ImportError(f"{DATABASE_URL_ENV_VAR} is set: Postgres needs the postgres extra (pip install -e '.[postgres]')") from missing
+            raise ImportError(
+                f"{DATABASE_URL_ENV_VAR} is set: Postgres needs the postgres extra (pip install -e '.[postgres]')"
+            ) from missing
         return DagsterPostgresStorage.from_config_value(inst_data, {"postgres_url": url})

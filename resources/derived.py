@@ -15,7 +15,11 @@ def derived_class(settings: type[BaseModel], name: str, base: type[BaseModel]) -
     fields: dict[str, Any] = {}
     for field_name, info in settings.model_fields.items():
         annotation = info.annotation
-        nested = [arg for arg in (get_args(annotation) or (annotation,)) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        nested = [
+            arg
+            for arg in (get_args(annotation) or (annotation,))
+            if isinstance(arg, type) and issubclass(arg, BaseModel)
+        ]
         if not nested:
             fields[field_name] = (annotation, info)
             continue

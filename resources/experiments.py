@@ -19,7 +19,8 @@ class ExperimentFiles(dg.ConfigurableResource):
     """Where the experiment files live (`experiments/*.yaml`; the code location reads the same directory)."""
 
     directory: str = Field(
-        default=str(default_experiments_dir()), description="directory of the experiment files (NOISY_STUDENT_EXPERIMENTS)"
+        default=str(default_experiments_dir()),
+        description="directory of the experiment files (NOISY_STUDENT_EXPERIMENTS)",
     )
 
     @property

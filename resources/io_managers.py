@@ -63,7 +63,9 @@ class CheckpointIOManager(DirectoryIOManager):
     def load_input(self, context: dg.InputContext) -> Path:
         path = self.lake.artifact_dir(context.asset_key, _partition_key(context))
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"{context.asset_key.to_user_string()} has no checkpoint at {path}: materialize it first")
+            raise FileNotFoundError(
+                f"{context.asset_key.to_user_string()} has no checkpoint at {path}: materialize it first"
+            )
         return path
 
 

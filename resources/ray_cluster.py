@@ -64,23 +64,37 @@ def local_ray_cluster(num_cpus: int, num_gpus: int) -> Iterator[RayHead]:
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     log_path = Path(temp_dir) / "head.log"
     command = [
-        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--disable-usage-stats",
-        f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", f"--temp-dir={temp_dir}", "--dashboard-host=127.0.0.1",
-        "--include-dashboard=true", *(f"{option}={port}" for option, port in ports.items()),
-    ]  # fmt: skip
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
+        f"--temp-dir={temp_dir}",
+        "--dashboard-host=127.0.0.1",
+        "--include-dashboard=true",
+        *(f"{option}={port}" for option, port in ports.items()),
+    ]
     with log_path.open("w") as log:
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ | {"RAY_ADDRESS": ""})
+        head = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ | {"RAY_ADDRESS": ""}
+        )
     address = f"http://127.0.0.1:{ports['--dashboard-port']}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if head.poll() is not None:
-                raise RuntimeError(f"the local Ray head exited with code {head.returncode}:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"the local Ray head exited with code {head.returncode}:\n{log_path.read_text()[-3000:]}"
+                )
             with contextlib.suppress(OSError, ValueError):
                 if cluster_resources(address).get("CPU"):  # the head node has registered its resources
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the local Ray head at {address} did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"the local Ray head at {address} did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}"
+                )
             time.sleep(1)
         yield RayHead(address, head.pid)
     finally:

@@ -70,10 +70,12 @@ class MlflowTracking(dg.ConfigurableResource):
     )
     experiment_name: str = Field(default="noisy-student", description="the MLflow experiment every run goes into")
     ui_url: str = Field(
-        default="http://127.0.0.1:5000", description="where `mlflow ui` serves this store: Dagster metadata links runs there"
+        default="http://127.0.0.1:5000",
+        description="where `mlflow ui` serves this store: Dagster metadata links runs there",
     )
     dagster_ui_url: str = Field(
-        default="http://127.0.0.1:3000", description="where `dagster dev` serves the UI: each MLflow run links its Dagster run there"
+        default="http://127.0.0.1:3000",
+        description="where `dagster dev` serves the UI: each MLflow run links its Dagster run there",
     )
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
@@ -83,7 +85,9 @@ class MlflowTracking(dg.ConfigurableResource):
     @property
     def resolved_tracking_uri(self) -> str:
         shared = self._shared_database
-        return self.tracking_uri or (mlflow_store_uri(shared) if shared else f"sqlite:///{self.lake.root_path / layout.TRACKING_DB_NAME}")
+        return self.tracking_uri or (
+            mlflow_store_uri(shared) if shared else f"sqlite:///{self.lake.root_path / layout.TRACKING_DB_NAME}"
+        )
 
     @property
     def _shared_database(self) -> str | None:
@@ -125,15 +129,24 @@ class MlflowTracking(dg.ConfigurableResource):
             if self._shared_database:
                 create_mlflow_schema(self._shared_database)
             experiment = mlflow.get_experiment_by_name(self.experiment_name)
-            experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
-                # Artifacts beside the store, not in ./mlruns of whatever directory the run started in. The kind opens
-                # the experiment in MLflow's model-training view, not its GenAI view (traces, prompts), which is empty here.
-                self.experiment_name, artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri(),
-                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND},
+            experiment_id = (
+                experiment.experiment_id
+                if experiment
+                else mlflow.create_experiment(
+                    # Artifacts beside the store, not in ./mlruns of whatever directory the run started in. The kind opens
+                    # the experiment in MLflow's model-training view, not its GenAI view (traces, prompts), which is empty here.
+                    self.experiment_name,
+                    artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri(),
+                    tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND},
+                )
             )
             mlflow.set_experiment(experiment_id=experiment_id)
             if arm is not None:
-                tags |= {ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment, "mlflow.parentRunId": self._arm_parent(experiment_id, arm)}
+                tags |= {
+                    ARM_TAG: arm.name,
+                    EXPERIMENT_TAG: arm.experiment,
+                    "mlflow.parentRunId": self._arm_parent(experiment_id, arm),
+                }
         # The asset's key path first ("round_001/eval_report a"): MLflow's run list cuts long names at their end.
         run_name = " ".join(part for part in ("/".join(key_path), arm.name if arm else "") if part)
         with mlflow.start_run(run_name=run_name, tags=tags) as run:
@@ -143,7 +156,9 @@ class MlflowTracking(dg.ConfigurableResource):
     def _arm_parent(self, experiment_id: str, arm: Arm) -> str:
         """The id of the arm's parent run (made on first use, holding the arm's spec as params)."""
         client = self._client()
-        found = client.search_runs([experiment_id], filter_string=f"tags.{PARENT_OF_ARM_TAG} = '{arm.name}'", max_results=1)
+        found = client.search_runs(
+            [experiment_id], filter_string=f"tags.{PARENT_OF_ARM_TAG} = '{arm.name}'", max_results=1
+        )
         if found:
             return found[0].info.run_id
         parent = client.create_run(

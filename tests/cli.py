@@ -27,7 +27,9 @@ FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}
 def changed_defaults_env(defaults: dict) -> dict[str, str]:
     """The environment variables of a process whose settings' defaults are changed as an edited `core/settings.py` would change
     them ({"TeacherSamplingSettings": {"k": 6}}; see tests/changed_defaults/sitecustomize.py)."""
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT / "tests" / "changed_defaults"), str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(
+        filter(None, [str(REPO_ROOT / "tests" / "changed_defaults"), str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+    )
     return {"PYTHONPATH": path, "NOISY_STUDENT_TEST_DEFAULTS": json.dumps(defaults)}
 
 
@@ -45,14 +47,21 @@ class DagsterCli:
         result = subprocess.run(
             [DAGSTER, *args], cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout
         )
-        assert result.returncode == 0, f"dagster {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        assert result.returncode == 0, (
+            f"dagster {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
         return result
 
     def start(self, *args: str, log: Path) -> subprocess.Popen:
         """`dagster ...` in the background, its output in `log`, in a process group of its own (see `stop`)."""
         with log.open("w") as out:
             return subprocess.Popen(
-                [DAGSTER, *args], cwd=self.home, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [DAGSTER, *args],
+                cwd=self.home,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     @contextlib.contextmanager
@@ -67,20 +76,37 @@ class DagsterCli:
         try:
             while not _code_location_loaded(url):
                 assert process.poll() is None, f"dagster dev exited:\n{log.read_text()[-4000:]}"
-                assert time.monotonic() < deadline, f"the UI did not load the code location in {timeout} s:\n{log.read_text()[-4000:]}"
+                assert time.monotonic() < deadline, (
+                    f"the UI did not load the code location in {timeout} s:\n{log.read_text()[-4000:]}"
+                )
                 time.sleep(2)
             yield url
         finally:
             self.stop(process)
 
-    def grid(self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> subprocess.Popen:
+    def grid(
+        self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None
+    ) -> subprocess.Popen:
         """`python -m noisy_student_assets.grid run <experiment>` in the background, its output in `log`, in a process
         group of its own (a test may kill the whole grid)."""
         with log.open("w") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "noisy_student_assets.grid", "run", str(experiment), "--config-json", json.dumps(config), *options],
-                cwd=self.home, env=self.env | FAULTHANDLER | (env or {}), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "noisy_student_assets.grid",
+                    "run",
+                    str(experiment),
+                    "--config-json",
+                    json.dumps(config),
+                    *options,
+                ],
+                cwd=self.home,
+                env=self.env | FAULTHANDLER | (env or {}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def grid_done(self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> str:
         """`grid` run to its end (it must succeed); its output."""
@@ -106,7 +132,9 @@ class DagsterCli:
                 process.wait(timeout=30)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            raise AssertionError(f"the grid still ran after {timeout:.0f} s; its log ends:\n{log.read_text()[-6000:]}") from None
+            raise AssertionError(
+                f"the grid still ran after {timeout:.0f} s; its log ends:\n{log.read_text()[-6000:]}"
+            ) from None
 
     @staticmethod
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:

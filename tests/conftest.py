@@ -190,7 +190,13 @@ def inspected_lake(sevens_teacher_lake: Path, sevens_model_dir: Path, tmp_path_f
     lake, config = DataLake(root=str(root)), tiny_config(sevens_model_dir, rounds=1, tau=0.5)
     with arms_instance() as instance:
         materialize(lake, [layout.BASE_MODEL_EVAL], config, instance=instance)
-        materialize(lake, [layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL], config, INSPECTED_ARM, instance=instance)
+        materialize(
+            lake,
+            [layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL],
+            config,
+            INSPECTED_ARM,
+            instance=instance,
+        )
         answerable_by_sevens(lake, INSPECTED_ARM)
         verifier = round_names(1, layout.VERIFIER, layout.VERIFIER_SCORES)
         materialize(lake, [*round_chain(1, layout.LABELED_ONLY), *verifier], config, INSPECTED_ARM, instance=instance)

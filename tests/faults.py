@@ -49,4 +49,8 @@ def failures(result: dg.ExecuteInJobResult, step: str) -> list[str]:
 
 
 def retries(result: dg.ExecuteInJobResult, step: str) -> list[str]:
-    return [_chain(e.event_specific_data.error) for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY" and e.step_key == step]
+    return [
+        _chain(e.event_specific_data.error)
+        for e in result.all_events
+        if e.event_type_value == "STEP_UP_FOR_RETRY" and e.step_key == step
+    ]

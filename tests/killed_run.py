@@ -72,7 +72,9 @@ def arrange(fault: str, ready: Path) -> None:
         write_parquet = pl.DataFrame.write_parquet
 
         def stop_in_generations(frame, file, *args, **kwargs):
-            if Path(file).name != layout.TABLE_FILE_NAME or "sample_index" not in frame.columns:  # not the generations table
+            if (
+                Path(file).name != layout.TABLE_FILE_NAME or "sample_index" not in frame.columns
+            ):  # not the generations table
                 return write_parquet(frame, file, *args, **kwargs)
             scratch = Path(str(file) + ".whole")
             write_parquet(frame, scratch, *args, **kwargs)
@@ -102,11 +104,17 @@ def arrange(fault: str, ready: Path) -> None:
     elif fault == PAYLOAD_FAULT:
         from tests.faults import FAULTS_DIR
 
-        os.environ |= {"NOISY_STUDENT_PAYLOAD_FAULT": "hang-after-checkpoint", "NOISY_STUDENT_PAYLOAD_READY": str(ready), "PYTHONPATH": str(FAULTS_DIR)}
+        os.environ |= {
+            "NOISY_STUDENT_PAYLOAD_FAULT": "hang-after-checkpoint",
+            "NOISY_STUDENT_PAYLOAD_READY": str(ready),
+            "PYTHONPATH": str(FAULTS_DIR),
+        }
     elif fault == "training" or fault in STUDENT_MODE_FAULTS:
         import trl
 
-        trainer_class = {"training": trl.GRPOTrainer, "training-sft": trl.SFTTrainer, "training-dpo": trl.DPOTrainer}[fault]
+        trainer_class = {"training": trl.GRPOTrainer, "training-sft": trl.SFTTrainer, "training-dpo": trl.DPOTrainer}[
+            fault
+        ]
         save_checkpoint = trainer_class._save_checkpoint
 
         def stop_after_first_checkpoint(trainer, model, trial):
@@ -126,7 +134,10 @@ def kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
     with log.open("wb") as out:
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.killed_run", fault, lake.root, str(ready), str(model_dir)],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + FAULT_TIMEOUT_S
@@ -143,7 +154,11 @@ def kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
 
 def main(fault: str, lake_root: str, ready: str, model_dir: str) -> None:
     arrange(fault, Path(ready))
-    materialize(DataLake(root=lake_root), *materialization(fault, model_dir), launcher="subprocess" if fault == PAYLOAD_FAULT else "inprocess")
+    materialize(
+        DataLake(root=lake_root),
+        *materialization(fault, model_dir),
+        launcher="subprocess" if fault == PAYLOAD_FAULT else "inprocess",
+    )
     raise SystemExit(f"{fault}: the run finished without reaching its fault")
 
 

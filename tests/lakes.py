@@ -22,7 +22,9 @@ def isolated_resources(lake: DataLake, launcher: str | StageLauncher = "inproces
     """The code location's resources on `lake`, on the CPU, with a device lock of the lake's own: a test must
     not queue behind (or block) a pipeline running on this machine."""
     compute = ComputeResource(device="cpu", dtype="float32", lock_dir=str(lake.root_path))
-    return lake_resources(lake, compute, launcher=launcher if isinstance(launcher, StageLauncher) else StageLauncher(kind=launcher))
+    return lake_resources(
+        lake, compute, launcher=launcher if isinstance(launcher, StageLauncher) else StageLauncher(kind=launcher)
+    )
 
 
 @contextmanager
@@ -68,9 +70,13 @@ def run_checks(lake: DataLake, asset: str, config: dict, arm: str) -> dg.Execute
     """Only the checks of one arm's asset, as the UI's *Execute checks* runs them."""
     from noisy_student_assets.definitions import defs
 
-    checks = dg.AssetSelection.checks_for_assets(dg.AssetKey(asset.split("/"))).resolve_checks(defs.resolve_asset_graph())
+    checks = dg.AssetSelection.checks_for_assets(dg.AssetKey(asset.split("/"))).resolve_checks(
+        defs.resolve_asset_graph()
+    )
     with arms_instance() as instance:
-        return evaluate_checks(checks, partition=arm, instance=instance, resources=isolated_resources(lake), run_config=config)
+        return evaluate_checks(
+            checks, partition=arm, instance=instance, resources=isolated_resources(lake), run_config=config
+        )
 
 
 def answerable_by_sevens(lake: DataLake, arm: str) -> None:

@@ -12,12 +12,16 @@ from noisy_student_assets.defs.partitions import ARMS
 GRAPH = defs.resolve_asset_graph()
 
 
-def stand_in(key: dg.AssetKey, batch: set[dg.AssetKey], failing: str | None, validation: float | None) -> dg.AssetsDefinition:
+def stand_in(
+    key: dg.AssetKey, batch: set[dg.AssetKey], failing: str | None, validation: float | None
+) -> dg.AssetsDefinition:
     checks = [check.name for check in GRAPH.get(key).check_keys if GRAPH.get_check_spec(check).blocking]
     inputs = [parent for parent in GRAPH.get(key).parent_keys if parent in batch]  # so that they run in the real order
     validated = key.path[-1] in (layout.LABELED_RL_VALIDATION, layout.STUDENT_VALIDATION)
 
-    @dg.asset(key=key, partitions_def=ARMS, deps=inputs, check_specs=[dg.AssetCheckSpec(check, asset=key) for check in checks])
+    @dg.asset(
+        key=key, partitions_def=ARMS, deps=inputs, check_specs=[dg.AssetCheckSpec(check, asset=key) for check in checks]
+    )
     def _asset():
         yield dg.MaterializeResult(metadata={"greedy_accuracy": validation} if validated else None)
         for check in checks:
@@ -26,7 +30,14 @@ def stand_in(key: dg.AssetKey, batch: set[dg.AssetKey], failing: str | None, val
     return _asset
 
 
-def record(instance: dg.DagsterInstance, names: list[str], arm: str, *, failing: str | None = None, validation: float | None = None) -> None:
+def record(
+    instance: dg.DagsterInstance,
+    names: list[str],
+    arm: str,
+    *,
+    failing: str | None = None,
+    validation: float | None = None,
+) -> None:
     """Materialize stand-ins of `names` for `arm`, each blocking check passed (`failing`: that check failed), and
     a validation eval recording `validation` as its greedy accuracy."""
     keys = {dg.AssetKey(name.split("/")) for name in names}

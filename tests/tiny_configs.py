@@ -12,15 +12,26 @@ TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_c
 # A random model runs every completion to its (8-token) limit, often in whitespace alone, and answers nothing:
 # the degenerate-output checks would stop every run, so their thresholds are off here (tests/unit/test_guards.py and
 # tests/integration/test_broken_models.py test them).
-RANDOM_MODEL_OUTPUT = {"min_answer_rate": 0.0, "max_truncation_rate": 1.0, "max_identical_share": 1.0, "max_unevaluated_rate": 1.0}
+RANDOM_MODEL_OUTPUT = {
+    "min_answer_rate": 0.0,
+    "max_truncation_rate": 1.0,
+    "max_identical_share": 1.0,
+    "max_unevaluated_rate": 1.0,
+}
 TINY_EVAL = {"backend": "transformers", "max_new_tokens": 8, "samples": 2, "ks": [1, 2]} | RANDOM_MODEL_OUTPUT
 TINY_SMOKE = {"prompts": 2, "max_new_tokens": 8, "max_empty_rate": 1.0, "max_truncation_rate": 1.0}
 TINY_GREEDY_EVAL = TINY_EVAL | {"samples": 0, "ks": []}
 TINY_SAMPLING = {"backend": "transformers", "k": 3, "max_new_tokens": 8, "shard_size": 2}
 TINY_VERIFIER = {
-    "backend": "transformers", "k": 4, "temperature": 1.0, "max_new_tokens": 8, "max_steps": 2, "pairs_per_step": 2, "max_length": 64,
+    "backend": "transformers",
+    "k": 4,
+    "temperature": 1.0,
+    "max_new_tokens": 8,
+    "max_steps": 2,
+    "pairs_per_step": 2,
+    "max_length": 64,
     "score_batch_size": 4,
-}  # fmt: skip
+}
 N_LABELED, N_UNLABELED, N_VALIDATION = 4, 6, 3
 TWO_DIGIT = {"kind": "reasoning_gym", "name": "basic_arithmetic", "task_options_json": TWO_DIGIT_ADDITION}
 
@@ -40,8 +51,12 @@ def round_names(number: int, *names: str) -> list[str]:
 
 def round_chain(number: int, *controls: str) -> list[str]:
     """A round's student chain and the given controls, with their evaluations."""
-    control_assets = [name for control in controls for name in (layout.control_checkpoint(control), layout.control_eval(control))]
-    return round_names(number, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *control_assets, layout.EVAL_REPORT)
+    control_assets = [
+        name for control in controls for name in (layout.control_checkpoint(control), layout.control_eval(control))
+    ]
+    return round_names(
+        number, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *control_assets, layout.EVAL_REPORT
+    )
 
 
 def tiny_config(tiny_model_dir: Path, rounds: int = 2, tau: float = 0.0, min_coverage: float = 0.0) -> dict:
@@ -62,7 +77,9 @@ def tiny_config(tiny_model_dir: Path, rounds: int = 2, tau: float = 0.0, min_cov
         ops |= {
             op(prefix, layout.GENERATIONS): {"config": TINY_SAMPLING},
             op(prefix, layout.VERIFIER): {"config": TINY_VERIFIER},
-            op(prefix, layout.PSEUDO_LABELS): {"config": {"tau": tau, "min_coverage": min_coverage, "min_mean_agreement": 0.0}},
+            op(prefix, layout.PSEUDO_LABELS): {
+                "config": {"tau": tau, "min_coverage": min_coverage, "min_mean_agreement": 0.0}
+            },
             op(prefix, layout.STUDENT): {"config": {"grpo": TINY_GRPO}},
             op(prefix, layout.STUDENT_VALIDATION): {"config": TINY_GREEDY_EVAL},
             op(prefix, layout.EVAL_REPORT): {"config": TINY_EVAL},

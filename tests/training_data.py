@@ -12,7 +12,13 @@ SEVEN = "7"
 
 # Short runs: 2 prompts x 4 completions of at most 8 tokens per step.
 TINY_RUN = GRPOSettings(
-    max_steps=2, num_generations=4, prompts_per_step=2, max_completion_length=8, learning_rate=1e-2, temperature=1.0, save_steps=1
+    max_steps=2,
+    num_generations=4,
+    prompts_per_step=2,
+    max_completion_length=8,
+    learning_rate=1e-2,
+    temperature=1.0,
+    save_steps=1,
 )
 
 
@@ -47,11 +53,23 @@ def votes() -> tuple[pl.DataFrame, pl.DataFrame]:
     """The teacher's samples of `ANSWERS` and the kept pseudo-label 7 of each problem."""
     generations = pl.DataFrame(
         [
-            {"problem_id": pid, "sample_index": i, "completion": f"It is \\boxed{{{a}}}" if a else "no idea", "answer": a}
+            {
+                "problem_id": pid,
+                "sample_index": i,
+                "completion": f"It is \\boxed{{{a}}}" if a else "no idea",
+                "answer": a,
+            }
             for pid, answers in ANSWERS.items()
             for i, a in enumerate(answers)
         ],
         schema={"problem_id": pl.Utf8, "sample_index": pl.Int32, "completion": pl.Utf8, "answer": pl.Utf8},
     )
-    labels = pl.DataFrame({"problem_id": list(ANSWERS), "prompt": [f"What is {i} + 7 - {i}?" for i in range(6)], "pseudo_label": "7", "kept": True})
+    labels = pl.DataFrame(
+        {
+            "problem_id": list(ANSWERS),
+            "prompt": [f"What is {i} + 7 - {i}?" for i in range(6)],
+            "pseudo_label": "7",
+            "kept": True,
+        }
+    )
     return generations, labels

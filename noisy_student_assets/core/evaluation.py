@@ -78,7 +78,9 @@ def score_problems(
         for k in ks:
             row[f"maj@{k}_correct"] = answers_equivalent(gold, majority_vote(answers[:k]).answer)
         rows.append(row)
-    return pl.DataFrame(rows, schema_overrides={"greedy_correct": pl.Boolean} | {f"maj@{k}_correct": pl.Boolean for k in ks})
+    return pl.DataFrame(
+        rows, schema_overrides={"greedy_correct": pl.Boolean} | {f"maj@{k}_correct": pl.Boolean for k in ks}
+    )
 
 
 def summarize(scores: pl.DataFrame, ks: tuple[int, ...]) -> dict[str, float]:
@@ -90,11 +92,17 @@ def summarize(scores: pl.DataFrame, ks: tuple[int, ...]) -> dict[str, float]:
         "unevaluated_rate": scores["greedy_unevaluated"].mean(),
         "mean_completion_tokens": scores["greedy_tokens"].mean(),
         "problems": float(scores.height),
-        "ungraded": float(sum(scores[column].null_count() for column in correct_columns) + scores["samples_ungraded"].sum()),
+        "ungraded": float(
+            sum(scores[column].null_count() for column in correct_columns) + scores["samples_ungraded"].sum()
+        ),
     }
     for k in ks:
         metrics[f"maj@{k}"] = scores[f"maj@{k}_correct"].mean()
-        graded = [(n - u, c) for n, c, u in scores.select("samples", "samples_correct", "samples_ungraded").iter_rows() if u == 0 or n - u >= k]
+        graded = [
+            (n - u, c)
+            for n, c, u in scores.select("samples", "samples_correct", "samples_ungraded").iter_rows()
+            if u == 0 or n - u >= k
+        ]
         metrics[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for n, c in graded]))
     return metrics
 
@@ -146,7 +154,12 @@ def eval_completions(
     sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
     if settings.samples:
         sample_sets.append(
-            SamplingSettings(n=settings.samples, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed)
+            SamplingSettings(
+                n=settings.samples,
+                temperature=settings.temperature,
+                max_new_tokens=settings.max_new_tokens,
+                seed=settings.seed,
+            )
         )
     shards = [SampleShards(shards_dir / name) for name in ("greedy", "sampled")[: len(sample_sets)]]
     (greedy, *sampled), resumed = generate_sample_sets_resumable(
@@ -163,13 +176,23 @@ def eval_completions(
     return greedy, sampled[0] if sampled else greedy.clear(), resumed
 
 
-def scored(eval_problems: pl.DataFrame, greedy: pl.DataFrame, sampled: pl.DataFrame, settings: EvalSettings) -> EvalResult:
+def scored(
+    eval_problems: pl.DataFrame, greedy: pl.DataFrame, sampled: pl.DataFrame, settings: EvalSettings
+) -> EvalResult:
     """An eval's completions scored (scoring is cheap and deterministic: published completions are scored again)."""
     scores = score_problems(eval_problems, greedy, sampled, tuple(settings.ks))
-    return EvalResult(scores=scores, metrics=summarize(scores, tuple(settings.ks)), breakdown=breakdown(scores), greedy=greedy, sampled=sampled)
+    return EvalResult(
+        scores=scores,
+        metrics=summarize(scores, tuple(settings.ks)),
+        breakdown=breakdown(scores),
+        greedy=greedy,
+        sampled=sampled,
+    )
 
 
-def smoke_test(checkpoint_dir: Path, eval_problems: pl.DataFrame, settings: SmokeSettings, compute: ComputeSettings) -> tuple[pl.DataFrame, OutputHealth, str | None]:
+def smoke_test(
+    checkpoint_dir: Path, eval_problems: pl.DataFrame, settings: SmokeSettings, compute: ComputeSettings
+) -> tuple[pl.DataFrame, OutputHealth, str | None]:
     """Greedy completions (transformers) of the first eval prompts: the completions, their health, and why they
     look broken (None when they do not)."""
     from noisy_student_assets.core.training.guards import output_health, smoke_failure
@@ -182,4 +205,8 @@ def smoke_test(checkpoint_dir: Path, eval_problems: pl.DataFrame, settings: Smok
         **compute.generation_options(),
     )[0]
     health = output_health(completions)
-    return completions, health, smoke_failure(health, max_empty_rate=settings.max_empty_rate, max_truncation_rate=settings.max_truncation_rate)
+    return (
+        completions,
+        health,
+        smoke_failure(health, max_empty_rate=settings.max_empty_rate, max_truncation_rate=settings.max_truncation_rate),
+    )

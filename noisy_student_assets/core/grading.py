@@ -41,7 +41,9 @@ _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
 # A final numeric answer, once `_bare` has dropped its decorations.
 _NUMBER_FORM = re.compile(r"-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")  # ".35625" is a MATH-500 gold
-_FRACTION_FORM = re.compile(r"-?(?:\d+/\d+|\d*\\[dt]?frac(?:\{-?\d+\}\{\d+\}|\d\d))")  # "7/2", "\frac{7}{2}", "3\frac12"
+_FRACTION_FORM = re.compile(
+    r"-?(?:\d+/\d+|\d*\\[dt]?frac(?:\{-?\d+\}\{\d+\}|\d\d))"
+)  # "7/2", "\frac{7}{2}", "3\frac12"
 # Decorations, dropped in this order by `_normalized`: a numeral in a font ("\textbf{18}"); a unit, which has a
 # letter and at most a one-digit power ("\text{ dollars}", "\mbox{ inches}^2", "{\rm cm}^{2}"); then degrees,
 # percent, dollars, a base's subscript ("52_8": math-verify ignores it), LaTeX spacing, \left, \right, \mathbin and

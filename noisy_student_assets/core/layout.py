@@ -90,7 +90,9 @@ def control_eval(control: str) -> str:
     return f"{control}_eval"
 
 
-def round_asset_names(number: int, controls: tuple[str, ...], validated: bool = False, verified: bool = False) -> list[str]:
+def round_asset_names(
+    number: int, controls: tuple[str, ...], validated: bool = False, verified: bool = False
+) -> list[str]:
     """Round `number`'s assets of an arm whose experiment runs `controls`, in dependency order, as key
     paths joined by '/' (`round_001/generations`, ..., `round_001/eval_report`); `validated`: with the student's
     validation eval; `verified`: with the verifier and its scores, which the vote reads."""

@@ -138,7 +138,9 @@ def split_problems(
     """
     from_pool = n_unlabeled if unlabeled_pool is None else 0
     if n_labeled < 1 or n_validation < 0 or (unlabeled_pool is None and n_unlabeled < 1):
-        wanted = "n_labeled >= 1" + (" and n_unlabeled >= 1" if unlabeled_pool is None else "") + " and n_validation >= 0"
+        wanted = (
+            "n_labeled >= 1" + (" and n_unlabeled >= 1" if unlabeled_pool is None else "") + " and n_validation >= 0"
+        )
         raise ValueError(f"{wanted}, got n_labeled={n_labeled}, n_unlabeled={n_unlabeled}, n_validation={n_validation}")
     needed = n_labeled + from_pool + n_validation
     if needed > problems.height:
@@ -150,7 +152,9 @@ def split_problems(
         raise ValueError("a test-time split needs a non-empty transductive half of the held-out set")
     ordered = _seeded_order(problems.select(PROBLEM_SCHEMA.names()), seed)
     unlabeled = (
-        ordered.slice(n_labeled, n_unlabeled) if unlabeled_pool is None else _seeded_order(unlabeled_pool.select(PROBLEM_SCHEMA.names()), seed)
+        ordered.slice(n_labeled, n_unlabeled)
+        if unlabeled_pool is None
+        else _seeded_order(unlabeled_pool.select(PROBLEM_SCHEMA.names()), seed)
     )
     unlabeled = unlabeled.rename({"gold_answer": HIDDEN_GOLD_COLUMN}).select(UNLABELED_SCHEMA.names())
     return ordered.head(n_labeled), unlabeled, ordered.tail(n_validation)
@@ -179,7 +183,9 @@ def drop_overlap(problems: pl.DataFrame, reference: pl.DataFrame) -> pl.DataFram
     `reference`: a held-out problem shares neither text nor id with the pool (reports tell a test-time arm's
     transductive problems by id)."""
     seen = reference.select(_prompt_key()).to_series()
-    return problems.filter(~_prompt_key().is_in(seen.implode()) & ~pl.col("problem_id").is_in(reference["problem_id"].implode()))
+    return problems.filter(
+        ~_prompt_key().is_in(seen.implode()) & ~pl.col("problem_id").is_in(reference["problem_id"].implode())
+    )
 
 
 def fingerprint(problems: pl.DataFrame) -> str:
@@ -315,12 +321,15 @@ def _user_rows(
     """(where, raw row) for user records, with the field mapping documented in problems_from_records."""
     for index, (where, record) in enumerate(located_records):
         problem_id = record.get("problem_id")
-        yield where, _raw_row(
-            f"{id_prefix}/{index:05d}" if problem_id is None else str(problem_id),
-            _field(record, prompt_field, _PROMPT_FIELDS),
-            _field(record, answer_field, _ANSWER_FIELDS),
-            record.get("subject"),
-            record.get("level"),
+        yield (
+            where,
+            _raw_row(
+                f"{id_prefix}/{index:05d}" if problem_id is None else str(problem_id),
+                _field(record, prompt_field, _PROMPT_FIELDS),
+                _field(record, answer_field, _ANSWER_FIELDS),
+                record.get("subject"),
+                record.get("level"),
+            ),
         )
 
 

@@ -198,11 +198,29 @@ def generate_sample_sets(
     ]
     if backend == "vllm":
         sample_sets = _sample_with_vllm(
-            checkpoint_dir, problem_ids, prompt_ids, jobs, settings_list, device, dtype, shard_size, shard_done, gpu_memory_utilization
+            checkpoint_dir,
+            problem_ids,
+            prompt_ids,
+            jobs,
+            settings_list,
+            device,
+            dtype,
+            shard_size,
+            shard_done,
+            gpu_memory_utilization,
         )
     else:
         sample_sets = _sample_with_transformers(
-            checkpoint_dir, tokenizer, prompt_ids, jobs, settings_list, device, dtype, shard_size, batch_size, shard_done
+            checkpoint_dir,
+            tokenizer,
+            prompt_ids,
+            jobs,
+            settings_list,
+            device,
+            dtype,
+            shard_size,
+            batch_size,
+            shard_done,
         )
     return [table(set_index, jobs[set_index], samples) for set_index, samples in enumerate(sample_sets)]
 
@@ -234,7 +252,11 @@ def sampling_cache_key(
 def decoding(settings: TeacherSamplingSettings) -> SamplingSettings:
     """The decoding parameters of the teacher's K samples."""
     return SamplingSettings(
-        n=settings.k, temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, seed=settings.seed
+        n=settings.k,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_new_tokens=settings.max_new_tokens,
+        seed=settings.seed,
     )
 
 
@@ -244,7 +266,12 @@ def teacher_cache_key(teacher_sha256: str, problems: pl.DataFrame, settings: Tea
     from noisy_student_assets.core.problems import fingerprint
 
     return sampling_cache_key(
-        teacher_sha256, fingerprint(problems.select(*REQUIRED_COLUMNS)), decoding(settings), settings.backend, prompt_template(), settings.batch_size
+        teacher_sha256,
+        fingerprint(problems.select(*REQUIRED_COLUMNS)),
+        decoding(settings),
+        settings.backend,
+        prompt_template(),
+        settings.batch_size,
     )
 
 
@@ -313,7 +340,11 @@ class SampleShards:
 
 
 def generate_sample_sets_resumable(
-    checkpoint_dir: Path, problems: pl.DataFrame, settings_list: Sequence[SamplingSettings], shards: Sequence[SampleShards], **options
+    checkpoint_dir: Path,
+    problems: pl.DataFrame,
+    settings_list: Sequence[SamplingSettings],
+    shards: Sequence[SampleShards],
+    **options,
 ) -> tuple[list[pl.DataFrame], int]:
     """``generate_sample_sets``, saving every finished shard of set i into ``shards[i]`` and sampling only the
     problems that an earlier, interrupted call has not saved there. Returns the tables (problem order, then
@@ -321,11 +352,19 @@ def generate_sample_sets_resumable(
     done = [set_shards.load() for set_shards in shards]
     skip = [set(table["problem_id"]) for table in done]
     new = generate_sample_sets(
-        checkpoint_dir, problems, settings_list, skip=skip, on_shard=lambda set_index, table: shards[set_index].write(table), **options
+        checkpoint_dir,
+        problems,
+        settings_list,
+        skip=skip,
+        on_shard=lambda set_index, table: shards[set_index].write(table),
+        **options,
     )
     order = problems.select(pl.col("problem_id").cast(pl.Utf8)).with_row_index("problem_order")
     tables = [
-        pl.concat([before, after]).join(order, on="problem_id").sort("problem_order", "sample_index").drop("problem_order")
+        pl.concat([before, after])
+        .join(order, on="problem_id")
+        .sort("problem_order", "sample_index")
+        .drop("problem_order")
         for before, after in zip(done, new, strict=True)
     ]
     return tables, sum(map(len, skip))
@@ -435,7 +474,9 @@ def _sample_with_transformers(
     return sample_sets
 
 
-def _generated_token_logprobs(model: PreTrainedModel, sequences: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[float]]:
+def _generated_token_logprobs(
+    model: PreTrainedModel, sequences: torch.Tensor, prompt_mask: torch.Tensor
+) -> list[list[float]]:
     """The log-probability of every generated token of ``sequences`` (``generate``'s output: left-padded prompts
     whose mask is ``prompt_mask``, then the new tokens) under the model's raw distribution, from teacher-forced
     forward passes over a few rows at a time. Not ``generate(output_logits=True)``: that keeps the logits of
@@ -470,7 +511,9 @@ def _stop_token_ids(generation_eos: int | list[int] | None, tokenizer: PreTraine
     return set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
 
 
-def _decode_generated(tokenizer: PreTrainedTokenizerBase, ids: list[int], logprobs: list[float], stop_ids: set[int]) -> Sample:
+def _decode_generated(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], logprobs: list[float], stop_ids: set[int]
+) -> Sample:
     """Cut one generated row (and its tokens' log-probabilities) after its first stop token (the rest is padding)
     and decode it."""
     stop_at = next((position for position, token in enumerate(ids) if token in stop_ids), None)
@@ -532,7 +575,9 @@ def _sample_with_vllm(
 
 def _vllm_sample(completion: CompletionOutput) -> Sample:
     """One of vLLM's ``CompletionOutput``s; its ``logprobs`` hold, for each generated token, the chosen token's alone."""
-    logprobs = tuple(position[token].logprob for token, position in zip(completion.token_ids, completion.logprobs, strict=True))
+    logprobs = tuple(
+        position[token].logprob for token, position in zip(completion.token_ids, completion.logprobs, strict=True)
+    )
     return Sample(completion.text, len(completion.token_ids), completion.finish_reason, logprobs)
 
 

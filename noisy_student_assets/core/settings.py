@@ -84,7 +84,9 @@ class ProblemSource(Settings):
     size: int = Field(default=0, description="rows to take (0 = all); for reasoning_gym, rows to generate")
     seed: int = Field(default=0, description="reasoning_gym generation seed")
     path: str = Field(default="", description="JSONL or parquet file, for kind=file (gsm8k/math500: a local copy)")
-    task_options_json: str = Field(default="{}", description="JSON object: reasoning_gym task options, or {'config': ...} for hf")
+    task_options_json: str = Field(
+        default="{}", description="JSON object: reasoning_gym task options, or {'config': ...} for hf"
+    )
     prompt_field: str = Field(default="", description="file/hf column holding the problem text")
     answer_field: str = Field(default="", description="file/hf column holding the final answer")
 
@@ -99,7 +101,9 @@ class ProblemSource(Settings):
             if name not in used and getattr(self, name) != field.default
         ]
         if stray:
-            raise ValueError(f"source kind {self.kind!r} reads only {', '.join(sorted(used - {'kind'}))}; remove {', '.join(stray)}")
+            raise ValueError(
+                f"source kind {self.kind!r} reads only {', '.join(sorted(used - {'kind'}))}; remove {', '.join(stray)}"
+            )
         return self
 
     def load_kwargs(self) -> dict:
@@ -111,22 +115,32 @@ class ProblemSource(Settings):
     def describe(self) -> str:
         fields = SOURCE_KIND_FIELDS[self.kind]
         parts = [self.kind + (f":{self.name}" if self.name else "")]
-        parts += [f"{name}={getattr(self, name)}" for name in ("split", "size", "seed", "path") if name in fields and getattr(self, name)]
+        parts += [
+            f"{name}={getattr(self, name)}"
+            for name in ("split", "size", "seed", "path")
+            if name in fields and getattr(self, name)
+        ]
         return " ".join(parts)
 
 
 def two_digit_addition(size: int, seed: int) -> ProblemSource:
     """The CPU profile's task: reasoning_gym sums of two two-digit numbers, where SmolLM2-135M has signal."""
-    return ProblemSource(kind="reasoning_gym", name="basic_arithmetic", size=size, seed=seed, task_options_json=TWO_DIGIT_ADDITION)
+    return ProblemSource(
+        kind="reasoning_gym", name="basic_arithmetic", size=size, seed=seed, task_options_json=TWO_DIGIT_ADDITION
+    )
 
 
 # A source is replaced whole, never merged field by field: Dagster fills a partly given nested block from
 # its default *instance*, so `{kind: file, path: ...}` over a default reasoning_gym source would have kept
 # that source's size. The profile's source is therefore the default of no field; `None` selects it.
-DEFAULT_TRAINING_SOURCE = by_profile(cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSource(kind="gsm8k", split="train"))
+DEFAULT_TRAINING_SOURCE = by_profile(
+    cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSource(kind="gsm8k", split="train")
+)
 # reasoning_gym draws item i from seed + i, so the pool (seed 0, 1000 items) spans seeds 0-999; a held-out
 # seed inside that range repeats the pool. 230 candidates leave 210 once the pool's prompts are dropped.
-DEFAULT_EVAL_SOURCE = by_profile(cpu=two_digit_addition(size=230, seed=1000), gpu=ProblemSource(kind="gsm8k", split="test"))
+DEFAULT_EVAL_SOURCE = by_profile(
+    cpu=two_digit_addition(size=230, seed=1000), gpu=ProblemSource(kind="gsm8k", split="test")
+)
 
 
 class _Sourced(Settings):
@@ -147,23 +161,33 @@ class ProblemPoolSettings(_Sourced):
     """The training pool every arm draws its labeled, unlabeled and validation problems from."""
 
     DEFAULT_SOURCE: ClassVar[ProblemSource] = DEFAULT_TRAINING_SOURCE
-    source: ProblemSource | None = Field(default=None, description=f"the training pool, given whole; null: {DEFAULT_TRAINING_SOURCE.describe()}")
+    source: ProblemSource | None = Field(
+        default=None, description=f"the training pool, given whole; null: {DEFAULT_TRAINING_SOURCE.describe()}"
+    )
 
 
 class EvalProblemsSettings(_Sourced):
     """The held-out evaluation set, shared by every arm; rows whose prompt is in the training pool are dropped."""
 
     DEFAULT_SOURCE: ClassVar[ProblemSource] = DEFAULT_EVAL_SOURCE
-    source: ProblemSource | None = Field(default=None, description=f"the held-out set, given whole; null: {DEFAULT_EVAL_SOURCE.describe()}")
+    source: ProblemSource | None = Field(
+        default=None, description=f"the held-out set, given whole; null: {DEFAULT_EVAL_SOURCE.describe()}"
+    )
 
 
 class ProblemSplitSettings(Settings):
     """An arm's seeded, disjoint draw of labeled, unlabeled and validation problems from the pool."""
 
-    n_labeled: int = Field(default=by_profile(cpu=64, gpu=500), ge=1, description="problems whose gold answer RL may use")
-    n_unlabeled: int = Field(default=by_profile(cpu=48, gpu=5000), ge=0, description="problems to pseudo-label (their gold stays hidden)")
+    n_labeled: int = Field(
+        default=by_profile(cpu=64, gpu=500), ge=1, description="problems whose gold answer RL may use"
+    )
+    n_unlabeled: int = Field(
+        default=by_profile(cpu=48, gpu=5000), ge=0, description="problems to pseudo-label (their gold stays hidden)"
+    )
     n_validation: int = Field(
-        default=by_profile(cpu=200, gpu=500), ge=0, description="labeled problems held out to choose settings on (never trained on)"
+        default=by_profile(cpu=200, gpu=500),
+        ge=0,
+        description="labeled problems held out to choose settings on (never trained on)",
     )
     seed: int = Field(default=0, description="seed of the draw (arm field `seed`)")
     test_time: bool = Field(
@@ -190,13 +214,19 @@ class BaseModelSettings(Settings):
 class ComputeSettings(Settings):
     """Where and in what precision the heavy stages run (the `compute` resource)."""
 
-    device: Literal["cpu", "cuda", "auto"] = Field(default=by_profile(cpu="cpu", gpu="cuda"), description="cpu | cuda | auto")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default=by_profile(cpu="cpu", gpu="cuda"), description="cpu | cuda | auto"
+    )
     dtype: Dtype = Field(
         default=by_profile(cpu="float32", gpu="bfloat16"),
         description="compute precision of generation and training (bfloat16/float16: mixed precision over float32 weights)",
     )
-    memory_share: float = Field(default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)")
-    cpu_threads: int = Field(default=0, ge=0, description="CPU threads of torch and of vLLM's CPU engine (0: one per core)")
+    memory_share: float = Field(
+        default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)"
+    )
+    cpu_threads: int = Field(
+        default=0, ge=0, description="CPU threads of torch and of vLLM's CPU engine (0: one per core)"
+    )
 
     def resolved_device(self) -> str:
         import torch  # here, not at import: loading the code location should not wait for torch
@@ -234,7 +264,9 @@ class LauncherSettings(Settings):
         description="inprocess: in the Dagster step's process | subprocess: a payload process per stage, through Dagster Pipes "
         "(needed for a training stage's grpo.processes > 1) | ray: a payload per stage submitted to a Ray cluster",
     )
-    ray_address: str = Field(default="", description="kind=ray: the cluster's dashboard address, http://<head>:8265 (empty: RAY_ADDRESS)")
+    ray_address: str = Field(
+        default="", description="kind=ray: the cluster's dashboard address, http://<head>:8265 (empty: RAY_ADDRESS)"
+    )
     gpus_per_process: float = Field(
         default=by_profile(cpu=0.0, gpu=1.0),
         ge=0,
@@ -250,13 +282,19 @@ class LauncherSettings(Settings):
     # (its problems x (k | 1 greedy + eval samples)). A stage past it is stopped and fails, and is retried like any
     # failure. Generous: a healthy stage on a loaded 2-core CPU stays far below it (benchmarks/results/cpu.md).
     time_limit_base_s: float = Field(
-        default=by_profile(cpu=1800.0, gpu=3600.0), gt=0, description="a heavy stage's time limit before its work: start, model load, vLLM engine"
+        default=by_profile(cpu=1800.0, gpu=3600.0),
+        gt=0,
+        description="a heavy stage's time limit before its work: start, model load, vLLM engine",
     )
     time_limit_per_step_s: float = Field(
-        default=by_profile(cpu=600.0, gpu=300.0), ge=0, description="a training stage's time limit per optimizer step, beyond the base"
+        default=by_profile(cpu=600.0, gpu=300.0),
+        ge=0,
+        description="a training stage's time limit per optimizer step, beyond the base",
     )
     time_limit_per_sample_s: float = Field(
-        default=by_profile(cpu=10.0, gpu=1.0), ge=0, description="a sampling or evaluation stage's time limit per completion it generates, beyond the base"
+        default=by_profile(cpu=10.0, gpu=1.0),
+        ge=0,
+        description="a sampling or evaluation stage's time limit per completion it generates, beyond the base",
     )
 
 
@@ -269,47 +307,76 @@ class GRPOSettings(Settings):
 
     # budget
     max_steps: int = Field(default=by_profile(cpu=3, gpu=200), ge=1, description="optimizer steps")
-    num_generations: int = Field(default=8, description="completions per prompt (the GRPO group, whose mean reward is the baseline)")
-    prompts_per_step: int = Field(
-        default=by_profile(cpu=2, gpu=8), ge=1, description="prompts per step: a step trains on prompts_per_step x num_generations completions"
+    num_generations: int = Field(
+        default=8, description="completions per prompt (the GRPO group, whose mean reward is the baseline)"
     )
-    max_completion_length: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    prompts_per_step: int = Field(
+        default=by_profile(cpu=2, gpu=8),
+        ge=1,
+        description="prompts per step: a step trains on prompts_per_step x num_generations completions",
+    )
+    max_completion_length: int = Field(
+        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
+    )
     # optimisation
-    learning_rate: float = Field(default=by_profile(cpu=2e-4, gpu=1e-5), gt=0, description="peak learning rate, decaying linearly to 0")
-    beta: float = Field(default=0.0, ge=0, description="KL coefficient towards the initial policy (0: no reference model is loaded)")
+    learning_rate: float = Field(
+        default=by_profile(cpu=2e-4, gpu=1e-5), gt=0, description="peak learning rate, decaying linearly to 0"
+    )
+    beta: float = Field(
+        default=0.0, ge=0, description="KL coefficient towards the initial policy (0: no reference model is loaded)"
+    )
     epsilon: float = Field(default=0.2, gt=0, description="clip range of the importance ratio")
     loss_type: str = Field(default="dapo", description="token-loss aggregation: " + " | ".join(LOSS_TYPES))
     scale_rewards: str = Field(default="group", description="advantage scaling: " + " | ".join(SCALE_REWARDS))
-    temperature: float = Field(default=by_profile(cpu=0.7, gpu=1.0), gt=0, description="sampling temperature of the GRPO groups")
-    format_reward_weight: float = Field(default=0.0, ge=0, description="weight of the format reward beside the answer reward (0: answer only)")
+    temperature: float = Field(
+        default=by_profile(cpu=0.7, gpu=1.0), gt=0, description="sampling temperature of the GRPO groups"
+    )
+    format_reward_weight: float = Field(
+        default=0.0, ge=0, description="weight of the format reward beside the answer reward (0: answer only)"
+    )
     gradient_accumulation_steps: int = Field(
-        default=1, ge=1, description="micro-batches a step's completions are split into (memory only: the step's batch is unchanged)"
+        default=1,
+        ge=1,
+        description="micro-batches a step's completions are split into (memory only: the step's batch is unchanged)",
     )
     seed: int = Field(default=0, description="the run's seed (arm field `seed`)")
     processes: int = Field(
-        default=1, ge=1, description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's completions"
+        default=1,
+        ge=1,
+        description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's completions",
     )
     # LoRA (Hu et al. 2021), merged into the weights after training
-    use_lora: bool = Field(default=by_profile(cpu=True, gpu=False), description="LoRA adapters; false: fine-tune every weight")
+    use_lora: bool = Field(
+        default=by_profile(cpu=True, gpu=False), description="LoRA adapters; false: fine-tune every weight"
+    )
     lora_r: int = Field(default=16, ge=1, description="LoRA rank")
     lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator")
     lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the LoRA adapters' inputs")
     lora_target_modules: list[str] = Field(
-        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], description="modules that get adapters"
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="modules that get adapters",
     )
     # resilience and memory
     save_steps: int = Field(
-        default=by_profile(cpu=1, gpu=50), ge=0, description="resumable TRL checkpoint every N steps (0: none); a re-run resumes from the last"
+        default=by_profile(cpu=1, gpu=50),
+        ge=0,
+        description="resumable TRL checkpoint every N steps (0: none); a re-run resumes from the last",
     )
     max_consecutive_skipped_steps: int = Field(
-        default=3, ge=1, description="a step with a non-finite loss or grad norm is skipped; this many in a row fail the asset"
+        default=3,
+        ge=1,
+        description="a step with a non-finite loss or grad norm is skipped; this many in a row fail the asset",
     )
-    use_vllm: bool = Field(default=by_profile(cpu=False, gpu=True), description="sample the groups with vLLM colocated on the GPU (TRL)")
+    use_vllm: bool = Field(
+        default=by_profile(cpu=False, gpu=True), description="sample the groups with vLLM colocated on the GPU (TRL)"
+    )
     gradient_checkpointing: bool = Field(
-        default=by_profile(cpu=False, gpu=True), description="recompute activations in the backward pass: less memory, about 20% slower"
+        default=by_profile(cpu=False, gpu=True),
+        description="recompute activations in the backward pass: less memory, about 20% slower",
     )
     cast_lm_head_to_fp32: bool = Field(
-        default=by_profile(cpu=False, gpu=True), description="TRL: LM head and logits in float32 under bf16 (ScaleRL, Khatri et al. 2025)"
+        default=by_profile(cpu=False, gpu=True),
+        description="TRL: LM head and logits in float32 under bf16 (ScaleRL, Khatri et al. 2025)",
     )
 
     @model_validator(mode="after")
@@ -341,7 +408,8 @@ class LabeledRLSettings(Settings):
     """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
     grpo: GRPOSettings = Field(
-        default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200)), description="GRPO settings (arm field `labeled_rl_steps`: grpo.max_steps)"
+        default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200)),
+        description="GRPO settings (arm field `labeled_rl_steps`: grpo.max_steps)",
     )
 
 
@@ -351,7 +419,9 @@ class LabeledOnlySettings(Settings):
     stage_version: ClassVar[int] = 2
     """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
-    grpo: GRPOSettings = Field(default=GRPOSettings(), description="the same defaults as the student's, so the control is matched")
+    grpo: GRPOSettings = Field(
+        default=GRPOSettings(), description="the same defaults as the student's, so the control is matched"
+    )
 
 
 class StudentSettings(Settings):
@@ -363,25 +433,51 @@ class StudentSettings(Settings):
     stage_version: ClassVar[int] = 2
     """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
-    student_init: Literal["teacher", "base_model"] = Field(default="teacher", description="where the student and the gold/random controls start")
-    mode: str = Field(default="grpo", description="how the student trains: a mode registered in training/modes/registry.py")
-    reward: Literal["hard", "vote_share"] = Field(
-        default=HARD_REWARD, description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes)"
+    student_init: Literal["teacher", "base_model"] = Field(
+        default="teacher", description="where the student and the gold/random controls start"
     )
-    agreement_low: float = Field(default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this")
-    agreement_high: float = Field(default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)")
+    mode: str = Field(
+        default="grpo", description="how the student trains: a mode registered in training/modes/registry.py"
+    )
+    reward: Literal["hard", "vote_share"] = Field(
+        default=HARD_REWARD,
+        description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes)",
+    )
+    agreement_low: float = Field(
+        default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this"
+    )
+    agreement_high: float = Field(
+        default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)"
+    )
     pseudo_only: bool = Field(
         default=False,
         description="grpo: train on the kept pseudo-labeled problems alone, without the labeled ones (the gold- and random-label "
         "controls likewise: the unlabeled problems alone); the labeled-only control is unchanged",
     )
-    prompt_noise: bool = Field(default=False, description="render each student prompt through one of several templates (input noise)")
-    model_dropout: float = Field(default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)")
-    sft_samples_per_problem: int = Field(default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group")
-    dpo_beta: float = Field(default=0.1, gt=0, description="dpo: DPO's beta, the pull towards the init policy (Rafailov et al. 2023)")
-    grpo: GRPOSettings = Field(default=GRPOSettings(), description="GRPO settings, and every mode's budget (arm field `round_steps`)")
+    prompt_noise: bool = Field(
+        default=False, description="render each student prompt through one of several templates (input noise)"
+    )
+    model_dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)"
+    )
+    sft_samples_per_problem: int = Field(
+        default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group"
+    )
+    dpo_beta: float = Field(
+        default=0.1, gt=0, description="dpo: DPO's beta, the pull towards the init policy (Rafailov et al. 2023)"
+    )
+    grpo: GRPOSettings = Field(
+        default=GRPOSettings(), description="GRPO settings, and every mode's budget (arm field `round_steps`)"
+    )
 
-    TRAINING_OPTIONS: ClassVar[tuple[str, ...]] = ("mode", "reward", "prompt_noise", "model_dropout", "sft_samples_per_problem", "dpo_beta")
+    TRAINING_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "mode",
+        "reward",
+        "prompt_noise",
+        "model_dropout",
+        "sft_samples_per_problem",
+        "dpo_beta",
+    )
     """What shapes the training run itself (beyond `grpo`, the init and the rows)."""
 
     @model_validator(mode="after")
@@ -395,7 +491,9 @@ class StudentSettings(Settings):
     def changed(self) -> dict:
         """The training options away from their defaults (what tells this student from a plain GRPO one)."""
         default = type(self).model_fields
-        return {name: getattr(self, name) for name in self.TRAINING_OPTIONS if getattr(self, name) != default[name].default}
+        return {
+            name: getattr(self, name) for name in self.TRAINING_OPTIONS if getattr(self, name) != default[name].default
+        }
 
 
 # --- sampling and pseudo-labels --------------------------------------------------------------------------
@@ -413,11 +511,17 @@ class TeacherSamplingSettings(Settings):
     # agreement, and 79% of those labels are right (64 problems, labeled-RL teacher).
     temperature: float = Field(default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="sampling temperature")
     top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus sampling")
-    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    max_new_tokens: int = Field(
+        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
+    )
     seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
-    batch_size: int = Field(default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)")
+    batch_size: int = Field(
+        default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)"
+    )
     shard_size: int = Field(
-        default=by_profile(cpu=16, gpu=256), ge=1, description="problems per saved shard: a killed run resumes after the last one"
+        default=by_profile(cpu=16, gpu=256),
+        ge=1,
+        description="problems per saved shard: a killed run resumes after the last one",
     )
 
 
@@ -429,7 +533,8 @@ class PseudoLabelSettings(Settings):
     """2: the vote no longer merges a number with an unevaluated expression (`grading.unevaluated`)."""
 
     label_source: str = Field(
-        default="majority", description="who weighs each sample's vote: a label source registered in pseudo_labels/sources/registry.py"
+        default="majority",
+        description="who weighs each sample's vote: a label source registered in pseudo_labels/sources/registry.py",
     )
     drop_least_confident: float = Field(
         default=0.0,
@@ -438,7 +543,10 @@ class PseudoLabelSettings(Settings):
         description="label source confidence: share of each problem's samples, the least confident, left out of the vote",
     )
     tau: float = Field(
-        default=0.5, ge=0, le=1, description="keep a pseudo-label when its agreement (the winner's share of the vote's weight) >= tau"
+        default=0.5,
+        ge=0,
+        le=1,
+        description="keep a pseudo-label when its agreement (the winner's share of the vote's weight) >= tau",
     )
     min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
     min_mean_agreement: float = Field(
@@ -460,22 +568,38 @@ class VerifierSettings(Settings):
     stage_version: ClassVar[int] = 2
     """2: its training pairs are graded by the grading that refuses an unevaluated expression against a number."""
 
-    k: int = Field(default=by_profile(cpu=4, gpu=8), ge=2, description="the teacher's samples per labeled and per validation problem")
+    k: int = Field(
+        default=by_profile(cpu=4, gpu=8),
+        ge=2,
+        description="the teacher's samples per labeled and per validation problem",
+    )
     temperature: float = Field(default=by_profile(cpu=0.8, gpu=1.0), gt=0, description="their sampling temperature")
-    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
+    max_new_tokens: int = Field(
+        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
+    )
     backend: Backend = Field(default="vllm", description="vllm | transformers: how the teacher samples them")
     seed: int = Field(default=0, description="sampling and training seed (arm field `seed`)")
-    max_pairs_per_problem: int = Field(default=4, ge=1, description="(right, wrong) sample pairs taken from each labeled problem at most")
+    max_pairs_per_problem: int = Field(
+        default=4, ge=1, description="(right, wrong) sample pairs taken from each labeled problem at most"
+    )
     max_steps: int = Field(default=by_profile(cpu=24, gpu=300), ge=1, description="optimizer steps of the reward model")
     pairs_per_step: int = Field(default=by_profile(cpu=8, gpu=32), ge=1, description="pairs per optimizer step")
-    learning_rate: float = Field(default=by_profile(cpu=2e-4, gpu=5e-5), gt=0, description="peak learning rate, decaying linearly to 0")
-    max_length: int = Field(
-        default=by_profile(cpu=256, gpu=1024), ge=16, description="tokens of prompt + completion the verifier reads at most"
+    learning_rate: float = Field(
+        default=by_profile(cpu=2e-4, gpu=5e-5), gt=0, description="peak learning rate, decaying linearly to 0"
     )
-    use_lora: bool = Field(default=True, description="LoRA adapters on the backbone (the scalar head trains whole); false: every weight")
+    max_length: int = Field(
+        default=by_profile(cpu=256, gpu=1024),
+        ge=16,
+        description="tokens of prompt + completion the verifier reads at most",
+    )
+    use_lora: bool = Field(
+        default=True, description="LoRA adapters on the backbone (the scalar head trains whole); false: every weight"
+    )
     lora_r: int = Field(default=16, ge=1, description="LoRA rank")
     lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator")
-    score_batch_size: int = Field(default=by_profile(cpu=16, gpu=64), ge=1, description="samples scored per forward pass")
+    score_batch_size: int = Field(
+        default=by_profile(cpu=16, gpu=64), ge=1, description="samples scored per forward pass"
+    )
 
 
 # --- evaluation and checks -------------------------------------------------------------------------------
@@ -489,32 +613,56 @@ class EvalSettings(Settings):
     against a numeric gold (`grading.unevaluated`)."""
 
     backend: Backend = Field(default="vllm", description="vllm | transformers")
-    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024), ge=1, description="completion tokens at most")
+    max_new_tokens: int = Field(
+        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024), ge=1, description="completion tokens at most"
+    )
     # The cpu profile measures greedy accuracy only (what the verdict compares): sampled answers multiply an
     # eval's time by their number, and `make run` evaluates six checkpoints.
-    samples: int = Field(default=by_profile(cpu=0, gpu=8), ge=0, description="sampled completions per problem (0: greedy only)")
-    temperature: float = Field(default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="temperature of the sampled completions")
-    ks: list[int] = Field(default=by_profile(cpu=[], gpu=[1, 4, 8]), description="k values of maj@k and pass@k (each <= samples)")
+    samples: int = Field(
+        default=by_profile(cpu=0, gpu=8), ge=0, description="sampled completions per problem (0: greedy only)"
+    )
+    temperature: float = Field(
+        default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="temperature of the sampled completions"
+    )
+    ks: list[int] = Field(
+        default=by_profile(cpu=[], gpu=[1, 4, 8]), description="k values of maj@k and pass@k (each <= samples)"
+    )
     seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
-    batch_size: int = Field(default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)")
+    batch_size: int = Field(
+        default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)"
+    )
     shard_size: int = Field(
-        default=by_profile(cpu=64, gpu=256), ge=1, description="problems per saved shard of completions: a killed eval resumes after the last one"
+        default=by_profile(cpu=64, gpu=256),
+        ge=1,
+        description="problems per saved shard of completions: a killed eval resumes after the last one",
     )
     regression_tolerance: float = Field(
-        default=0.02, ge=0, description="eval_report warns when greedy accuracy drops more than this vs the previous round"
+        default=0.02,
+        ge=0,
+        description="eval_report warns when greedy accuracy drops more than this vs the previous round",
     )
     # A model with NaN weights answers nothing and runs every completion to the limit; a collapsed one says the
     # same thing to every problem. SmolLM2-135M's base greedy outputs on the cpu eval set score far inside these.
-    min_answer_rate: float = Field(default=0.1, ge=0, le=1, description="eval_not_degenerate fails below this share of greedy answers extracted")
+    min_answer_rate: float = Field(
+        default=0.1, ge=0, le=1, description="eval_not_degenerate fails below this share of greedy answers extracted"
+    )
     max_truncation_rate: float = Field(
-        default=0.9, ge=0, le=1, description="eval_not_degenerate fails above this share of greedy completions cut at the limit"
+        default=0.9,
+        ge=0,
+        le=1,
+        description="eval_not_degenerate fails above this share of greedy completions cut at the limit",
     )
     max_identical_share: float = Field(
-        default=0.5, ge=0, le=1, description="eval_not_degenerate fails when one greedy completion text takes more than this share"
+        default=0.5,
+        ge=0,
+        le=1,
+        description="eval_not_degenerate fails when one greedy completion text takes more than this share",
     )
     # No eval on this machine had such an answer; products' hacked seed 1 gave them for 207 of 208 problems.
     max_unevaluated_rate: float = Field(
-        default=0.2, ge=0, le=1,
+        default=0.2,
+        ge=0,
+        le=1,
         description="eval_not_degenerate fails above this share of greedy answers that are no final number against a numeric gold (60 * 55)",
     )
 
@@ -532,8 +680,12 @@ class SmokeSettings(Settings):
     """The `smoke_generation` check of a checkpoint: greedy completions of its first eval prompts."""
 
     prompts: int = Field(default=4, ge=1, description="eval prompts to complete")
-    max_new_tokens: int = Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most")
-    max_empty_rate: float = Field(default=0.0, ge=0, le=1, description="fail when a larger share is empty or whitespace")
+    max_new_tokens: int = Field(
+        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
+    )
+    max_empty_rate: float = Field(
+        default=0.0, ge=0, le=1, description="fail when a larger share is empty or whitespace"
+    )
     max_truncation_rate: float = Field(
         default=0.75, ge=0, le=1, description="fail when a larger share runs to max_new_tokens (of 4: when all do)"
     )
@@ -547,7 +699,9 @@ class RoundsSettings(Settings):
     accuracy on its validation problems improves (never the held-out set). Read by the next-round automation and
     by the grid alike (`core/experiments/progress.py`); no asset's content depends on it."""
 
-    max_rounds: int = Field(default=2, ge=0, description="rounds the arm runs at most (adding one: raise it, then run the grid)")
+    max_rounds: int = Field(
+        default=2, ge=0, description="rounds the arm runs at most (adding one: raise it, then run the grid)"
+    )
     patience: int | None = Field(
         default=None,
         ge=1,
@@ -555,7 +709,10 @@ class RoundsSettings(Settings):
         "counts as round 0); null: run every round up to max_rounds",
     )
     min_improvement: float = Field(
-        default=0.0, ge=0, le=1, description="validation accuracy a round must gain over the best so far to count as an improvement"
+        default=0.0,
+        ge=0,
+        le=1,
+        description="validation accuracy a round must gain over the best so far to count as an improvement",
     )
 
 

@@ -71,8 +71,12 @@ def graded_samples(generations: pl.DataFrame, problems: pl.DataFrame) -> pl.Data
     )
     orphans = samples.filter(pl.col("prompt").is_null())
     if orphans.height:
-        raise ValueError(f"{orphans.height} samples are of problems missing from the problem table (e.g. {orphans['problem_id'][0]!r})")
-    verdicts = [answers_equivalent(gold, answer) for gold, answer in samples.select("gold_answer", "answer").iter_rows()]
+        raise ValueError(
+            f"{orphans.height} samples are of problems missing from the problem table (e.g. {orphans['problem_id'][0]!r})"
+        )
+    verdicts = [
+        answers_equivalent(gold, answer) for gold, answer in samples.select("gold_answer", "answer").iter_rows()
+    ]
     return (
         samples.with_columns(pl.Series("correct", verdicts, dtype=pl.Boolean))
         .drop_nulls("correct")
@@ -96,7 +100,9 @@ def preference_pairs(graded: pl.DataFrame, max_pairs_per_problem: int, seed: int
         n_all_wrong += not right
         pairs = list(itertools.product(right, wrong))
         prompt = samples["prompt"][0]
-        for chosen, rejected in random.Random(f"{seed}:{problem_id}").sample(pairs, min(max_pairs_per_problem, len(pairs))):
+        for chosen, rejected in random.Random(f"{seed}:{problem_id}").sample(
+            pairs, min(max_pairs_per_problem, len(pairs))
+        ):
             rows.append(
                 {
                     "problem_id": problem_id,
@@ -146,7 +152,9 @@ def train_verifier(
 
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     set_seed(settings.seed)  # the head is initialised at random: the seed fixes it
-    model = AutoModelForSequenceClassification.from_pretrained(init_dir, num_labels=1, dtype=torch.float32, use_safetensors=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        init_dir, num_labels=1, dtype=torch.float32, use_safetensors=True
+    )
     # RewardTrainer sets the tokenizer's pad token (its eos when it has none) and the model config's pad_token_id,
     # which the head reads to find each sequence's last token, and which the saved config keeps for scoring.
     args = RewardConfig(
@@ -169,14 +177,30 @@ def train_verifier(
         use_cpu=device == "cpu",
         max_length=settings.max_length,
     )
-    lora = LoraConfig(task_type="SEQ_CLS", r=settings.lora_r, lora_alpha=settings.lora_alpha, target_modules="all-linear")
+    lora = LoraConfig(
+        task_type="SEQ_CLS", r=settings.lora_r, lora_alpha=settings.lora_alpha, target_modules="all-linear"
+    )
     trainer_kwargs = dict(
-        model=model, args=args, train_dataset=pairs, processing_class=tokenizer, peft_config=lora if settings.use_lora else None
+        model=model,
+        args=args,
+        train_dataset=pairs,
+        processing_class=tokenizer,
+        peft_config=lora if settings.use_lora else None,
     )
     result = fit(
-        RewardTrainer, trainer_kwargs, tokenizer, MAX_CONSECUTIVE_SKIPPED_STEPS, init_dir, out_dir,
-        work_dir=work_dir, callbacks=callbacks, warn=warn, what="verifier", label_sources=[GOLD] * len(pairs), logged=VERIFIER_LOGGED,
-    )  # fmt: skip
+        RewardTrainer,
+        trainer_kwargs,
+        tokenizer,
+        MAX_CONSECUTIVE_SKIPPED_STEPS,
+        init_dir,
+        out_dir,
+        work_dir=work_dir,
+        callbacks=callbacks,
+        warn=warn,
+        what="verifier",
+        label_sources=[GOLD] * len(pairs),
+        logged=VERIFIER_LOGGED,
+    )
     return result.metrics | {"pairs": float(len(pairs))}
 
 
@@ -200,7 +224,9 @@ def score_samples(
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(verifier_dir, dtype=getattr(torch, dtype), use_safetensors=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        verifier_dir, dtype=getattr(torch, dtype), use_safetensors=True
+    )
     if model.config.num_labels != 1 or model.config.pad_token_id != tokenizer.pad_token_id:
         raise ValueError(
             f"{verifier_dir} is not a verifier: it has {model.config.num_labels} labels (a verifier 1) and pad token id "
@@ -208,7 +234,9 @@ def score_samples(
         )
     model.to(device).eval()
     ids = [
-        tokenizer.apply_chat_template(verifier_messages(prompt, completion), tokenize=True, return_dict=True)["input_ids"][:max_length]
+        tokenizer.apply_chat_template(verifier_messages(prompt, completion), tokenize=True, return_dict=True)[
+            "input_ids"
+        ][:max_length]
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
     order = sorted(range(len(ids)), key=lambda index: len(ids[index]))  # less padding
@@ -216,7 +244,9 @@ def score_samples(
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            inputs = tokenizer.pad({"input_ids": [ids[index] for index in batch]}, padding_side="right", return_tensors="pt")
+            inputs = tokenizer.pad(
+                {"input_ids": [ids[index] for index in batch]}, padding_side="right", return_tensors="pt"
+            )
             logits = model(**inputs.to(device)).logits[:, 0].float().tolist()
             for index, score in zip(batch, logits, strict=True):
                 scores[index] = score
@@ -280,7 +310,9 @@ def build_verifier(
 
     say = progress or (lambda _: None)
     problems = pl.concat([labeled, validation]).select("problem_id", "prompt", "gold_answer")
-    decoding = SamplingSettings(n=settings.k, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed)
+    decoding = SamplingSettings(
+        n=settings.k, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
+    )
     generations, _ = generate_samples_resumable(
         teacher_dir,
         problems.select("problem_id", "prompt"),
@@ -298,20 +330,44 @@ def build_verifier(
         "with both a right and a wrong sample"
     )
     training = train_verifier(
-        teacher_dir, pairs, settings, out_dir, work_dir=work_dir / "trainer", device=compute.resolved_device(), dtype=compute.dtype,
-        report_to=report_to, callbacks=callbacks, warn=say,
-    )  # fmt: skip
+        teacher_dir,
+        pairs,
+        settings,
+        out_dir,
+        work_dir=work_dir / "trainer",
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+        report_to=report_to,
+        callbacks=callbacks,
+        warn=say,
+    )
     on_validation = graded.filter(pl.col("problem_id").is_in(validation["problem_id"].implode()))
     scores = score_samples(
-        out_dir, on_validation["prompt"].to_list(), on_validation["completion"].to_list(), batch_size=settings.score_batch_size,
-        max_length=settings.max_length, device=compute.resolved_device(), dtype=compute.dtype,
-    )  # fmt: skip
+        out_dir,
+        on_validation["prompt"].to_list(),
+        on_validation["completion"].to_list(),
+        batch_size=settings.score_batch_size,
+        max_length=settings.max_length,
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+    )
     scored = on_validation.with_columns(pl.Series("score", scores, dtype=pl.Float64))
-    metrics = training | validation_metrics(scored, validation) | {"labeled_samples_right": float(on_labeled["correct"].mean())}
+    metrics = (
+        training
+        | validation_metrics(scored, validation)
+        | {"labeled_samples_right": float(on_labeled["correct"].mean())}
+    )
     scored.drop("prompt").write_parquet(out_dir / VALIDATION_SCORES_FILE)
-    pairs_table = [{"problem_id": row["problem_id"], "chosen": json.dumps(row["chosen"]), "rejected": json.dumps(row["rejected"])} for row in pairs]
-    pl.DataFrame(pairs_table, schema={"problem_id": pl.Utf8, "chosen": pl.Utf8, "rejected": pl.Utf8}).write_parquet(out_dir / TRAINING_PAIRS_FILE)
-    (out_dir / VERIFIER_METRICS_FILE).write_text(json.dumps({"metrics": metrics, "settings": settings.model_dump()}, indent=2))
+    pairs_table = [
+        {"problem_id": row["problem_id"], "chosen": json.dumps(row["chosen"]), "rejected": json.dumps(row["rejected"])}
+        for row in pairs
+    ]
+    pl.DataFrame(pairs_table, schema={"problem_id": pl.Utf8, "chosen": pl.Utf8, "rejected": pl.Utf8}).write_parquet(
+        out_dir / TRAINING_PAIRS_FILE
+    )
+    (out_dir / VERIFIER_METRICS_FILE).write_text(
+        json.dumps({"metrics": metrics, "settings": settings.model_dump()}, indent=2)
+    )
     return metrics
 
 
@@ -328,7 +384,9 @@ def validation_metrics(scored: pl.DataFrame, validation: pl.DataFrame) -> dict[s
     voted = {}
     for name in ("majority", "verifier"):
         source = label_source(name)
-        weighted = source.weighted(scored, PseudoLabelSettings(label_source=name), scored.select("problem_id", "sample_index", "score"))
+        weighted = source.weighted(
+            scored, PseudoLabelSettings(label_source=name), scored.select("problem_id", "sample_index", "score")
+        )
         labels = with_label_correct(vote_pseudo_labels(weighted, validation, tau=0.0), gold)
         voted[name] = float(labels["label_correct"].fill_null(False).mean())
     solved = scored.group_by("problem_id").agg(pl.col("correct").any())["correct"].sum()
@@ -349,12 +407,21 @@ def score_round(verifier_dir: Path, samples: pl.DataFrame, compute: ComputeSetti
     from noisy_student_assets.core.pseudo_labels.sources.base import SCORE_SCHEMA
     from noisy_student_assets.core.settings import VerifierSettings
 
-    settings = VerifierSettings.model_validate(json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["settings"])
+    settings = VerifierSettings.model_validate(
+        json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["settings"]
+    )
     scores = score_samples(
-        verifier_dir, samples["prompt"].to_list(), samples["completion"].to_list(), batch_size=settings.score_batch_size,
-        max_length=settings.max_length, device=compute.resolved_device(), dtype=compute.dtype,
-    )  # fmt: skip
-    return samples.select("problem_id", "sample_index", pl.Series("score", scores, dtype=pl.Float64)).match_to_schema(SCORE_SCHEMA)
+        verifier_dir,
+        samples["prompt"].to_list(),
+        samples["completion"].to_list(),
+        batch_size=settings.score_batch_size,
+        max_length=settings.max_length,
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+    )
+    return samples.select("problem_id", "sample_index", pl.Series("score", scores, dtype=pl.Float64)).match_to_schema(
+        SCORE_SCHEMA
+    )
 
 
 def verifier_metrics(verifier_dir: Path) -> dict[str, float | None]:
@@ -364,4 +431,6 @@ def verifier_metrics(verifier_dir: Path) -> dict[str, float | None]:
 
 def read_verifier_metrics(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
     """A built verifier's metrics, and why its validation scores cannot weigh a vote (None when they can)."""
-    return verifier_metrics(verifier_dir), score_failure(pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list())
+    return verifier_metrics(verifier_dir), score_failure(
+        pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list()
+    )

@@ -21,7 +21,12 @@ import dagster as dg
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
-from noisy_student_assets.core.experiments.progress import pre_round_assets, round_assets, stop_reason, validation_assets
+from noisy_student_assets.core.experiments.progress import (
+    pre_round_assets,
+    round_assets,
+    stop_reason,
+    validation_assets,
+)
 from noisy_student_assets.defs.jobs import RUN_TAGS
 from noisy_student_assets.defs.partitions import teacher_key
 from noisy_student_assets.defs.records import check_outcomes_on, latest_materialization
@@ -50,7 +55,9 @@ def validation_accuracies(instance: dg.DagsterInstance, arm: str, done: int) -> 
     return [record.asset_materialization.metadata["greedy_accuracy"].value for record in records]
 
 
-def why_not_due(instance: dg.DagsterInstance, graph, experiment, arm: Arm, number: int, run_evaluations: dict | None = None) -> str | None:
+def why_not_due(
+    instance: dg.DagsterInstance, graph, experiment, arm: Arm, number: int, run_evaluations: dict | None = None
+) -> str | None:
     """Why round `number` of `arm` is not due now, or None when it is."""
     before = pre_round_assets(experiment, arm) if number == 1 else round_assets(number - 1, experiment, arm)
     for name in before:
@@ -100,7 +107,11 @@ class RoundDue(dg.AutomationCondition):
 
     def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
         instance, graph = context.asset_graph_view.instance, context.asset_graph
-        arms = {name: experiment for experiment in load_experiments(default_experiments_dir()).values() for name in experiment.arms}
+        arms = {
+            name: experiment
+            for experiment in load_experiments(default_experiments_dir()).values()
+            for name in experiment.arms
+        }
         name, due, run_evaluations = context.key.to_user_string(), set(), {}
         for partition in context.candidate_subset.expensively_compute_partition_keys():
             experiment = arms.get(partition)
@@ -124,7 +135,9 @@ def round_condition(number: int) -> dg.AutomationCondition:
         (due & dg.AutomationCondition.missing()).newly_true()
         | dg.AutomationCondition.asset_matches(teacher_key(number), dg.AutomationCondition.newly_updated())
     ).with_label("became due, or its teacher was updated")
-    return (due & ~dg.AutomationCondition.in_progress() & triggered.since(handled)).with_label(f"round {number}, when due")
+    return (due & ~dg.AutomationCondition.in_progress() & triggered.since(handled)).with_label(
+        f"round {number}, when due"
+    )
 
 
 def with_round_automation(definitions: dg.Definitions) -> dg.Definitions:
@@ -135,7 +148,9 @@ def with_round_automation(definitions: dg.Definitions) -> dg.Definitions:
             return spec
         return spec.replace_attributes(automation_condition=round_condition(layout.round_number(spec.key.path[0])))
 
-    with warnings.catch_warnings():  # a preview API of Dagster's: its warning would print on every load of the code location
+    with (
+        warnings.catch_warnings()
+    ):  # a preview API of Dagster's: its warning would print on every load of the code location
         warnings.simplefilter("ignore", dg.PreviewWarning)
         return definitions.map_asset_specs(func=automated)
 

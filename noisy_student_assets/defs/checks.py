@@ -192,7 +192,11 @@ def checkpoint_checks(
             severity=dg.AssetCheckSeverity.ERROR,
             description=failure,
             metadata=health.as_dict()
-            | {"completions": markdown_table(completions.select("problem_id", "finish_reason", "n_tokens", "completion"), max_rows=None)},
+            | {
+                "completions": markdown_table(
+                    completions.select("problem_id", "finish_reason", "n_tokens", "completion"), max_rows=None
+                )
+            },
         )
 
     return [finite_weights, smoke_generation]
@@ -229,7 +233,10 @@ def compute_matched_check(
             description=f"control vs student: {'; '.join(mismatches)} ({tokens})" if mismatches else tokens,
             metadata={f"control/{k}": v for k, v in control.total.as_dict().items()}
             | {f"student/{k}": v for k, v in student.total.as_dict().items()}
-            | {"control/recipe": dg.MetadataValue.json(control.recipe), "student/recipe": dg.MetadataValue.json(student.recipe)},
+            | {
+                "control/recipe": dg.MetadataValue.json(control.recipe),
+                "student/recipe": dg.MetadataValue.json(student.recipe),
+            },
         )
 
     return compute_matched

@@ -49,7 +49,11 @@ INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
 def checks_not_waiting(graph, checks: Iterable, waiting: set) -> list:
     """The `checks` that read none of the asset keys in `waiting` beside their own asset (a control's
     `compute_matched` also reads the round's student)."""
-    return [check for check in checks if not {dep.asset_key for dep in graph.get_check_spec(check).additional_deps} & waiting]
+    return [
+        check
+        for check in checks
+        if not {dep.asset_key for dep in graph.get_check_spec(check).additional_deps} & waiting
+    ]
 
 
 def unevaluated_checks(check_targets: dict, materializations: dict) -> list:
@@ -116,7 +120,15 @@ def materialize_selection(
     )
 
 
-def evaluate_checks(checks: Iterable, *, partition: str | None, instance, resources: dict, run_config: dict | None = None, tags: dict | None = None):
+def evaluate_checks(
+    checks: Iterable,
+    *,
+    partition: str | None,
+    instance,
+    resources: dict,
+    run_config: dict | None = None,
+    tags: dict | None = None,
+):
     """Evaluate the asset checks `checks` (keys of checks that are steps of their own) of one arm, or of the
     shared assets, against their assets' latest materializations, materializing nothing: as the UI's *Execute
     checks* runs them, a subset of `arm_job` for an arm's (a run that selects no asset has no partitions of its
@@ -149,10 +161,14 @@ class Grid:
 
         directory = default_experiments_dir().resolve()
         if experiment_path.resolve().parent != directory:
-            raise SystemExit(f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code location reads")
+            raise SystemExit(
+                f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code location reads"
+            )
         self.experiment = load_experiments(directory)[experiment_path.stem]
         if self.experiment.max_rounds > ROUNDS:
-            raise SystemExit(f"{self.experiment.name} asks for {self.experiment.max_rounds} rounds; the code location defines {ROUNDS}")
+            raise SystemExit(
+                f"{self.experiment.name} asks for {self.experiment.max_rounds} rounds; the code location defines {ROUNDS}"
+            )
         self.dg, self.arms_def = dg, ARMS
         self.graph = defs.resolve_asset_graph()
         self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
@@ -172,14 +188,22 @@ class Grid:
     def launcher_kind(self) -> str:
         return self.resources["stage_resources"].launcher.kind
 
-    def run(self, rounds: int | None = None, parallel_arms: int = 1, only: list[str] | None = None, through: list[str] | None = None) -> bool:
+    def run(
+        self,
+        rounds: int | None = None,
+        parallel_arms: int = 1,
+        only: list[str] | None = None,
+        through: list[str] | None = None,
+    ) -> bool:
         """Materialize whatever of the grid is missing or stale, up to round `rounds` (default: all the
         experiment's), `parallel_arms` arms at a time, of the arms named in `only` (default: every arm); with
         `through` (assets, e.g. [round_001/pseudo_labels]), of each arm only those assets and what they read, and no
         verdict. False if any run failed."""
         unknown = sorted(set(only or ()) - set(self.experiment.arms))
         if unknown:
-            raise SystemExit(f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}")
+            raise SystemExit(
+                f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}"
+            )
         for name in through or ():
             if not self.graph.has(asset_key(name)):
                 raise SystemExit(f"--through {name}: the code location has no such asset")
@@ -195,7 +219,9 @@ class Grid:
                     ok = self.materialize_arm(arm, rounds, through) and ok
             else:
                 jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name, through) for arm in arms]
-                with ProcessPoolExecutor(max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")) as pool:
+                with ProcessPoolExecutor(
+                    max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")
+                ) as pool:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
             if through:  # the verdict reads every arm's students, which a partial run leaves out
                 return ok
@@ -230,7 +256,9 @@ class Grid:
         from noisy_student_assets.defs.automation import stopped
 
         last = last_round(arm, rounds)
-        return arm_assets(self.experiment, arm, next((done for done in range(last) if stopped(self.instance, arm, done)), last))
+        return arm_assets(
+            self.experiment, arm, next((done for done in range(last) if stopped(self.instance, arm, done)), last)
+        )
 
     def check_outcomes(self) -> list[dict]:
         """Each check of every arm's assets (and of the shared ones) on the asset's latest materialization: passed,
@@ -244,10 +272,19 @@ class Grid:
             for name in names:
                 checks = list(self.graph.get(asset_key(name)).check_keys)
                 materialization = self._latest(name, partition)
-                passed = check_outcomes_on(self.instance, materialization, checks, partition, run_evaluations) if materialization else {}
+                passed = (
+                    check_outcomes_on(self.instance, materialization, checks, partition, run_evaluations)
+                    if materialization
+                    else {}
+                )
                 judged = {check: "passed" if outcome else "failed" for check, outcome in passed.items()}
                 rows += [
-                    {"arm": partition or "(shared)", "asset": name, "check": check.name, "outcome": judged.get(check, "not judged")}
+                    {
+                        "arm": partition or "(shared)",
+                        "asset": name,
+                        "check": check.name,
+                        "outcome": judged.get(check, "not judged"),
+                    }
                     for check in checks
                 ]
         return rows
@@ -271,7 +308,9 @@ class Grid:
         asset to redo and why."""
         self.register()
         plan = {None: self._stale(self._shared_targets(), None)[1]}
-        return plan | {arm.name: self._stale(self._known_targets(arm, rounds), arm)[1] for arm in self.experiment.all_arms()}
+        return plan | {
+            arm.name: self._stale(self._known_targets(arm, rounds), arm)[1] for arm in self.experiment.all_arms()
+        }
 
     def _stale(self, targets: list[str], arm) -> tuple[dict, dict[str, str]]:
         """The latest materialization of each target and of its inputs, and the targets to redo with the reason
@@ -287,9 +326,16 @@ class Grid:
                     node = self.graph.get(asset_key(asset))
                     latest[asset] = self._latest(asset, partition if node.partitions_def else None)
                     made[asset] = self._made_with(node.assets_def, arm)
-        versions = {name: (record.storage_id, lineage.data_version_of(record)) for name, record in latest.items() if record}
+        versions = {
+            name: (record.storage_id, lineage.data_version_of(record)) for name, record in latest.items() if record
+        }
         recorded = {
-            name: lineage.recorded(record, made[name][0], made[name][2], {parent: versions.get(parent, (None, lineage.MISSING)) for parent in parents.get(name, [])})
+            name: lineage.recorded(
+                record,
+                made[name][0],
+                made[name][2],
+                {parent: versions.get(parent, (None, lineage.MISSING)) for parent in parents.get(name, [])},
+            )
             for name, record in latest.items()
         }
         stages, settings = {name: made[name][0] for name in targets}, {name: made[name][1] for name in targets}
@@ -324,28 +370,42 @@ class Grid:
         config_class = lineage.config_class(assets_def)
         op_config = self.run_config.get("ops", {}).get(assets_def.op.name, {}).get("config", {})
         config = config_class(**op_config) if config_class is not None else None
-        compute = self.resources["stage_resources"].compute.settings.model_dump() if lineage.is_heavy(assets_def.op) else None
+        compute = (
+            self.resources["stage_resources"].compute.settings.model_dump() if lineage.is_heavy(assets_def.op) else None
+        )
         settings = lineage.made_with(lineage.run_settings(config, arm), compute, active_profile())
         return lineage.stage_version(config_class), settings, compute
 
-    def _evaluate_unevaluated_checks(self, names: list[str], latest: dict, partition: str | None, where: str, waiting_on: list[str] = ()) -> bool:
+    def _evaluate_unevaluated_checks(
+        self, names: list[str], latest: dict, partition: str | None, where: str, waiting_on: list[str] = ()
+    ) -> bool:
         """Run the checks of the assets `names` (not redone in this run) that never judged their latest
         materialization, except those that also read an asset in `waiting_on`; False if that run failed."""
         from noisy_student_assets.defs.records import latest_check_targets
 
-        own_steps = [check for name in names for check in self.graph.get(asset_key(name)).check_keys if check in self.check_steps]
+        own_steps = [
+            check for name in names for check in self.graph.get(asset_key(name)).check_keys if check in self.check_steps
+        ]
         checks = checks_not_waiting(self.graph, own_steps, {asset_key(name) for name in waiting_on})
         materializations = {asset_key(name): latest[name].storage_id if latest[name] else None for name in names}
         pending = unevaluated_checks(latest_check_targets(self.instance, checks, partition), materializations)
         if not pending:
             return True
         listed = ", ".join(f"{check.asset_key.to_user_string()}:{check.name}" for check in pending)
-        print(f"[grid] {where}: evaluating checks that never judged their asset's latest materialization: {listed}", flush=True)
+        print(
+            f"[grid] {where}: evaluating checks that never judged their asset's latest materialization: {listed}",
+            flush=True,
+        )
         return _succeeded(evaluate_checks(pending, partition=partition, **self._run_settings()), where)
 
     def _run_settings(self) -> dict:
         """What every run of this grid is given: the instance, resources, run config and the experiment's tag."""
-        return {"instance": self.instance, "resources": self.resources, "run_config": self.run_config, "tags": {GRID_TAG: self.experiment.name}}
+        return {
+            "instance": self.instance,
+            "resources": self.resources,
+            "run_config": self.run_config,
+            "tags": {GRID_TAG: self.experiment.name},
+        }
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
@@ -367,7 +427,9 @@ class Grid:
             self.dg.RunsFilter(tags={GRID_TAG: self.experiment.name}, statuses=[self.dg.DagsterRunStatus.STARTED])
         )
         for record in started:
-            self.instance.report_run_failed(record.dagster_run, "the grid process running it was killed; the grid resumes it")
+            self.instance.report_run_failed(
+                record.dagster_run, "the grid process running it was killed; the grid resumes it"
+            )
             self.instance.event_log_storage.free_concurrency_slots_for_run(record.dagster_run.run_id)
 
 
@@ -390,12 +452,22 @@ def with_experiment_resources(experiment, kind: str | None = None) -> dict:
     if experiment.launcher is None and experiment.compute is None and kind is None:
         return resources
     stage = resources["stage_resources"]
-    launcher = (experiment.launcher or LauncherSettings(**stage.launcher.model_dump())).model_dump() | ({"kind": kind} if kind else {})
-    compute = ComputeResource(**experiment.compute.model_dump(), lock_dir=stage.compute.lock_dir) if experiment.compute else stage.compute
+    launcher = (experiment.launcher or LauncherSettings(**stage.launcher.model_dump())).model_dump() | (
+        {"kind": kind} if kind else {}
+    )
+    compute = (
+        ComputeResource(**experiment.compute.model_dump(), lock_dir=stage.compute.lock_dir)
+        if experiment.compute
+        else stage.compute
+    )
     return resources | {
         "compute": compute,
         "stage_resources": StageResources(
-            lake=stage.lake, compute=compute, launcher=StageLauncher(**launcher), tracking=stage.tracking, experiments=stage.experiments
+            lake=stage.lake,
+            compute=compute,
+            launcher=StageLauncher(**launcher),
+            tracking=stage.tracking,
+            experiments=stage.experiments,
         ),
     }
 
@@ -422,7 +494,10 @@ def _succeeded(result, where: str) -> bool:
     if not result.success:
         if any(event.step_failure_data.error.cls_name in INTERRUPTS for event in result.get_step_failure_events()):
             raise KeyboardInterrupt(f"run {result.run_id} ({where})")
-        print(f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume", flush=True)
+        print(
+            f"[grid] {where}: run {result.run_id} failed; see it in the UI (dagster dev) or re-run the grid to resume",
+            flush=True,
+        )
     return result.success
 
 
@@ -438,24 +513,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["register", "plan", "run", "checks"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
     parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
-    parser.add_argument("--launcher", choices=get_args(Launcher), help="where the heavy stages run (default: the experiment file's, else the resource's)")
     parser.add_argument(
-        "--rounds", type=int, default=None,
+        "--launcher",
+        choices=get_args(Launcher),
+        help="where the heavy stages run (default: the experiment file's, else the resource's)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
         help="run: stop after this round in every arm (default: each arm's max_rounds); e.g. round 1 of every arm first,"
         " then a run without it adds the rest",
     )
-    parser.add_argument("--parallel-arms", type=int, default=1, help="run: arms materialized at once (their heavy steps overlap only on Ray)")
-    parser.add_argument("--arm", action="append", default=[], help="run: this arm only (repeatable; default: every arm of the experiment)")
     parser.add_argument(
-        "--through", action="append", default=[],
+        "--parallel-arms",
+        type=int,
+        default=1,
+        help="run: arms materialized at once (their heavy steps overlap only on Ray)",
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="run: this arm only (repeatable; default: every arm of the experiment)",
+    )
+    parser.add_argument(
+        "--through",
+        action="append",
+        default=[],
         help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
         " round_001/pseudo_labels: the labels' direct effect without the students)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--ray-gpus", type=int, default=None,
+        "--ray-gpus",
+        type=int,
+        default=None,
         help="ray launcher without RAY_ADDRESS: GPUs the grid's own local cluster declares (default: those torch sees);"
         " more than the machine has only tries Ray's placement",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 0:
         parser.error(f"--rounds must be >= 0, got {args.rounds}")
@@ -506,10 +601,12 @@ def _ray_cluster_if_needed(grid: Grid, gpus: int | None):
     gpus = torch.cuda.device_count() if gpus is None else gpus
     with local_ray_cluster(num_cpus=os.cpu_count() or 1, num_gpus=gpus) as head:
         address = head.address
-        print(f"[grid] started a local Ray cluster at {address} ({os.cpu_count()} CPUs, {gpus} GPUs); it stops with the grid", flush=True)
+        print(
+            f"[grid] started a local Ray cluster at {address} ({os.cpu_count()} CPUs, {gpus} GPUs); it stops with the grid",
+            flush=True,
+        )
         os.environ[environment.RAY_ADDRESS] = address  # for the launcher, as a user would set it
         try:
             yield
         finally:
             del os.environ[environment.RAY_ADDRESS]
-

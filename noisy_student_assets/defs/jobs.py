@@ -24,7 +24,9 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
         # Apart from the round's job, for the arms that read them: a verifier skipped for an arm whose label source
         # does not read it would skip the vote that reads its scores, and an evaluation cannot skip (its check would
         # go unreported).
-        verifier = dg.AssetSelection.assets(*(round_key(number, name) for name in (layout.VERIFIER, layout.VERIFIER_SCORES)))
+        verifier = dg.AssetSelection.assets(
+            *(round_key(number, name) for name in (layout.VERIFIER, layout.VERIFIER_SCORES))
+        )
         validation = dg.AssetSelection.assets(round_key(number, layout.STUDENT_VALIDATION))
         round_jobs += [
             dg.define_asset_job(
@@ -69,7 +71,10 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
         ),
         *round_jobs,
         dg.define_asset_job(
-            "verdict_job", selection=dg.AssetSelection.groups(VERDICT_GROUP), tags=RUN_TAGS, description="The verdict across every registered arm."
+            "verdict_job",
+            selection=dg.AssetSelection.groups(VERDICT_GROUP),
+            tags=RUN_TAGS,
+            description="The verdict across every registered arm.",
         ),
     ]
     return dg.Definitions(jobs=defined)

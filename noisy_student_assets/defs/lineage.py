@@ -49,7 +49,11 @@ def _digest(made_of: Mapping, length: int) -> str:
 def config_class(assets_def: dg.AssetsDefinition) -> type[StageConfig] | None:
     """The run config class of an asset's op (None: it takes no config)."""
     param = assets_def.op.compute_fn.get_config_arg() if assets_def.op.compute_fn.has_config_arg() else None
-    return param.annotation if param is not None and isinstance(param.annotation, type) and issubclass(param.annotation, StageConfig) else None
+    return (
+        param.annotation
+        if param is not None and isinstance(param.annotation, type) and issubclass(param.annotation, StageConfig)
+        else None
+    )
 
 
 def stage_version(config: type[StageConfig] | None) -> str:
@@ -68,7 +72,9 @@ def made_with(run_config: Mapping, compute: Mapping | None, profile: str) -> dic
     """What of its settings a materialization's fingerprint covers: its run settings, a heavy stage's compute settings
     (device, precision: they change what it produces) and the profile, so that a lake is never silently shared
     across profiles."""
-    return {"config": dict(run_config), "profile": profile} | ({"compute": dict(compute)} if compute is not None else {})
+    return {"config": dict(run_config), "profile": profile} | (
+        {"compute": dict(compute)} if compute is not None else {}
+    )
 
 
 def data_version_of(record) -> str:
@@ -76,7 +82,9 @@ def data_version_of(record) -> str:
     return record.asset_materialization.tags.get(DATA_VERSION_TAG) or str(record.storage_id)
 
 
-def input_data_versions(instance: dg.DagsterInstance, graph, key: dg.AssetKey, partition: str | None) -> dict[str, str] | None:
+def input_data_versions(
+    instance: dg.DagsterInstance, graph, key: dg.AssetKey, partition: str | None
+) -> dict[str, str] | None:
     """The data version of each input of `key`'s materialization in `partition`: each parent's latest, of the same
     partition where the parent is partitioned (`MISSING` where it has none). None where an input spans partitions
     (the verdict reads every arm): such an asset keeps Dagster's own data version."""
@@ -120,7 +128,9 @@ def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:
             versions[key] = _digest(made_of, 16)
         return versions[key]
 
-    with warnings.catch_warnings():  # a preview API of Dagster's: its warning would print on every load of the code location
+    with (
+        warnings.catch_warnings()
+    ):  # a preview API of Dagster's: its warning would print on every load of the code location
         warnings.simplefilter("ignore", dg.PreviewWarning)
         return definitions.map_asset_specs(func=lambda spec: spec.replace_attributes(code_version=version(spec.key)))
 
@@ -158,13 +168,18 @@ def recorded(record, stage: str, compute: Mapping | None, inputs_now: Mapping[st
     if provenance is not None and provenance.is_user_provided:
         made_of = data_version
     else:
-        read = {key.to_user_string(): storage_id for key, storage_id in (provenance.input_storage_ids if provenance else {}).items()}
+        read = {
+            key.to_user_string(): storage_id
+            for key, storage_id in (provenance.input_storage_ids if provenance else {}).items()
+        }
         inputs = {
             name: version if read.get(name) == storage_id else f"another materialization ({read.get(name)})"
             for name, (storage_id, version) in inputs_now.items()
         }
         made_of = fingerprint(stage, settings, inputs)
-    return Recorded(data_version, made_of, settings, metadata[STAGE_VERSION_KEY].value if STAGE_VERSION_KEY in metadata else None)
+    return Recorded(
+        data_version, made_of, settings, metadata[STAGE_VERSION_KEY].value if STAGE_VERSION_KEY in metadata else None
+    )
 
 
 def stale_assets(
@@ -183,7 +198,10 @@ def stale_assets(
     now: dict[str, str] = {}
     stale: dict[str, str] = {}
     for name in targets:
-        inputs = {parent: now.get(parent) or (latest[parent].data_version if latest.get(parent) else MISSING) for parent in parents[name]}
+        inputs = {
+            parent: now.get(parent) or (latest[parent].data_version if latest.get(parent) else MISSING)
+            for parent in parents[name]
+        }
         now[name] = fingerprint(stages[name], settings[name], inputs)
         before, redone_inputs = latest.get(name), [parent for parent in parents[name] if parent in stale]
         if before is None:

@@ -12,15 +12,21 @@ from dagster._core.event_api import PartitionKeyFilter
 def latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None):
     """The latest materialization record of one asset partition (of the asset, when `partition` is None), or None."""
     partitions = [partition] if partition else None
-    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=1).records
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=1
+    ).records
     return records[0] if records else None
 
 
-def latest_check_evaluations(instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None) -> dict:
+def latest_check_evaluations(
+    instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partition: str | None
+) -> dict:
     """The evaluation of each check's latest execution in one partition (or of unpartitioned assets, when
     `partition` is None), for the checks that have one: not those never run, or only planned by a run that was
     killed before the check's step."""
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=partition))
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        checks, partition_filter=PartitionKeyFilter(key=partition)
+    )
     return {
         check: record.event.dagster_event.event_specific_data
         for check, record in latest.items()
@@ -34,7 +40,9 @@ def latest_check_targets(
     """For each check of one partition (or of unpartitioned assets, when `partition` is None), the storage id
     of the materialization its latest evaluation judged; None where it has none."""
     evaluations = latest_check_evaluations(instance, checks, partition)
-    targets = {check: evaluations[check].target_materialization_data if check in evaluations else None for check in checks}
+    targets = {
+        check: evaluations[check].target_materialization_data if check in evaluations else None for check in checks
+    }
     return {check: target.storage_id if target else None for check, target in targets.items()}
 
 

@@ -65,13 +65,21 @@ def _defaults() -> dict:
     from noisy_student_assets.core.settings import ProblemSource
 
     ops = {name: {"class": config.__name__, "fields": _fields(config())} for name, config in _config_classes().items()}
-    resources = {name: {"class": type(resource).__name__, "fields": _fields(resource)} for name, resource in _resources().items()}
+    resources = {
+        name: {"class": type(resource).__name__, "fields": _fields(resource)} for name, resource in _resources().items()
+    }
     return {"ops": ops, "resources": resources, "source": _fields(ProblemSource)}
 
 
 def _profile_defaults(profile: str) -> dict:
     env = os.environ | {PROFILE_ENV_VAR: profile}
-    out = subprocess.run([sys.executable, "-m", "noisy_student_assets.defs.reference", "--defaults"], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "noisy_student_assets.defs.reference", "--defaults"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -116,7 +124,7 @@ def render() -> str:
         "Generated from `noisy_student_assets/core/settings.py` by `make docs` (`python -m noisy_student_assets.defs.reference`);",
         "a test fails when this page and the code differ. Each setting is declared once there, with its default under each",
         "profile (`NOISY_STUDENT_PROFILE=cpu|gpu`, `make ... PROFILE=gpu`). Set one in the launchpad or with",
-        "`--config-json '{\"ops\": {\"<op>\": {\"config\": {...}}}}'` (the grid takes the same JSON); an arm field (below) wins over",
+        '`--config-json \'{"ops": {"<op>": {"config": {...}}}}\'` (the grid takes the same JSON); an arm field (below) wins over',
         "the run config for the settings it names.",
         "",
         "## Settings of each op",
@@ -124,9 +132,16 @@ def render() -> str:
     ]
     for config, ops in _op_groups(cpu["ops"]).items():
         example = next(name for name in sorted(cpu["ops"]) if cpu["ops"][name]["class"] == config)
-        lines += [f"### {', '.join(f'`{op}`' for op in ops)}", "", "| setting | cpu | gpu | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"### {', '.join(f'`{op}`' for op in ops)}",
+            "",
+            "| setting | cpu | gpu | meaning |",
+            "|---|---|---|---|",
+        ]
         for path, (default, help_text) in cpu["ops"][example]["fields"].items():
-            lines.append(f"| `{path}` | {_value(default)} | {_value(gpu['ops'][example]['fields'][path][0])} | {_cell(help_text)} |")
+            lines.append(
+                f"| `{path}` | {_value(default)} | {_value(gpu['ops'][example]['fields'][path][0])} | {_cell(help_text)} |"
+            )
         lines.append("")
     lines += [
         "### `source` (of `problem_pool` and `eval_problems`)",
@@ -139,21 +154,47 @@ def render() -> str:
         "| field | default | meaning |",
         "|---|---|---|",
     ]
-    lines += [f"| `{path}` | {_value(default)} | {_cell(help_text)} |" for path, (default, help_text) in cpu["source"].items()]
-    lines += ["", "## Arm fields", "", "An experiment file's arms (`experiments/*.yaml`) set these; each overrides the settings named.", ""]
+    lines += [
+        f"| `{path}` | {_value(default)} | {_cell(help_text)} |" for path, (default, help_text) in cpu["source"].items()
+    ]
+    lines += [
+        "",
+        "## Arm fields",
+        "",
+        "An experiment file's arms (`experiments/*.yaml`) set these; each overrides the settings named.",
+        "",
+    ]
     lines += ["| arm field | sets | meaning |", "|---|---|---|"]
     for name, field in ARM_FIELDS.items():
         targets = ", ".join(f"`{stage}`: `{path}`" for stage, path, *_ in field.targets)
         lines.append(f"| `{name}` | {targets} | {_cell(field.help or field.setting().description or '')} |")
-    lines += ["", "## Student modes (`mode`)", "", "Registered in `core/training/modes/registry.py`.", "", "| mode | trains |", "|---|---|"]
+    lines += [
+        "",
+        "## Student modes (`mode`)",
+        "",
+        "Registered in `core/training/modes/registry.py`.",
+        "",
+        "| mode | trains |",
+        "|---|---|",
+    ]
     lines += [f"| `{name}` | {_cell(mode.description)} |" for name, mode in MODES.items()]
-    lines += ["", "## Label sources (`label_source`)", "", "Registered in `core/pseudo_labels/sources/registry.py`.", ""]
+    lines += [
+        "",
+        "## Label sources (`label_source`)",
+        "",
+        "Registered in `core/pseudo_labels/sources/registry.py`.",
+        "",
+    ]
     lines += ["| source | weighs each sample's vote by |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(source.description)} |" for name, source in SOURCES.items()]
     lines += ["", "## Resources", ""]
     for name, resource in cpu["resources"].items():
         # The lake and the compute nest into other resources (IO managers, stage_resources): each is documented once.
-        fields = {path: row for path, row in resource["fields"].items() if path.split(".")[0] not in ("lake", "compute") and ".lake." not in path}
+        fields = {
+            path: row
+            for path, row in resource["fields"].items()
+            if path.split(".")[0] not in ("lake", "compute") and ".lake." not in path
+        }
         if not fields:
             continue
         lines += [f"### `{name}` ({resource['class']})", "", "| field | cpu | gpu | meaning |", "|---|---|---|---|"]
@@ -176,4 +217,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-

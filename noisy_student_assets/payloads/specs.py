@@ -36,7 +36,11 @@ class _Spec(BaseModel):
     def time_limit_s(self, launcher: LauncherSettings) -> float:
         """Seconds the stage may run (`launcher.time_limit_*`)."""
         steps, samples = self.work()
-        return launcher.time_limit_base_s + steps * launcher.time_limit_per_step_s + samples * launcher.time_limit_per_sample_s
+        return (
+            launcher.time_limit_base_s
+            + steps * launcher.time_limit_per_step_s
+            + samples * launcher.time_limit_per_sample_s
+        )
 
 
 def _rows(problems: str) -> int:

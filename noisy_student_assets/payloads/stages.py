@@ -35,7 +35,7 @@ class Reporter(Protocol):
 
 
 def step_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
-    return f"step {step}/{max_steps}: {({k: round(v, 4) for k, v in logs.items()})}"
+    return f"step {step}/{max_steps}: { ({k: round(v, 4) for k, v in logs.items()}) }"
 
 
 def _step_callback(reporter: Reporter):
@@ -44,7 +44,11 @@ def _step_callback(reporter: Reporter):
 
     class StepReporter(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            reporter.step(state.global_step, state.max_steps, {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)})
+            reporter.step(
+                state.global_step,
+                state.max_steps,
+                {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)},
+            )
 
     return StepReporter()
 

@@ -79,7 +79,14 @@ def write_spec(spec) -> Path:
 
 
 def payload_outcome(
-    spec, messages: list, returncode: int, launched: float, *, causes: list[str], details: dict, metadata: dict | None = None
+    spec,
+    messages: list,
+    returncode: int,
+    launched: float,
+    *,
+    causes: list[str],
+    details: dict,
+    metadata: dict | None = None,
 ) -> StageResult:
     """The stage's result from its payload's messages, or a `dg.Failure` naming the stage and the cause: a rank that
     died, else the payload's own error, else how it ended."""
@@ -104,8 +111,14 @@ def payload_outcome(
     # A rank that died is the cause; what rank 0 raised then (a broken gloo pair, say) is its consequence.
     cause = "; ".join([*causes, *errors] or [ended])
     command = " ".join(payload_command(Path(spec.work_dir) / f"{spec.stage}-spec.json", spec.processes))
-    raise dg.Failure(description=f"stage {spec.stage} failed: {cause}", metadata=details | {"command": command} | (metadata or {}))
+    raise dg.Failure(
+        description=f"stage {spec.stage} failed: {cause}", metadata=details | {"command": command} | (metadata or {})
+    )
 
 
 def signal_name(returncode: int) -> str:
-    return signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else f"signal {-returncode}"
+    return (
+        signal.Signals(-returncode).name
+        if -returncode in signal.Signals._value2member_map_
+        else f"signal {-returncode}"
+    )

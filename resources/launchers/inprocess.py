@@ -74,7 +74,9 @@ class InProcessLauncher(Launcher):
                 with watchdog.watching():
                     results.append(StageResult(stages.run(spec, _DagsterReporter(context.log))))
             except (StageTimeLimitExceeded, Exception) as error:  # an interrupt (Ctrl-C, SIGTERM) stays one
-                if watchdog.expired:  # or whatever the stage raised as it was stopped (an engine whose workers died, say)
+                if (
+                    watchdog.expired
+                ):  # or whatever the stage raised as it was stopped (an engine whose workers died, say)
                     raise time_limit_failure(spec, limit_s) from error
                 raise
             if watchdog.expired:  # it ended in the instant it was stopped; its workers are gone
@@ -140,7 +142,9 @@ class _Watchdog:
         stopped here. multiprocessing keeps its pid there; a Python that does not has it stopped with the rest
         (multiprocessing starts another when it is next needed)."""
         tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
-        started = [child for child in _children() if _identity(child) not in self._earlier_children and child.pid != tracker]
+        started = [
+            child for child in _children() if _identity(child) not in self._earlier_children and child.pid != tracker
+        ]
         for child in started:
             with contextlib.suppress(psutil.Error):
                 child.terminate()

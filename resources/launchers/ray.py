@@ -14,7 +14,14 @@ from collections.abc import Sequence
 import dagster as dg
 
 from noisy_student_assets.core import environment
-from resources.launchers.base import Launcher, StageResult, payload_command, payload_outcome, time_limit_failure, write_spec
+from resources.launchers.base import (
+    Launcher,
+    StageResult,
+    payload_command,
+    payload_outcome,
+    time_limit_failure,
+    write_spec,
+)
 
 RAY_EXIT_CODE = re.compile(r"failed with exit code (?P<code>-?\d+)")
 RAY_WORK_DIR = "noisy_student_work_dir"
@@ -31,7 +38,10 @@ class RayLauncher(Launcher):
 
     def asks(self, spec) -> dict[str, float]:
         """What a payload asks of Ray: CPUs and GPUs for each of its processes."""
-        return {"CPU": self.settings.cpus_per_process * spec.processes, "GPU": self.settings.gpus_per_process * spec.processes}
+        return {
+            "CPU": self.settings.cpus_per_process * spec.processes,
+            "GPU": self.settings.gpus_per_process * spec.processes,
+        }
 
     def run_all(self, context: dg.AssetExecutionContext, specs: Sequence) -> list[StageResult]:
         """Submit each spec's payload as a Ray job asking for its CPUs and GPUs, all at once, and wait for every one."""
@@ -52,7 +62,9 @@ class RayLauncher(Launcher):
             client = JobSubmissionClient(address)
             available = cluster_resources(address)
         except (ConnectionError, OSError, RuntimeError, ValueError) as error:
-            raise dg.Failure(f"stage {stage} failed: the Ray cluster at {address} is not reachable ({type(error).__name__}: {error})") from error
+            raise dg.Failure(
+                f"stage {stage} failed: the Ray cluster at {address} is not reachable ({type(error).__name__}: {error})"
+            ) from error
         for spec in specs:
             for resource, amount in self.asks(spec).items():
                 if amount > available.get(resource, 0.0):
@@ -68,7 +80,11 @@ class RayLauncher(Launcher):
         with contextlib.ExitStack() as sessions:
             for spec in specs:
                 session = sessions.enter_context(
-                    dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=PipesRayJobMessageReader())
+                    dg.open_pipes_session(
+                        context=context,
+                        context_injector=dg.PipesEnvContextInjector(),
+                        message_reader=PipesRayJobMessageReader(),
+                    )
                 )
                 asks = self.asks(spec)
                 job_id = client.submit_job(
@@ -96,15 +112,23 @@ class RayLauncher(Launcher):
         for spec, session, job_id in jobs:
             info = client.get_job_info(job_id)
             found = RAY_EXIT_CODE.search(info.message or "")
-            returncode = 0 if info.status.value == "SUCCEEDED" else _shell_returncode(int(found["code"])) if found else 1
-            causes = [] if found or returncode == 0 else [f"the Ray job {job_id} ended {info.status.value}: {info.message}"]
+            returncode = (
+                0 if info.status.value == "SUCCEEDED" else _shell_returncode(int(found["code"])) if found else 1
+            )
+            causes = (
+                [] if found or returncode == 0 else [f"the Ray job {job_id} ended {info.status.value}: {info.message}"]
+            )
             results.append(
                 payload_outcome(
-                    spec, session.get_custom_messages(), returncode, launched, causes=causes,
+                    spec,
+                    session.get_custom_messages(),
+                    returncode,
+                    launched,
+                    causes=causes,
                     details={"ray_job_message": dg.MetadataValue.text((info.message or "")[-4000:])},
                     metadata={"ray/job_id": job_id, "ray/address": address},
                 )
-            )  # fmt: skip
+            )
         return results
 
 
@@ -131,7 +155,11 @@ def _wait_for_jobs(client, job_ids: list[str], limits: dict[str, float] | None =
         for job_id in pending:
             if statuses[job_id] == JobStatus.RUNNING:
                 running_since.setdefault(job_id, now)
-        overdue = [job_id for job_id, since in running_since.items() if job_id in pending and limits and now - since > limits[job_id]]
+        overdue = [
+            job_id
+            for job_id, since in running_since.items()
+            if job_id in pending and limits and now - since > limits[job_id]
+        ]
         if overdue:
             return overdue
         if pending:
@@ -142,8 +170,14 @@ def _wait_for_jobs(client, job_ids: list[str], limits: dict[str, float] | None =
 def _stop_earlier_jobs(client, work_dirs: set[str], log) -> None:
     """Stop the Ray jobs still running in these work dirs: a killed grid's, whose step is being retried. The retry
     resumes from the shards and TRL checkpoints those jobs saved; two jobs must not write one work dir."""
-    earlier = [job for job in client.list_jobs() if (job.metadata or {}).get(RAY_WORK_DIR) in work_dirs and not job.status.is_terminal()]
+    earlier = [
+        job
+        for job in client.list_jobs()
+        if (job.metadata or {}).get(RAY_WORK_DIR) in work_dirs and not job.status.is_terminal()
+    ]
     for job in earlier:
-        log.warning(f"stopping Ray job {job.submission_id}, left running in {job.metadata[RAY_WORK_DIR]} by an earlier attempt; this one resumes from its shards")
+        log.warning(
+            f"stopping Ray job {job.submission_id}, left running in {job.metadata[RAY_WORK_DIR]} by an earlier attempt; this one resumes from its shards"
+        )
         client.stop_job(job.submission_id)
     _wait_for_jobs(client, [job.submission_id for job in earlier])

@@ -6,7 +6,9 @@ from resources.launchers.inprocess import InProcessLauncher
 from resources.launchers.ray import RayLauncher
 from resources.launchers.subprocess import SubprocessLauncher
 
-LAUNCHERS: dict[str, type[Launcher]] = {launcher.kind: launcher for launcher in (InProcessLauncher, SubprocessLauncher, RayLauncher)}
+LAUNCHERS: dict[str, type[Launcher]] = {
+    launcher.kind: launcher for launcher in (InProcessLauncher, SubprocessLauncher, RayLauncher)
+}
 
 
 def launcher_class(kind: str) -> type[Launcher]:

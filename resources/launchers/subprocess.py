@@ -50,7 +50,9 @@ class SubprocessLauncher(Launcher):
         limit_s = spec.time_limit_s(self.settings)
         launched = time.perf_counter()
         with dg.open_pipes_session(
-            context=context, context_injector=dg.PipesTempFileContextInjector(), message_reader=dg.PipesTempFileMessageReader()
+            context=context,
+            context_injector=dg.PipesTempFileContextInjector(),
+            message_reader=dg.PipesTempFileMessageReader(),
         ) as session:
             # A session of its own: the payload's children (vLLM engine workers, torchrun's ranks) are one process group,
             # stopped together whatever happens to the payload itself.
@@ -77,9 +79,13 @@ class SubprocessLauncher(Launcher):
         if returncode is None:
             raise time_limit_failure(spec, limit_s)
         return payload_outcome(
-            spec, session.get_custom_messages(), returncode, launched,
-            causes=_dead_ranks(rank_failures), details={"stderr_tail": dg.MetadataValue.text("".join(tail))},
-        )  # fmt: skip
+            spec,
+            session.get_custom_messages(),
+            returncode,
+            launched,
+            causes=_dead_ranks(rank_failures),
+            details={"stderr_tail": dg.MetadataValue.text("".join(tail))},
+        )
 
 
 def _stop_earlier_payload(pid_file: Path, log) -> None:
@@ -96,7 +102,9 @@ def _stop_earlier_payload(pid_file: Path, log) -> None:
             return  # the pid names another process now, so the payload's group is gone (a group id is not reused while it has members)
     if not _group_members(group):
         return
-    log.warning(f"stopping payload process group {group}, left running in {pid_file.parent} by an earlier attempt; this one resumes from its shards")
+    log.warning(
+        f"stopping payload process group {group}, left running in {pid_file.parent} by an earlier attempt; this one resumes from its shards"
+    )
     for stop, grace in ((signal.SIGTERM, TERMINATION_GRACE_S), (signal.SIGKILL, TERMINATION_GRACE_S)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, stop)
@@ -105,7 +113,9 @@ def _stop_earlier_payload(pid_file: Path, log) -> None:
             time.sleep(0.1)
         if not _group_members(group):
             return
-    raise dg.Failure(f"the payload process group {group} left running in {pid_file.parent} by an earlier attempt did not stop")
+    raise dg.Failure(
+        f"the payload process group {group} left running in {pid_file.parent} by an earlier attempt did not stop"
+    )
 
 
 def _group_members(group: int) -> list[psutil.Process]:

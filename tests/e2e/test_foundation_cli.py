@@ -28,19 +28,33 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
         }
     }
     result = dagster_cli(
-        "asset", "materialize", "-m", "noisy_student_assets.definitions",
-        "--select", "problem_pool,eval_problems,base_model,base_model_eval",
-        "--config-json", json.dumps(config),
+        "asset",
+        "materialize",
+        "-m",
+        "noisy_student_assets.definitions",
+        "--select",
+        "problem_pool,eval_problems,base_model,base_model_eval",
+        "--config-json",
+        json.dumps(config),
     )
     output = result.stdout + result.stderr
     assert "RUN_SUCCESS" in output
     subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "register", str(TEST_EXPERIMENT)],
-        cwd=dagster_cli.home, env=dagster_cli.env, check=True, capture_output=True,
+        cwd=dagster_cli.home,
+        env=dagster_cli.env,
+        check=True,
+        capture_output=True,
     )
     split = dagster_cli(
-        "asset", "materialize", "-m", "noisy_student_assets.definitions",
-        "--select", "labeled_problems,unlabeled_problems,validation_problems", "--partition", "a",
+        "asset",
+        "materialize",
+        "-m",
+        "noisy_student_assets.definitions",
+        "--select",
+        "labeled_problems,unlabeled_problems,validation_problems",
+        "--partition",
+        "a",
     )
     assert "RUN_SUCCESS" in split.stdout + split.stderr
 

@@ -35,7 +35,9 @@ def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_prof
 ) -> None:
     sampling_op = op(layout.round_prefix(1), layout.GENERATIONS)
     config = tiny_config(tiny_model_dir, rounds=1)
-    config = {"ops": config["ops"] | {sampling_op: {"config": {k: v for k, v in TINY_SAMPLING.items() if k != "k"}}}}  # K from its default
+    config = {
+        "ops": config["ops"] | {sampling_op: {"config": {k: v for k, v in TINY_SAMPLING.items() if k != "k"}}}
+    }  # K from its default
     dagster_cli.enter(monkeypatch)
     dagster_cli.grid_done(EXPERIMENT, config, tmp_path / "first.log")
 
@@ -43,27 +45,48 @@ def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_prof
     text = dagster_cli.grid_done(EXPERIMENT, config, tmp_path / "k6.log", env=fewer_samples)
     redone = materializing(tmp_path / "k6.log", ARM).split("materializing ", 1)[1].split(", ")
     assert "[grid] shared: up to date" in text
-    assert set(redone) == set(round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.EVAL_REPORT)), text[-3000:]
+    assert set(redone) == set(
+        round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.EVAL_REPORT)
+    ), text[-3000:]
     assert f"[grid] arm {ARM}: round_001/generations: settings changed: config.k: 8 -> 6" in text
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
         (latest,) = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.round_asset(1, layout.GENERATIONS)), asset_partitions=[ARM]), limit=1
+            dg.AssetRecordsFilter(
+                asset_key=dg.AssetKey(layout.round_asset(1, layout.GENERATIONS)), asset_partitions=[ARM]
+            ),
+            limit=1,
         ).records
     assert latest.asset_materialization.metadata["config"].value["k"] == 6
 
     again = dagster_cli.grid_done(EXPERIMENT, config, tmp_path / "again.log", env=fewer_samples)
-    assert "[grid] shared: up to date" in again and f"[grid] arm {ARM}: up to date" in again, "an unchanged re-run materializes nothing"
+    assert "[grid] shared: up to date" in again and f"[grid] arm {ARM}: up to date" in again, (
+        "an unchanged re-run materializes nothing"
+    )
 
     plan = subprocess.run(
-        [sys.executable, "-m", "noisy_student_assets.grid", "plan", str(EXPERIMENT), "--config-json", json.dumps(config)],
-        cwd=dagster_cli.home, env=dagster_cli.env | fewer_samples | {"NOISY_STUDENT_PROFILE": "gpu"}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "noisy_student_assets.grid",
+            "plan",
+            str(EXPERIMENT),
+            "--config-json",
+            json.dumps(config),
+        ],
+        cwd=dagster_cli.home,
+        env=dagster_cli.env | fewer_samples | {"NOISY_STUDENT_PROFILE": "gpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "up to date" not in plan.stdout, plan.stdout
     planned = {line.split(": ")[1] for line in plan.stdout.splitlines() if line.startswith(f"[grid] arm {ARM}: ")}
     experiment = load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem]
     assert planned == set(arm_assets(experiment, experiment.arm(ARM))), plan.stdout
-    assert f'[grid] shared: {layout.PROBLEM_POOL}: settings changed: profile: "cpu" -> "gpu"' in plan.stdout, plan.stdout
+    assert f'[grid] shared: {layout.PROBLEM_POOL}: settings changed: profile: "cpu" -> "gpu"' in plan.stdout, (
+        plan.stdout
+    )
 
 
 def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_accuracy_did_not_improve(
@@ -75,26 +98,47 @@ def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_acc
     config = tiny_config(tiny_model_dir, rounds=2)
     dagster_cli.enter(monkeypatch)
     text = dagster_cli.grid_done(patience, config, tmp_path / "grid.log")
-    assert f"[grid] arm {arm}: stopped after round 1: patience=1: validation accuracy did not improve on round 0's" in text, text[-3000:]
+    assert (
+        f"[grid] arm {arm}: stopped after round 1: patience=1: validation accuracy did not improve on round 0's" in text
+    ), text[-3000:]
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
         made = {
-            name: instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(name.split("/")), asset_partitions=[arm]), limit=1).records
-            for name in (layout.LABELED_RL_VALIDATION, *round_names(1, layout.STUDENT_VALIDATION), *round_names(2, layout.GENERATIONS))
+            name: instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey(name.split("/")), asset_partitions=[arm]), limit=1
+            ).records
+            for name in (
+                layout.LABELED_RL_VALIDATION,
+                *round_names(1, layout.STUDENT_VALIDATION),
+                *round_names(2, layout.GENERATIONS),
+            )
         }
-    assert made[layout.LABELED_RL_VALIDATION] and made[round_names(1, layout.STUDENT_VALIDATION)[0]], "what the rule read"
+    assert made[layout.LABELED_RL_VALIDATION] and made[round_names(1, layout.STUDENT_VALIDATION)[0]], (
+        "what the rule read"
+    )
     assert not made[round_names(2, layout.GENERATIONS)[0]], "round 2 never ran"
 
     plan = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "plan", str(patience), "--config-json", json.dumps(config)],
-        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert plan.returncode == 0 and f"[grid] arm {arm}: up to date" in plan.stdout, "the plan knows the arm stopped: " + plan.stdout
+        cwd=dagster_cli.home,
+        env=dagster_cli.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plan.returncode == 0 and f"[grid] arm {arm}: up to date" in plan.stdout, (
+        "the plan knows the arm stopped: " + plan.stdout
+    )
 
 
 def _sevens_problems(path: Path, count: int, first: int) -> Path:
     """A JSONL problem file whose every answer is 7 (the sevens model's), so that its samples are right and wrong on
     the same problem: what the verifier learns from."""
-    path.write_text("".join(json.dumps({"question": f"What is {n} - {n - 7}?", "answer": "7"}) + "\n" for n in range(first, first + count)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"What is {n} - {n - 7}?", "answer": "7"}) + "\n"
+            for n in range(first, first + count)
+        )
+    )
     return path
 
 
@@ -105,27 +149,42 @@ def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_a
     and each arm's round report draws the frontier of every source it can judge beside the oracle, with the flips."""
     experiment = EXPERIMENT.parent / "label_sources.yaml"
     config = tiny_config(sevens_model_dir, rounds=1, tau=0.5)
-    pool, held_out = _sevens_problems(tmp_path / "pool.jsonl", 40, 10), _sevens_problems(tmp_path / "eval.jsonl", 5, 100)
+    pool, held_out = (
+        _sevens_problems(tmp_path / "pool.jsonl", 40, 10),
+        _sevens_problems(tmp_path / "eval.jsonl", 5, 100),
+    )
     config["ops"] |= {
         layout.PROBLEM_POOL: {"config": {"source": {"kind": "file", "path": str(pool)}}},
         layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(held_out)}}},
     }
     dagster_cli.enter(monkeypatch)
     labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
-    through = dagster_cli.grid_done(experiment, config, tmp_path / "labels.log", "--arm", "ls-verifier", "--through", labels)
+    through = dagster_cli.grid_done(
+        experiment, config, tmp_path / "labels.log", "--arm", "ls-verifier", "--through", labels
+    )
     first = materializing(tmp_path / "labels.log", "ls-verifier")
-    assert first.endswith(f"round_001/verifier, round_001/verifier_scores, {labels}"), "the labels and what they read, no student"
+    assert first.endswith(f"round_001/verifier, round_001/verifier_scores, {labels}"), (
+        "the labels and what they read, no student"
+    )
     assert "ls-majority" not in through and "materializing verdict" not in through
-    sidecar = pl.read_json(layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.PSEUDO_LABELS), "ls-verifier") / SOURCES_FILE)
-    assert set(sidecar["source"]) == {"majority", "confidence", "verifier", ORACLE}, "the direct effect, without the students"
+    sidecar = pl.read_json(
+        layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.PSEUDO_LABELS), "ls-verifier") / SOURCES_FILE
+    )
+    assert set(sidecar["source"]) == {"majority", "confidence", "verifier", ORACLE}, (
+        "the direct effect, without the students"
+    )
     dagster_cli.grid_done(experiment, config, tmp_path / "grid.log")
     then = materializing(tmp_path / "grid.log", "ls-verifier")
     assert "round_001/verifier" not in then and "round_001/student_checkpoint" in then, "the rest, not the labels again"
 
     checks = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(experiment)],
-        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=dagster_cli.home,
+        env=dagster_cli.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert checks.returncode == 0, checks.stderr[-3000:]
     outcomes = [line for line in checks.stdout.splitlines() if line.startswith("| ls-")]
     assert outcomes and all(line.rstrip().endswith("| passed |") for line in outcomes), checks.stdout

@@ -37,11 +37,17 @@ def _labeled_rl_checks_unjudged(instance: dg.DagsterInstance) -> list[str]:
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM]), limit=1
     ).records
     checks = [dg.AssetCheckKey(dg.AssetKey(layout.LABELED_RL), name) for name in (FINITE_WEIGHTS, SMOKE_GENERATION)]
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks, partition_filter=PartitionKeyFilter(key=ARM))
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        checks, partition_filter=PartitionKeyFilter(key=ARM)
+    )
     unjudged = []
     for check in checks:
         record = latest.get(check)
-        evaluation = record.event.dagster_event.event_specific_data if record and record.status == AssetCheckExecutionRecordStatus.SUCCEEDED else None
+        evaluation = (
+            record.event.dagster_event.event_specific_data
+            if record and record.status == AssetCheckExecutionRecordStatus.SUCCEEDED
+            else None
+        )
         if evaluation is None or evaluation.target_materialization_data.storage_id != materialization.storage_id:
             unjudged.append(check.name)
     return unjudged
@@ -51,7 +57,9 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     # Labeled RL's smoke check completes long answers (the random model runs every one to its limit), so that it is
     # still running when the kill lands, however fast the machine: the resumed grid must then evaluate it alone.
     slow_smoke = {"prompts": 4, "max_new_tokens": 768, "max_empty_rate": 1.0, "max_truncation_rate": 1.0}
-    config = with_op_config(tiny_config(tiny_model_dir, rounds=1), f"{layout.LABELED_RL}_{SMOKE_GENERATION}", **slow_smoke)
+    config = with_op_config(
+        tiny_config(tiny_model_dir, rounds=1), f"{layout.LABELED_RL}_{SMOKE_GENERATION}", **slow_smoke
+    )
     dagster_cli.enter(monkeypatch)
     first = dagster_cli.grid(EXPERIMENT, config, tmp_path / "first.log")
     labeled_rl = dg.AssetRecordsFilter(asset_key=dg.AssetKey(layout.LABELED_RL), asset_partitions=[ARM])
@@ -64,14 +72,18 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
-        unjudged = _labeled_rl_checks_unjudged(instance)  # the kill came right after the materialization: its checks' steps were next
+        unjudged = _labeled_rl_checks_unjudged(
+            instance
+        )  # the kill came right after the materialization: its checks' steps were next
     assert SMOKE_GENERATION in unjudged, "the kill must land before the slow smoke check has judged labeled RL"
 
     second = dagster_cli.grid(EXPERIMENT, config, tmp_path / "second.log", "--rounds", "0")
     assert dagster_cli.finish(second, tmp_path / "second.log", 900) == 0, (tmp_path / "second.log").read_text()[-3000:]
     resumed = materializing(tmp_path / "second.log", ARM)
     assert f" {layout.LABELED_RL}," not in resumed, "labeled RL is not trained again"
-    assert layout.LABELED_RL_EVAL in resumed and layout.round_prefix(1) not in resumed, "--rounds 0 stops before round 1"
+    assert layout.LABELED_RL_EVAL in resumed and layout.round_prefix(1) not in resumed, (
+        "--rounds 0 stops before round 1"
+    )
     assert "[grid] shared: up to date" in (tmp_path / "second.log").read_text()
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
         assert _labeled_rl_checks_unjudged(instance) == [], "the resumed grid ran the checks the kill left unevaluated"
@@ -81,8 +93,12 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     rest = dagster_cli.grid(EXPERIMENT, config, tmp_path / "rest.log")
     assert dagster_cli.finish(rest, tmp_path / "rest.log", 900) == 0, (tmp_path / "rest.log").read_text()[-3000:]
     added = materializing(tmp_path / "rest.log", ARM)
-    assert "round_001/eval_report" in added and layout.LABELED_RL not in added, "without --rounds the run adds round 1 only"
-    assert (layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.EVAL_REPORT), ARM) / "report.md").is_file()
+    assert "round_001/eval_report" in added and layout.LABELED_RL not in added, (
+        "without --rounds the run adds round 1 only"
+    )
+    assert (
+        layout.artifact_dir(dagster_cli.lake, layout.round_asset(1, layout.EVAL_REPORT), ARM) / "report.md"
+    ).is_file()
 
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
         runs = instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))
@@ -91,11 +107,24 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
         device_pool = instance.event_log_storage.get_concurrency_info(DEVICE_POOL)
     assert "FAILURE" in statuses, "the killed grid's run is marked failed, not left started"
     assert "STARTED" not in statuses and len(labeled_rl_events) == 1
-    assert not device_pool.claimed_slots and not device_pool.pending_steps, "the killed run's device pool slot was freed"
+    assert not device_pool.claimed_slots and not device_pool.pending_steps, (
+        "the killed run's device pool slot was freed"
+    )
 
     def grid_run(*options: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "noisy_student_assets.grid", "run", str(EXPERIMENT), "--config-json", json.dumps(config), *options]
-        return subprocess.run(command, cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600)
+        command = [
+            sys.executable,
+            "-m",
+            "noisy_student_assets.grid",
+            "run",
+            str(EXPERIMENT),
+            "--config-json",
+            json.dumps(config),
+            *options,
+        ]
+        return subprocess.run(
+            command, cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600
+        )
 
     third = grid_run("--arm", ARM)
     assert third.returncode == 0 and f"[grid] arm {ARM}: up to date" in third.stdout
@@ -104,17 +133,25 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
 
     checks = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(EXPERIMENT)],
-        cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=300,
+        cwd=dagster_cli.home,
+        env=dagster_cli.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert checks.returncode == 0, checks.stderr[-3000:]
     student = "/".join(layout.round_asset(1, layout.STUDENT))
     for asset, name in ((layout.LABELED_RL, FINITE_WEIGHTS), (student, FINITE_WEIGHTS), (student, SMOKE_GENERATION)):
         assert f"| {ARM} | {asset} | {name} | passed |" in checks.stdout, checks.stdout
     report = "/".join(layout.round_asset(1, layout.EVAL_REPORT))
-    assert f"| {ARM} | {report} | eval_not_degenerate | passed |" in checks.stdout, checks.stdout  # a check inside its asset
+    assert f"| {ARM} | {report} | eval_not_degenerate | passed |" in checks.stdout, (
+        checks.stdout
+    )  # a check inside its asset
 
 
-def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch) -> None:
+def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(
+    dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch
+) -> None:
     """Dagster turns the signal into the step's failure: a Dagster retry policy would start the stage over, and
     the grid, seeing only a failed run, would go on to the next."""
     endless = TINY_GRPO | {"max_steps": 100_000}
@@ -139,13 +176,22 @@ def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(dagster
     assert f"materializing {layout.VERDICT}" not in text, "the grid did not go on to the next run"
 
     with dg.DagsterInstance.from_config(str(dagster_cli.home)) as instance:
-        runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))]
+        runs = [
+            r.dagster_run for r in instance.get_run_records(dg.RunsFilter(tags={"noisy_student/experiment": "grid"}))
+        ]
         (arm_run,) = [run for run in runs if run.tags.get("dagster/partition") == ARM]
-        events = [record.event_log_entry.dagster_event for record in instance.get_records_for_run(arm_run.run_id).records]
+        events = [
+            record.event_log_entry.dagster_event for record in instance.get_records_for_run(arm_run.run_id).records
+        ]
         device_pool = instance.event_log_storage.get_concurrency_info(DEVICE_POOL)
     events = [event for event in events if event is not None]
     assert arm_run.status == dg.DagsterRunStatus.FAILURE
-    assert not [e for e in events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY], "an interrupt is not retried"
+    assert not [e for e in events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY], (
+        "an interrupt is not retried"
+    )
     (failure,) = [e for e in events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
-    assert failure.step_key == layout.LABELED_RL and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
+    assert (
+        failure.step_key == layout.LABELED_RL
+        and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
+    )
     assert not device_pool.claimed_slots, "the interrupted step's device pool slot was freed"

@@ -40,9 +40,13 @@ def test_switched_on_the_automation_launches_round_3_once_round_2s_checks_passed
     log, switched_on = tmp_path / "daemon.log", datetime.datetime.now(datetime.UTC)
     launched_runs = dg.RunsFilter(tags={"dagster/partition": ARM}, created_after=switched_on)  # not the stand-ins' runs
     daemon = subprocess.Popen(
-        [DAGSTER_DAEMON, "run", "-w", "workspace.yaml"], cwd=tmp_path, env=cli.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        [DAGSTER_DAEMON, "run", "-w", "workspace.yaml"],
+        cwd=tmp_path,
+        env=cli.env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
             deadline = time.monotonic() + 300
@@ -56,5 +60,9 @@ def test_switched_on_the_automation_launches_round_3_once_round_2s_checks_passed
         DagsterCli.stop(daemon)
     (launched,) = [record.dagster_run for record in runs]
     assert launched.tags["dagster/sensor_name"] == NEXT_ROUND_AUTOMATION
-    assert {key.to_user_string() for key in launched.asset_selection} == set(round_assets(3, experiment, arm)), launched.asset_selection
-    assert launched.tags[MAX_RUNTIME_TAG] == RUN_TAGS[MAX_RUNTIME_TAG], "run monitoring stops it past the run time limit"
+    assert {key.to_user_string() for key in launched.asset_selection} == set(round_assets(3, experiment, arm)), (
+        launched.asset_selection
+    )
+    assert launched.tags[MAX_RUNTIME_TAG] == RUN_TAGS[MAX_RUNTIME_TAG], (
+        "run monitoring stops it past the run time limit"
+    )

@@ -30,7 +30,9 @@ ROUNDS = {number: round_chain(number, layout.LABELED_ONLY) for number in (1, 2)}
 
 
 def _teacher_of(lake: Path, number: int, arm: str) -> set[str]:
-    table = pl.read_parquet(layout.artifact_dir(lake, layout.round_asset(number, layout.GENERATIONS), arm) / "data.parquet")
+    table = pl.read_parquet(
+        layout.artifact_dir(lake, layout.round_asset(number, layout.GENERATIONS), arm) / "data.parquet"
+    )
     return {label.split(" sha256:")[0] for label in table["checkpoint"]}
 
 
@@ -42,7 +44,16 @@ IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 def _materialize(cli: DagsterCli, names: list[str], config: dict, arm: str | None = None, select: str | None = None):
     partition = ["--partition", arm] if arm else []
     selection = select or ",".join(names)
-    return ["asset", "materialize", *MODULE, "--select", selection, *partition, "--config-json", json.dumps(config | IN_PROCESS)]
+    return [
+        "asset",
+        "materialize",
+        *MODULE,
+        "--select",
+        selection,
+        *partition,
+        "--config-json",
+        json.dumps(config | IN_PROCESS),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +63,24 @@ def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) ->
     cli = DagsterCli(tmp_path_factory.mktemp("foundation"))
     registered = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.grid", "register", str(TEST_EXPERIMENT)],
-        cwd=cli.home, env=cli.env, capture_output=True, text=True, check=True,
+        cwd=cli.home,
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "tests: arms a, b, c (3 new)" in registered.stdout
     config = tiny_config(tiny_model_dir)
     cli(*_materialize(cli, [*SHARED, layout.BASE_MODEL_EVAL], config))
     for arm in ARMS:
-        cli(*_materialize(cli, [*FOUNDATION, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL], config, arm))
+        cli(
+            *_materialize(
+                cli,
+                [*FOUNDATION, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL],
+                config,
+                arm,
+            )
+        )
     return cli.home
 
 
@@ -91,14 +113,22 @@ def test_rounds_through_cli_relabel_then_two_at_once(foundation, tmp_path, tiny_
     assert (lake / "round_001" / "eval_report" / "a" / "report.md").is_file()
 
     # A new tau re-runs the vote and what reads it, never the sampling.
-    relabel = foundation(*_materialize(foundation, [], tiny_config(tiny_model_dir, tau=0.9), "a", select="round_001/pseudo_labels+"))
+    relabel = foundation(
+        *_materialize(foundation, [], tiny_config(tiny_model_dir, tau=0.9), "a", select="round_001/pseudo_labels+")
+    )
     assert "RUN_SUCCESS" in relabel.stdout + relabel.stderr
     monkeypatch.chdir(foundation.home)  # dagster.yaml's storage paths are relative to the working directory
     with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
         (latest,) = instance.get_run_records(limit=1)
-        steps = {e.step_key for e in instance.all_logs(latest.dagster_run.run_id) if e.is_dagster_event and e.dagster_event.is_step_start}
+        steps = {
+            e.step_key
+            for e in instance.all_logs(latest.dagster_run.run_id)
+            if e.is_dagster_event and e.dagster_event.is_step_start
+        }
         generations = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
-        sampled = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=generations, asset_partitions=["a"]), limit=10)
+        sampled = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=generations, asset_partitions=["a"]), limit=10
+        )
     assert {"round_001__pseudo_labels", "round_001__student_checkpoint", "round_001__eval_report"} <= steps
     assert "round_001__generations" not in steps, "the vote re-ran without sampling"
     assert len(sampled.records) == 1
@@ -106,8 +136,10 @@ def test_rounds_through_cli_relabel_then_two_at_once(foundation, tmp_path, tiny_
 
     # Arm a's round 2 while arm b's round 1 runs, as two users would: the heavy work takes turns on the
     # device and each arm's data stays whole.
-    runs = {arm: foundation.start(*_materialize(foundation, ROUNDS[number], config, arm), log=tmp_path / f"{arm}.log")
-            for arm, number in (("a", 2), ("b", 1))}
+    runs = {
+        arm: foundation.start(*_materialize(foundation, ROUNDS[number], config, arm), log=tmp_path / f"{arm}.log")
+        for arm, number in (("a", 2), ("b", 1))
+    }
     for arm, process in runs.items():
         assert process.wait(timeout=900) == 0, (tmp_path / f"{arm}.log").read_text()[-4000:]
     with dg.DagsterInstance.from_config(str(foundation.home)) as instance:
@@ -147,7 +179,10 @@ def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny
         daemon_log = foundation.home / "daemon.log"
         daemon = subprocess.Popen(
             [DAGSTER_DAEMON, "run", *MODULE],
-            cwd=foundation.home, env=foundation.env, stdout=daemon_log.open("w"), stderr=subprocess.STDOUT,
+            cwd=foundation.home,
+            env=foundation.env,
+            stdout=daemon_log.open("w"),
+            stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.time() + 900
@@ -163,19 +198,25 @@ def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny
         for arm in ARMS:
             (run,) = [r for r in records if r.dagster_run.tags["dagster/partition"] == arm]
             started = {
-                e.step_key: e.timestamp for e in instance.all_logs(run.dagster_run.run_id)
+                e.step_key: e.timestamp
+                for e in instance.all_logs(run.dagster_run.run_id)
                 if e.is_dagster_event and e.dagster_event.is_step_start
             }
             finished = {
-                e.step_key: e.timestamp for e in instance.all_logs(run.dagster_run.run_id)
+                e.step_key: e.timestamp
+                for e in instance.all_logs(run.dagster_run.run_id)
                 if e.is_dagster_event and e.dagster_event.is_step_success
             }
-            assert started["round_002__generations"] >= finished["round_001__student_checkpoint"], "round 2 sampled before its teacher existed"
+            assert started["round_002__generations"] >= finished["round_001__student_checkpoint"], (
+                "round 2 sampled before its teacher existed"
+            )
             assert started["round_002__labeled_only_checkpoint"] >= finished["round_001__labeled_only_checkpoint"]
     lake = foundation.lake
     for arm in ARMS:
         assert _teacher_of(lake, 1, arm) == {str(lake / "labeled_rl_checkpoint" / arm)}
-        assert _teacher_of(lake, 2, arm) == {str(lake / "round_001" / "student_checkpoint" / arm)}, "round 2's teacher is this arm's round-1 student"
+        assert _teacher_of(lake, 2, arm) == {str(lake / "round_001" / "student_checkpoint" / arm)}, (
+            "round 2's teacher is this arm's round-1 student"
+        )
         report = json.loads((lake / "round_002" / "eval_report" / arm / "metrics.json").read_text())
         assert report["checkpoint"] == str(lake / "round_002" / "student_checkpoint" / arm)
         labeled_only = json.loads((lake / "round_002" / "labeled_only_eval" / arm / "metrics.json").read_text())

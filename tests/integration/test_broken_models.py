@@ -143,7 +143,11 @@ def test_a_degenerate_eval_fails_its_check_and_records_its_config(lake_copy) -> 
     metadata = event.step_materialization_data.materialization.metadata
     assert metadata["truncation_rate"].value == 1.0
     resolved = metadata["config"].value
-    assert resolved["max_new_tokens"] == 8 and resolved["max_truncation_rate"] == 0.9 and resolved["backend"] == "transformers"
+    assert (
+        resolved["max_new_tokens"] == 8
+        and resolved["max_truncation_rate"] == 0.9
+        and resolved["backend"] == "transformers"
+    )
     mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
     params = mlflow.get_run(metadata["mlflow_run_id"].value).data.params
     assert params["config.max_new_tokens"] == "8" and params["config.max_truncation_rate"] == "0.9"
@@ -156,14 +160,19 @@ def test_a_partial_source_override_is_the_whole_source(lake_copy, tmp_path) -> N
     config = {"ops": {layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(problems)}}}}}
     result = _run(lake, [layout.EVAL_PROBLEMS], config, arm=None)
     assert result.success
-    assert lake.read_table(dg.AssetKey(layout.EVAL_PROBLEMS)).height == 120, "no size inherited from the profile's source"
+    assert lake.read_table(dg.AssetKey(layout.EVAL_PROBLEMS)).height == 120, (
+        "no size inherited from the profile's source"
+    )
     (event,) = result.get_asset_materialization_events()
     resolved = event.step_materialization_data.materialization.metadata["config"].value["source"]
     assert resolved["kind"] == "file" and resolved["size"] == 0 and resolved["name"] == ""
     stray = {"ops": {layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(problems), "seed": 3}}}}}
     failed = _run(lake, [layout.EVAL_PROBLEMS], stray, arm=None)
     assert not failed.success
-    assert "source kind 'file' reads only answer_field, path, prompt_field, size; remove seed=3" in _step_failures(failed)[layout.EVAL_PROBLEMS]
+    assert (
+        "source kind 'file' reads only answer_field, path, prompt_field, size; remove seed=3"
+        in _step_failures(failed)[layout.EVAL_PROBLEMS]
+    )
 
 
 @pytest.fixture
@@ -189,4 +198,6 @@ def test_the_published_checkpoint_stays_when_a_retrain_diverges(unchanged, monke
     result = _run(lake, [LABELED_RL], config)
     assert not result.success
     assert "tensors hold NaN or inf" in _step_failures(result)[layout.LABELED_RL]
-    assert weights_sha256(lake.artifact_dir(LABELED_RL, ARM)) == sha, "the previous checkpoint is still the published one"
+    assert weights_sha256(lake.artifact_dir(LABELED_RL, ARM)) == sha, (
+        "the previous checkpoint is still the published one"
+    )

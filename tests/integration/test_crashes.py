@@ -111,7 +111,6 @@ def test_killed_while_training_resumes_from_the_last_trl_checkpoint(lake: DataLa
     assert_nothing_partial_left(lake)
 
 
-
 @pytest.mark.parametrize("mode", ["sft", "dpo"])
 def test_a_student_killed_while_training_in_a_mode_resumes(mode: str, sevens_lake_copy, sevens_model_dir: Path) -> None:
     lake, fault = sevens_lake_copy(), f"training-{mode}"
@@ -131,7 +130,9 @@ def test_a_student_killed_while_training_in_a_mode_resumes(mode: str, sevens_lak
     assert_nothing_partial_left(lake)
 
 
-def test_an_interrupt_while_sampling_stops_the_run_there_without_a_retry(lake: DataLake, tiny_model_dir: Path, monkeypatch) -> None:
+def test_an_interrupt_while_sampling_stops_the_run_there_without_a_retry(
+    lake: DataLake, tiny_model_dir: Path, monkeypatch
+) -> None:
     """SIGINT in the second shard of round 1's sampling; the labeled-only control, which does not read the samples,
     is the next step in the plan. The step fails as interrupted, is not retried, and no step starts after it."""
     write_shard = SampleShards.write
@@ -148,7 +149,10 @@ def test_an_interrupt_while_sampling_stops_the_run_there_without_a_retry(lake: D
 
     generations = op(*layout.round_asset(1, layout.GENERATIONS))
     (failure,) = [event for event in result.all_events if event.is_step_failure]
-    assert failure.step_key == generations and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
+    assert (
+        failure.step_key == generations
+        and failure.step_failure_data.error.cls_name == "DagsterExecutionInterruptedError"
+    )
     assert not [event for event in result.all_events if event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
     started = [event.step_key for event in result.all_events if event.is_step_start]
     assert started[-1] == generations and op(*layout.round_asset(1, control)) not in started, started

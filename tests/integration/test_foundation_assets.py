@@ -44,14 +44,21 @@ def _metadata(*results: dg.ExecuteInJobResult) -> dict[str, dict]:
 def test_shared_assets_and_an_arms_split_materialize(lake_root: Path, tiny_model_dir: Path) -> None:
     lake = DataLake(root=str(lake_root))
     with arms_instance() as instance:
-        shared = materialize(lake, [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL], _config(tiny_model_dir), instance=instance)
+        shared = materialize(
+            lake,
+            [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL],
+            _config(tiny_model_dir),
+            instance=instance,
+        )
         split = materialize(lake, SPLIT, _config(tiny_model_dir), arm="a", instance=instance)
 
     pool = pl.read_parquet(lake_root / "problem_pool" / "data.parquet")
     labeled, unlabeled, validation = (pl.read_parquet(lake_root / name / "a" / "data.parquet") for name in SPLIT)
     held_out = pl.read_parquet(lake_root / "eval_problems" / "data.parquet")
     assert (labeled.height, unlabeled.height, validation.height) == (16, 40, 20)
-    assert labeled.schema == PROBLEM_SCHEMA and validation.schema == PROBLEM_SCHEMA and held_out.schema == PROBLEM_SCHEMA
+    assert (
+        labeled.schema == PROBLEM_SCHEMA and validation.schema == PROBLEM_SCHEMA and held_out.schema == PROBLEM_SCHEMA
+    )
     assert "gold_answer" not in unlabeled.columns and HIDDEN_GOLD_COLUMN in unlabeled.columns
     ids = [set(frame["problem_id"]) for frame in (labeled, unlabeled, validation)]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])

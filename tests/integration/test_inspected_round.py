@@ -31,14 +31,20 @@ def test_the_inspected_round_is_the_published_one(inspected_lake) -> None:
 
     votes = sample_votes(round_lake)
     assert votes.height == round_lake.generations().height
-    assert [column for column in votes.columns if column.startswith(WEIGHT_PREFIX)] == [WEIGHT_PREFIX + name for name in SOURCES]
-    assert votes["correct"].mean() == audit(round_lake)["teacher_pass_at_1"], "the samples are graded as the audit graded them"
+    assert [column for column in votes.columns if column.startswith(WEIGHT_PREFIX)] == [
+        WEIGHT_PREFIX + name for name in SOURCES
+    ]
+    assert votes["correct"].mean() == audit(round_lake)["teacher_pass_at_1"], (
+        "the samples are graded as the audit graded them"
+    )
 
     labels = source_labels(round_lake)
     assert set(labels["source"]) == set(SOURCES)
     chosen = labels.filter("chosen")
     assert set(chosen["source"]) == {round_lake.label_settings().label_source}
-    assert chosen.select("problem_id", "pseudo_label", "kept").equals(published.select("problem_id", "pseudo_label", "kept"))
+    assert chosen.select("problem_id", "pseudo_label", "kept").equals(
+        published.select("problem_id", "pseudo_label", "kept")
+    )
     assert chosen.filter("kept")["label_correct"].mean() == audit(round_lake)["kept_label_accuracy"]
 
     problem_id = published["problem_id"][0]
@@ -58,5 +64,7 @@ def test_a_checkpoint_asked_on_demand_answers_as_its_evaluation_did(inspected_la
     greedy, _ = evaluation.completions()
     eval_problems = pl.read_parquet(layout.artifact_dir(inspected_lake, layout.EVAL_PROBLEMS) / layout.TABLE_FILE_NAME)
     first = greedy.join(eval_problems.select("problem_id", "prompt"), on="problem_id").row(0, named=True)
-    (answer,) = greedy_answers(round_lake.checkpoint(layout.STUDENT_ROLE), [first["prompt"]], max_new_tokens=TINY_EVAL["max_new_tokens"])
+    (answer,) = greedy_answers(
+        round_lake.checkpoint(layout.STUDENT_ROLE), [first["prompt"]], max_new_tokens=TINY_EVAL["max_new_tokens"]
+    )
     assert answer["completion"] == first["completion"]

@@ -41,7 +41,9 @@ def rewards(monkeypatch) -> RewardLog:
 
     @functools.wraps(reward)  # TRL names the reward's metrics after the function
     def recording_reward(completions, target, **kwargs):
-        log.calls.setdefault(log.current, []).append((list(target), {k: list(v) for k, v in kwargs.items() if isinstance(v, list)}))
+        log.calls.setdefault(log.current, []).append(
+            (list(target), {k: list(v) for k, v in kwargs.items() if isinstance(v, list)})
+        )
         return reward(completions, target, **kwargs)
 
     monkeypatch.setattr(training, "answer_reward", recording_reward)
@@ -62,10 +64,14 @@ def _assert_round_1_unchanged(lakes: dict[str, DataLake], rewards: RewardLog) ->
     assert rewards.calls["clean"] and rewards.calls["clean"] == rewards.calls["poisoned"]
     assert POISON not in repr(rewards.calls["poisoned"])
     student = dg.AssetKey(layout.round_asset(1, layout.STUDENT))
-    assert weights_sha256(lakes["clean"].artifact_dir(student, ARM)) == weights_sha256(lakes["poisoned"].artifact_dir(student, ARM))
+    assert weights_sha256(lakes["clean"].artifact_dir(student, ARM)) == weights_sha256(
+        lakes["poisoned"].artifact_dir(student, ARM)
+    )
 
 
-def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(lake_copy, sevens_model_dir, tiny_model_dir, rewards) -> None:
+def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(
+    lake_copy, sevens_model_dir, tiny_model_dir, rewards
+) -> None:
     lakes = {"clean": lake_copy(), "poisoned": lake_copy()}
     for lake in lakes.values():  # a teacher that answers, so that there are pseudo-labels to train on
         staged = lake.staging_dir()
@@ -82,7 +88,9 @@ def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(lake_copy
     assert POISON in poisoned.read_table(UNLABELED, ARM)[HIDDEN_GOLD_COLUMN].to_list()  # what the round read
 
 
-def test_a_test_time_arm_s_poisoned_eval_gold_changes_no_sample_label_reward_or_weight(sevens_lake_copy, sevens_model_dir, rewards) -> None:
+def test_a_test_time_arm_s_poisoned_eval_gold_changes_no_sample_label_reward_or_weight(
+    sevens_lake_copy, sevens_model_dir, rewards
+) -> None:
     lakes = {"clean": sevens_lake_copy(), "poisoned": sevens_lake_copy()}
     poisoned = lakes["poisoned"]
     poisoned.write_table(poisoned.read_table(EVAL).with_columns(pl.lit(POISON).alias("gold_answer")), EVAL)
@@ -95,4 +103,6 @@ def test_a_test_time_arm_s_poisoned_eval_gold_changes_no_sample_label_reward_or_
     _assert_round_1_unchanged(lakes, rewards)
     unlabeled = poisoned.read_table(UNLABELED, ARM)
     assert set(unlabeled["problem_id"]) <= set(eval_halves(poisoned.read_table(EVAL))[0]["problem_id"])
-    assert unlabeled[HIDDEN_GOLD_COLUMN].to_list() == [POISON] * 3  # what the round read: the eval set's gold (its 3-problem half)
+    assert (
+        unlabeled[HIDDEN_GOLD_COLUMN].to_list() == [POISON] * 3
+    )  # what the round read: the eval set's gold (its 3-problem half)

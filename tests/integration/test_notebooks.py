@@ -24,6 +24,14 @@ def test_the_notebook_runs_on_the_lake(source: Path, inspected_lake: Path, monke
     monkeypatch.setenv(environment.DATA_LAKE, str(inspected_lake))
     monkeypatch.setenv(environment.ARM, INSPECTED_ARM)
     notebook = jupytext.read(source)
-    NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
-    images = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs if "image/png" in output.get("data", {})]
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}
+    ).execute()
+    images = [
+        output
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if "image/png" in output.get("data", {})
+    ]
     assert images, "every notebook shows its figures"

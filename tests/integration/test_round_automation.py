@@ -53,7 +53,9 @@ def instance():
 def test_round_3_is_launched_by_itself_when_round_2s_checks_pass(instance: dg.DagsterInstance) -> None:
     tick = Ticks(instance)
     _ready_for_round_1(instance, "auto")
-    assert tick() == {"auto": set(round_assets(1, EXPERIMENT, EXPERIMENT.arm("auto")))}, "round 1 once labeled RL is evaluated"
+    assert tick() == {"auto": set(round_assets(1, EXPERIMENT, EXPERIMENT.arm("auto")))}, (
+        "round 1 once labeled RL is evaluated"
+    )
     assert tick() == {}, "requested once: a failed round is not retried in a loop"
 
     _round(instance, 1, "auto")
@@ -62,7 +64,9 @@ def test_round_3_is_launched_by_itself_when_round_2s_checks_pass(instance: dg.Da
 
     _round(instance, 2, "auto")
     requested = tick()
-    assert requested == {"auto": set(round_assets(3, EXPERIMENT, EXPERIMENT.arm("auto")))}, "round 3, one request of every asset the arm's experiment lists"
+    assert requested == {"auto": set(round_assets(3, EXPERIMENT, EXPERIMENT.arm("auto")))}, (
+        "round 3, one request of every asset the arm's experiment lists"
+    )
     assert "round_003/gold_label_checkpoint" not in requested["auto"], "a control the experiment does not run"
     assert tick() == {}
 
@@ -80,12 +84,18 @@ def test_a_retrained_teacher_starts_its_round_anew(instance: dg.DagsterInstance)
     assert tick() == {}
 
     record(instance, ["round_001/student_checkpoint"], "auto")
-    assert tick() == {}, "round 1's evals are older than its retrained student: round 1 is not complete until they are redone"
+    assert tick() == {}, (
+        "round 1's evals are older than its retrained student: round 1 is not complete until they are redone"
+    )
     _round(instance, 1, "auto")
-    assert tick() == {"auto": set(round_assets(2, EXPERIMENT, EXPERIMENT.arm("auto")))}, "round 2 again, from the new teacher"
+    assert tick() == {"auto": set(round_assets(2, EXPERIMENT, EXPERIMENT.arm("auto")))}, (
+        "round 2 again, from the new teacher"
+    )
 
 
-def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_accuracy_did_not_improve(instance: dg.DagsterInstance) -> None:
+def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_accuracy_did_not_improve(
+    instance: dg.DagsterInstance,
+) -> None:
     tick = Ticks(instance)
     arm = EXPERIMENT.arm("patient")
     assert "labeled_rl_validation" in pre_round_assets(EXPERIMENT, arm)

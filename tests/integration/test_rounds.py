@@ -101,7 +101,9 @@ def test_round_artifacts_reports_and_checks(two_rounds, lake: DataLake) -> None:
     labels = lake.read_table(key(1, layout.PSEUDO_LABELS), ARM)
     assert labels.height == 6 and "hidden_gold_answer" not in labels.columns
     for number in (1, 2):
-        metrics = json.loads((lake.artifact_dir(key(number, layout.EVAL_REPORT), ARM) / "metrics.json").read_text())["metrics"]
+        metrics = json.loads((lake.artifact_dir(key(number, layout.EVAL_REPORT), ARM) / "metrics.json").read_text())[
+            "metrics"
+        ]
         assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and "pass@2" in metrics and "maj@2" in metrics
         assert "delta_vs_labeled_rl/greedy_accuracy" in metrics and "verdict/difference" in metrics
     second = json.loads((lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / "metrics.json").read_text())
@@ -110,7 +112,10 @@ def test_round_artifacts_reports_and_checks(two_rounds, lake: DataLake) -> None:
     assert "**Verdict.** round_002 (arm a)" in report and "its labeled-only control" in report and "95% CI" in report
     checks = two_rounds["arm"].get_asset_check_evaluations()
     names = {(c.asset_key.to_user_string(), c.check_name) for c in checks}
-    assert {("round_001/pseudo_labels", "pseudo_label_quality"), ("round_002/eval_report", "no_eval_regression")} <= names
+    assert {
+        ("round_001/pseudo_labels", "pseudo_label_quality"),
+        ("round_002/eval_report", "no_eval_regression"),
+    } <= names
     for control in layout.CONTROLS:
         assert (f"round_001/{control}_checkpoint", "compute_matched") in names
         assert (f"round_001/{control}_checkpoint", "smoke_generation") in names
@@ -129,7 +134,11 @@ def test_a_round_and_its_labeled_only_control_spent_the_same_compute(two_rounds,
 
 
 def test_a_control_trained_longer_fails_the_compute_match(two_rounds, lake, instance, config) -> None:
-    longer = with_op_config(config, op("round_001", "labeled_only_checkpoint"), grpo={"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8})
+    longer = with_op_config(
+        config,
+        op("round_001", "labeled_only_checkpoint"),
+        grpo={"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8},
+    )
     result = materialize(lake, round_names(1, "labeled_only_checkpoint"), longer, ARM, instance, raise_on_error=False)
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "compute_matched"]
     assert not check.passed and "optimizer_steps 3 != 2" in check.description
@@ -138,12 +147,19 @@ def test_a_control_trained_longer_fails_the_compute_match(two_rounds, lake, inst
 
 def test_a_control_trained_another_way_fails_the_compute_match(two_rounds, lake, instance, config) -> None:
     """The same steps, prompts and completions at another learning rate and LoRA rank: only the data may differ."""
-    other_recipe = with_op_config(config, op("round_001", "labeled_only_checkpoint"), grpo=TINY_GRPO | {"learning_rate": 1e-3, "lora_r": 4})
-    result = materialize(lake, round_names(1, "labeled_only_checkpoint"), other_recipe, ARM, instance, raise_on_error=False)
+    other_recipe = with_op_config(
+        config, op("round_001", "labeled_only_checkpoint"), grpo=TINY_GRPO | {"learning_rate": 1e-3, "lora_r": 4}
+    )
+    result = materialize(
+        lake, round_names(1, "labeled_only_checkpoint"), other_recipe, ARM, instance, raise_on_error=False
+    )
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "compute_matched"]
     assert not check.passed, check.description
     assert "learning_rate 0.001 != 0.0002" in check.description and "lora_r 4 != 16" in check.description
-    assert "optimizer_steps" not in check.description and "completion tokens generated since the base model" in check.description
+    assert (
+        "optimizer_steps" not in check.description
+        and "completion tokens generated since the base model" in check.description
+    )
     materialize(lake, round_names(1, "labeled_only_checkpoint"), config, ARM, instance)  # back to the matched control
 
 
@@ -160,7 +176,11 @@ def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rou
     names = {r.info.run_name for r in children}
     assert "round_001/student_checkpoint a" in names and "labeled_rl_checkpoint a" in names
     assert mlflow.get_experiment_by_name("noisy-student").tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
-    shared = {r.data.tags["dagster.asset"] for r in runs if "mlflow.parentRunId" not in r.data.tags and PARENT_OF_ARM_TAG not in r.data.tags}
+    shared = {
+        r.data.tags["dagster.asset"]
+        for r in runs
+        if "mlflow.parentRunId" not in r.data.tags and PARENT_OF_ARM_TAG not in r.data.tags
+    }
     assert {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT} <= shared
     metadata = metadata_of(two_rounds["arm"], layout.LABELED_RL)
     trained = mlflow.get_run(metadata["mlflow_run_id"].value)
@@ -179,7 +199,10 @@ def test_dagster_and_mlflow_link_each_other(two_rounds, lake: DataLake) -> None:
     assert metadata["mlflow_run"].value == run_page
     dagster_run_url = f"http://127.0.0.1:3000/runs/{two_rounds['arm'].run_id}"
     assert run.data.tags[DAGSTER_RUN_URL_TAG] == dagster_run_url
-    assert f"]({dagster_run_url})" in run.data.tags[NOTE_TAG] and "](http://127.0.0.1:3000/assets/round_001/student_checkpoint)" in run.data.tags[NOTE_TAG]
+    assert (
+        f"]({dagster_run_url})" in run.data.tags[NOTE_TAG]
+        and "](http://127.0.0.1:3000/assets/round_001/student_checkpoint)" in run.data.tags[NOTE_TAG]
+    )
 
 
 def test_no_log_or_metadata_shows_the_tracking_uri(two_rounds, lake: DataLake, instance) -> None:
@@ -203,14 +226,28 @@ def test_controls_train_on_their_own_labels(two_rounds, lake: DataLake) -> None:
 FIGURES = ("accuracy_by_round", "agreement_histogram", "label_accuracy_vs_agreement", "label_frontier")
 
 
-def test_round_report_has_figures_calibration_flips_frontier_and_the_accuracy_by_round(two_rounds, lake: DataLake) -> None:
+def test_round_report_has_figures_calibration_flips_frontier_and_the_accuracy_by_round(
+    two_rounds, lake: DataLake
+) -> None:
     report = lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM)
     text = (report / "report.md").read_text()
-    assert "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text and "## Compute since the base model" in text
-    assert "**Flips from the teacher.**" in text and "## Flips from the teacher" in text and "## Label sources at matched coverage" in text
+    assert (
+        "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text and "## Compute since the base model" in text
+    )
+    assert (
+        "**Flips from the teacher.**" in text
+        and "## Flips from the teacher" in text
+        and "## Label sources at matched coverage" in text
+    )
     accuracy = pl.read_parquet(report / "accuracy_per_round_and_chain.parquet")
     assert accuracy.select("round", "checkpoint").rows() == [
-        (0, "base_model"), (0, "student"), (0, "labeled_only"), (1, "student"), (1, "labeled_only"), (2, "student"), (2, "labeled_only")
+        (0, "base_model"),
+        (0, "student"),
+        (0, "labeled_only"),
+        (1, "student"),
+        (1, "labeled_only"),
+        (2, "student"),
+        (2, "labeled_only"),
     ]
     metadata = metadata_of(two_rounds["arm"], "round_002/eval_report")
     for figure in FIGURES:
@@ -234,7 +271,10 @@ def test_the_verdict_compares_every_round_with_its_controls(two_rounds, lake: Da
     verdict = lake.artifact_dir(dg.AssetKey(layout.VERDICT))
     differences = pl.read_parquet(verdict / "differences.parquet")
     assert differences.select("round", "control").rows() == [
-        (1, "labeled_only"), (1, "gold_label"), (1, "random_label"), (2, "labeled_only")
+        (1, "labeled_only"),
+        (1, "gold_label"),
+        (1, "random_label"),
+        (2, "labeled_only"),
     ]
     assert differences["compute_matched"].all() and (differences["seeds"] == 1).all()
     text = (verdict / "verdict.md").read_text()
@@ -246,7 +286,13 @@ def test_a_new_tau_relabels_without_sampling(two_rounds, lake, instance, config)
     path = lake.artifact_dir(key(2, layout.GENERATIONS), ARM) / "data.parquet"
     before = path.stat().st_mtime_ns
     relabel = with_op_config(config, op("round_002", layout.PSEUDO_LABELS), tau=0.9)
-    result = materialize(lake, round_names(2, layout.PSEUDO_LABELS, layout.STUDENT, "labeled_only_eval", layout.EVAL_REPORT), relabel, ARM, instance)
+    result = materialize(
+        lake,
+        round_names(2, layout.PSEUDO_LABELS, layout.STUDENT, "labeled_only_eval", layout.EVAL_REPORT),
+        relabel,
+        ARM,
+        instance,
+    )
     steps = {event.step_key for event in result.all_events if event.is_step_success}
     assert "round_002__pseudo_labels" in steps and not any("generations" in step for step in steps)
     assert metadata_of(result, "round_002/pseudo_labels")["tau"].value == 0.9
@@ -264,13 +310,17 @@ def test_an_arm_with_the_same_inputs_reuses_samples_and_training(two_rounds, lak
     assert generations["reused_cached_samples"].value is True and "sampling_seconds" not in generations
     reused, original = (lake.read_table(key(1, layout.GENERATIONS), arm) for arm in ("c", ARM))
     assert reused.drop("checkpoint").equals(original.drop("checkpoint"))
-    assert set(reused["checkpoint"]) == {f"{lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c')} sha256:{weights_sha256(lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c'))[:12]}"}
+    assert set(reused["checkpoint"]) == {
+        f"{lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c')} sha256:{weights_sha256(lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c'))[:12]}"
+    }
 
 
 def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, instance, config) -> None:
     floor = with_op_config(config, op("round_002", layout.PSEUDO_LABELS), tau=1.0, min_coverage=1.0)
     instance.add_dynamic_partitions("arm", ["b"])
-    materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *round_chain(1, layout.LABELED_ONLY)], config, "b", instance)
+    materialize(
+        lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *round_chain(1, layout.LABELED_ONLY)], config, "b", instance
+    )
     names = round_names(2, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT)
     result = materialize(lake, names, floor, "b", instance, raise_on_error=False)
     assert not result.success
@@ -285,7 +335,9 @@ def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, 
     assert not lake.artifact_dir(key(2, layout.STUDENT), "b").exists()
 
 
-def test_a_round_job_launched_for_an_arm_makes_only_what_its_experiment_asks_for(two_rounds, lake, instance, config) -> None:
+def test_a_round_job_launched_for_an_arm_makes_only_what_its_experiment_asks_for(
+    two_rounds, lake, instance, config
+) -> None:
     """`round_001_job` from the UI selects the whole round whichever arm is picked: for an arm of an experiment that
     lists the labeled-only control alone (tests/experiments/grid.yaml), the other controls skip, and with them their
     evaluations and checks."""
@@ -296,7 +348,9 @@ def test_a_round_job_launched_for_an_arm_makes_only_what_its_experiment_asks_for
 
     job = defs.resolve_job_def("round_001_job")
     selection = sorted(key.to_user_string() for key in job.asset_layer.selected_asset_keys)
-    assert set(round_names(1, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL))) <= set(selection)
+    assert set(
+        round_names(1, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL))
+    ) <= set(selection)
     instance.add_dynamic_partitions("arm", ["g"])
     materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL], config, "g", instance)
     result = materialize(lake, selection, config, "g", instance)
@@ -305,6 +359,11 @@ def test_a_round_job_launched_for_an_arm_makes_only_what_its_experiment_asks_for
     made = {event.asset_key.to_user_string() for event in result.get_asset_materialization_events()}
     assert made == set(round_assets(1, experiment, experiment.arm("g")))
     skipped = {event.step_key for event in result.all_events if event.event_type_value == "STEP_SKIPPED"}
-    assert {op("round_001", layout.control_eval(control)) for control in (layout.GOLD_LABEL, layout.RANDOM_LABEL)} <= skipped
+    assert {
+        op("round_001", layout.control_eval(control)) for control in (layout.GOLD_LABEL, layout.RANDOM_LABEL)
+    } <= skipped
     logs = "\n".join(record.user_message for record in instance.all_logs(result.run_id))
-    assert f"skipped: experiment grid does not ask for {round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))[0]} for arm g" in logs
+    assert (
+        f"skipped: experiment grid does not ask for {round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))[0]} for arm g"
+        in logs
+    )

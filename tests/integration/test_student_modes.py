@@ -23,18 +23,26 @@ MODES = {
 
 
 @pytest.mark.parametrize("variant", list(MODES))
-def test_a_student_of_any_mode_spends_its_labeled_only_control_s_compute(variant: str, sevens_lake_copy, sevens_model_dir) -> None:
+def test_a_student_of_any_mode_spends_its_labeled_only_control_s_compute(
+    variant: str, sevens_lake_copy, sevens_model_dir
+) -> None:
     lake = sevens_lake_copy()
     config = tiny_config(sevens_model_dir)
-    config = with_op_config(config, STUDENT_OP, **MODES[variant], grpo=config["ops"][STUDENT_OP]["config"]["grpo"] | {"max_steps": 2})
+    config = with_op_config(
+        config, STUDENT_OP, **MODES[variant], grpo=config["ops"][STUDENT_OP]["config"]["grpo"] | {"max_steps": 2}
+    )
     control_op = op(layout.round_prefix(1), layout.control_checkpoint(layout.LABELED_ONLY))
     config = with_op_config(config, control_op, grpo=config["ops"][STUDENT_OP]["config"]["grpo"])
-    selection = round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.control_checkpoint(layout.LABELED_ONLY))
+    selection = round_names(
+        1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.control_checkpoint(layout.LABELED_ONLY)
+    )
     result = materialize(lake, selection, config, ARM)
 
     student, control = metadata_of(result, STUDENT), metadata_of(result, CONTROL)
     assert student["training_mode"].value == MODES[variant].get("mode", "grpo")
-    trained_with = {k: v for k, v in MODES[variant].items() if not k.startswith("agreement")}  # the band picks the labels
+    trained_with = {
+        k: v for k, v in MODES[variant].items() if not k.startswith("agreement")
+    }  # the band picks the labels
     assert student["student_options"].value == trained_with
     for field in MATCHED_FIELDS:
         assert student[f"compute/{field}"].value == control[f"compute/{field}"].value > 0
@@ -57,20 +65,31 @@ def test_the_gold_and_random_label_controls_refuse_another_mode(sevens_lake_copy
     result = materialize(lake, selection, config, ARM, raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
-    assert "trains GRPO with the hard reward on its own labels, no counterpart of mode=sft" in failure.event_specific_data.error.message
+    assert (
+        "trains GRPO with the hard reward on its own labels, no counterpart of mode=sft"
+        in failure.event_specific_data.error.message
+    )
 
 
-def test_a_pseudo_only_round_trains_no_labeled_problem_and_every_control_stays_matched(sevens_lake_copy, sevens_model_dir) -> None:
+def test_a_pseudo_only_round_trains_no_labeled_problem_and_every_control_stays_matched(
+    sevens_lake_copy, sevens_model_dir
+) -> None:
     lake = sevens_lake_copy()
     config = tiny_config(sevens_model_dir)
     grpo = config["ops"][STUDENT_OP]["config"]["grpo"] | {"max_steps": 2}
     prefix = layout.round_prefix(1)
     for control in layout.CONTROLS:
         config = with_op_config(config, op(prefix, layout.control_checkpoint(control)), grpo=grpo)
-    for name in (layout.STUDENT, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL)):
+    for name in (
+        layout.STUDENT,
+        layout.control_checkpoint(layout.GOLD_LABEL),
+        layout.control_checkpoint(layout.RANDOM_LABEL),
+    ):
         config = with_op_config(config, op(prefix, name), grpo=grpo, pseudo_only=True)
     controls = [layout.control_checkpoint(control) for control in layout.CONTROLS]
-    result = materialize(lake, round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *controls), config, ARM)
+    result = materialize(
+        lake, round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *controls), config, ARM
+    )
 
     trained = {name: metadata_of(result, "/".join(layout.round_asset(1, name))) for name in (layout.STUDENT, *controls)}
     unlabeled = lake.read_table(dg.AssetKey(layout.UNLABELED_PROBLEMS), ARM).height
@@ -78,7 +97,9 @@ def test_a_pseudo_only_round_trains_no_labeled_problem_and_every_control_stays_m
     student, gold, random = (trained[name] for name in (layout.STUDENT, controls[1], controls[2]))
     assert student["gold_rows"].value == 0 and student["pseudo_rows"].value == student["train_rows"].value > 0
     assert random["gold_rows"].value == 0 and random["train_rows"].value == student["train_rows"].value
-    assert gold["gold_rows"].value == gold["train_rows"].value == unlabeled  # the unlabeled problems alone, with their gold
+    assert (
+        gold["gold_rows"].value == gold["train_rows"].value == unlabeled
+    )  # the unlabeled problems alone, with their gold
     assert trained[CONTROL.split("/")[-1]]["gold_rows"].value == labeled  # the labeled-only control as ever
     checks = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in result.get_asset_check_evaluations()}
     for control in controls:

@@ -33,19 +33,38 @@ def test_a_test_time_report_judges_each_eval_set_beside_ttrl_s_yardstick(sevens_
 
     checks = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in result.get_asset_check_evaluations()}
     assert checks[("/".join(layout.round_asset(1, LABELED_ONLY)), "compute_matched")]
-    assert lake.read_table(dg.AssetKey(layout.LABELED_PROBLEMS), ARM).height == N_LABELED  # labeled RL's problems as ever
+    assert (
+        lake.read_table(dg.AssetKey(layout.LABELED_PROBLEMS), ARM).height == N_LABELED
+    )  # labeled RL's problems as ever
     report = metadata_of(result, "/".join(layout.round_asset(1, layout.EVAL_REPORT)))
     assert "**Test-time arm.** 3 of the 5 eval problems are this arm's unlabeled problems" in report["report"].value
-    assert "on the transductive problems" in report["report"].value and "on the transfer problems" in report["report"].value
+    assert (
+        "on the transductive problems" in report["report"].value
+        and "on the transfer problems" in report["report"].value
+    )
     published = read_published_eval(lake.artifact_dir(dg.AssetKey(layout.round_asset(1, layout.EVAL_REPORT)), ARM))
-    for name in ("transductive/greedy_accuracy", "transfer/greedy_accuracy", "verdict/transductive/difference", "verdict/transfer/ci_high"):
+    for name in (
+        "transductive/greedy_accuracy",
+        "transfer/greedy_accuracy",
+        "verdict/transductive/difference",
+        "verdict/transfer/ci_high",
+    ):
         assert name in published.metrics, name
     yardstick = published.table(YARDSTICK_TABLE).row(0, named=True)
     audit = metadata_of(result, "/".join(layout.round_asset(1, layout.PSEUDO_LABELS)))
     assert yardstick["problems"] == TEST_TIME_UNLABELED
-    assert yardstick["teacher_maj_at_k"] == audit["teacher_maj_at_k"].value and yardstick["teacher_pass_at_k"] == audit["teacher_pass_at_k"].value
-    transductive = published.scores.filter(pl.col("problem_id").is_in(lake.read_table(UNLABELED, ARM)["problem_id"].implode()))
-    assert yardstick["student_greedy"] == published.metrics["transductive/greedy_accuracy"] == transductive["greedy_correct"].mean()
+    assert (
+        yardstick["teacher_maj_at_k"] == audit["teacher_maj_at_k"].value
+        and yardstick["teacher_pass_at_k"] == audit["teacher_pass_at_k"].value
+    )
+    transductive = published.scores.filter(
+        pl.col("problem_id").is_in(lake.read_table(UNLABELED, ARM)["problem_id"].implode())
+    )
+    assert (
+        yardstick["student_greedy"]
+        == published.metrics["transductive/greedy_accuracy"]
+        == transductive["greedy_correct"].mean()
+    )
 
     gold = round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))
     refused = materialize(lake, gold, config, ARM, raise_on_error=False)

@@ -30,9 +30,16 @@ SLACK_S = 3 * TERMINATION_GRACE_S + 60
 
 
 @pytest.mark.parametrize(
-    ("kind", "backend"), [("inprocess", "transformers"), ("subprocess", "transformers"), pytest.param("inprocess", "vllm", marks=pytest.mark.long)]
+    ("kind", "backend"),
+    [
+        ("inprocess", "transformers"),
+        ("subprocess", "transformers"),
+        pytest.param("inprocess", "vllm", marks=pytest.mark.long),
+    ],
 )
-def test_a_hung_stage_fails_at_its_time_limit_leaves_no_process_and_is_retried(kind, backend, lake_copy, tiny_model_dir, fault, monkeypatch) -> None:
+def test_a_hung_stage_fails_at_its_time_limit_leaves_no_process_and_is_retried(
+    kind, backend, lake_copy, tiny_model_dir, fault, monkeypatch
+) -> None:
     """Under vLLM the stage hangs with its engine's processes running beside it, which are stopped with it."""
     if kind == "inprocess":
         monkeypatch.setattr(SampleShards, "write", hang_after_first_shard(SampleShards.write))
@@ -43,13 +50,23 @@ def test_a_hung_stage_fails_at_its_time_limit_leaves_no_process_and_is_retried(k
     config = with_op_config(tiny_config(tiny_model_dir), GENERATIONS_OP, backend=backend)
     with arms_instance() as instance:
         result = materialize(lake_copy(), round_names(1, layout.GENERATIONS), config, ARM, instance, launcher=launcher)
-        steps = [entry for entry in instance.all_logs(result.run_id) if entry.step_key == GENERATIONS_OP and entry.dagster_event]
+        steps = [
+            entry
+            for entry in instance.all_logs(result.run_id)
+            if entry.step_key == GENERATIONS_OP and entry.dagster_event
+        ]
 
     (retried,) = retries(result, GENERATIONS_OP)
     assert f"stage sample failed: it ran past its time limit of {limit} s" in retried
     assert "Interrupt" not in retried, "a time limit is no interrupt: the step was retried"
-    started = next(entry.timestamp for entry in steps if entry.dagster_event.event_type == dg.DagsterEventType.STEP_START)
-    ended = next(entry.timestamp for entry in steps if entry.dagster_event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    started = next(
+        entry.timestamp for entry in steps if entry.dagster_event.event_type == dg.DagsterEventType.STEP_START
+    )
+    ended = next(
+        entry.timestamp for entry in steps if entry.dagster_event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    )
     assert limit <= ended - started < limit + SLACK_S, "the hung attempt ended at its limit"
-    assert metadata_of(result, GENERATIONS)["resumed_problems"].value == 2, "the retry resumed after the hung attempt's shard"
+    assert metadata_of(result, GENERATIONS)["resumed_problems"].value == 2, (
+        "the retry resumed after the hung attempt's shard"
+    )
     assert leftovers(os.environ["NOISY_STUDENT_TEST_MARKER"]) == [], "the hung worker was stopped with its stage"

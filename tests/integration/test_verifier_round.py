@@ -28,7 +28,9 @@ ROUND_1 = round_names(1, layout.GENERATIONS, layout.VERIFIER, layout.VERIFIER_SC
 
 
 def _verifier_config(model_dir) -> dict:
-    return with_op_config(tiny_config(model_dir, tau=0.5), op(layout.round_prefix(1), layout.PSEUDO_LABELS), label_source="verifier")
+    return with_op_config(
+        tiny_config(model_dir, tau=0.5), op(layout.round_prefix(1), layout.PSEUDO_LABELS), label_source="verifier"
+    )
 
 
 def test_a_verifier_weighs_the_vote_of_its_round(sevens_lake_copy, sevens_model_dir) -> None:
@@ -37,20 +39,29 @@ def test_a_verifier_weighs_the_vote_of_its_round(sevens_lake_copy, sevens_model_
         materialize(lake, SPLIT, _verifier_config(sevens_model_dir), ARM, instance=instance)
         answerable_by_sevens(lake, ARM)
         result = materialize(lake, ROUND_1, _verifier_config(sevens_model_dir), ARM, instance=instance)
-    (check,) = [evaluation for evaluation in result.get_asset_check_evaluations() if evaluation.check_name == VERIFIER_INFORMATIVE]
+    (check,) = [
+        evaluation
+        for evaluation in result.get_asset_check_evaluations()
+        if evaluation.check_name == VERIFIER_INFORMATIVE
+    ]
     assert check.passed, check.description
 
     key = lambda name: dg.AssetKey(layout.round_asset(1, name))  # noqa: E731
     verifier = lake.artifact_dir(key(layout.VERIFIER), ARM)
     metrics = json.loads((verifier / VERIFIER_METRICS_FILE).read_text())["metrics"]
     assert metrics["pairs"] > 0 and metrics["validation_auroc"] is not None
-    assert 0.0 <= metrics["validation_pass_at_k"] <= 1.0 and metrics["validation_maj_at_k"] <= metrics["validation_pass_at_k"]
+    assert (
+        0.0 <= metrics["validation_pass_at_k"] <= 1.0
+        and metrics["validation_maj_at_k"] <= metrics["validation_pass_at_k"]
+    )
     assert not any(verifier.glob("adapter_*")), "the verifier is saved merged"
 
     generations = lake.read_table(key(layout.GENERATIONS), ARM)
     scores = lake.read_table(key(layout.VERIFIER_SCORES), ARM)
-    assert scores.select("problem_id", "sample_index").sort("problem_id", "sample_index").equals(
-        generations.select("problem_id", "sample_index").sort("problem_id", "sample_index")
+    assert (
+        scores.select("problem_id", "sample_index")
+        .sort("problem_id", "sample_index")
+        .equals(generations.select("problem_id", "sample_index").sort("problem_id", "sample_index"))
     )
     assert scores["score"].is_finite().all() and scores["score"].n_unique() > 1
 
@@ -71,7 +82,9 @@ def test_poisoned_hidden_gold_changes_no_verifier_pair_score_or_label(sevens_lak
         # The clean gold is what the teacher says, so that a leak that filtered labels by the gold would keep them
         # on the clean lake and drop them on the poisoned one.
         gold = "7" if name == "clean" else POISON
-        lake.write_table(lake.read_table(unlabeled_key, ARM).with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN)), unlabeled_key, ARM)
+        lake.write_table(
+            lake.read_table(unlabeled_key, ARM).with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN)), unlabeled_key, ARM
+        )
         answerable_by_sevens(lake, ARM)
         materialize(lake, ROUND_1, config, ARM)
 
@@ -86,6 +99,11 @@ def test_poisoned_hidden_gold_changes_no_verifier_pair_score_or_label(sevens_lak
     for name in (layout.VERIFIER_SCORES, layout.PSEUDO_LABELS):
         table = dg.AssetKey(layout.round_asset(1, name))
         assert clean.read_table(table, ARM).equals(poisoned.read_table(table, ARM)), name
-    audits = {name: json.loads((artifact(lake, layout.PSEUDO_LABELS) / AUDIT_FILE).read_text()) for name, lake in lakes.items()}
-    assert audits["clean"]["kept_label_accuracy"] > 0 and audits["poisoned"]["kept_label_accuracy"] == 0, "the audit alone reads the gold"
+    audits = {
+        name: json.loads((artifact(lake, layout.PSEUDO_LABELS) / AUDIT_FILE).read_text())
+        for name, lake in lakes.items()
+    }
+    assert audits["clean"]["kept_label_accuracy"] > 0 and audits["poisoned"]["kept_label_accuracy"] == 0, (
+        "the audit alone reads the gold"
+    )
     assert POISON not in repr(poisoned.read_table(dg.AssetKey(layout.round_asset(1, layout.PSEUDO_LABELS)), ARM).rows())

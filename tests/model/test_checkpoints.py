@@ -20,7 +20,10 @@ def model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
 
 
 def test_a_directory_that_is_not_a_checkpoint_is_named(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"model reference '.*/no-such-model' is not a Hugging Face checkpoint directory \(no config.json\)"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model reference '.*/no-such-model' is not a Hugging Face checkpoint directory \(no config.json\)",
+    ):
         materialize_checkpoint(str(tmp_path / "no-such-model"), tmp_path / "out")
 
 
@@ -57,7 +60,10 @@ def test_a_checkpoint_with_its_own_code_is_refused_without_running_it(model_copy
     )
     config_path = model_copy / "config.json"
     config = json.loads(config_path.read_text())
-    config["auto_map"] = {"AutoConfig": "modeling_custom.CustomConfig", "AutoModelForCausalLM": "modeling_custom.CustomModel"}
+    config["auto_map"] = {
+        "AutoConfig": "modeling_custom.CustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.CustomModel",
+    }
     config["model_type"] = "custom-noisy"  # a type transformers does not ship: only the checkpoint's code knows it
     config_path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="trust_remote_code"):

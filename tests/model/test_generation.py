@@ -85,7 +85,9 @@ def assert_finish_reasons_consistent(samples: pl.DataFrame, max_new_tokens: int)
 
 def assert_logprobs_close(samples: pl.DataFrame, expected: pl.DataFrame) -> None:
     """The same tokens' logprobs, up to the float32 rounding that another backend or batching brings."""
-    assert samples["token_logprobs"].explode().to_list() == pytest.approx(expected["token_logprobs"].explode().to_list(), abs=1e-3)
+    assert samples["token_logprobs"].explode().to_list() == pytest.approx(
+        expected["token_logprobs"].explode().to_list(), abs=1e-3
+    )
 
 
 def teacher_forced_logprobs(
@@ -190,8 +192,6 @@ def test_mean_logprob_is_null_without_tokens():
 # --- input validation -----------------------------------------------------------------------------
 
 
-
-
 @pytest.mark.parametrize(
     ("problems", "backend", "message"),
     [
@@ -246,7 +246,9 @@ def test_every_generated_token_has_a_logprob_and_the_mean_is_theirs(backend, req
     assert samples["token_logprobs"].list.len().to_list() == samples["n_tokens"].to_list()
     logprobs = samples["token_logprobs"].explode()
     assert logprobs.is_finite().all() and (logprobs <= 0).all()
-    assert samples["mean_logprob"].to_list() == pytest.approx([statistics.fmean(lp) for lp in samples["token_logprobs"]])
+    assert samples["mean_logprob"].to_list() == pytest.approx(
+        [statistics.fmean(lp) for lp in samples["token_logprobs"]]
+    )
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
@@ -263,15 +265,24 @@ def test_recorded_logprobs_are_the_models_own_whatever_the_temperature(backend, 
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
-def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tiny_model_dir, transformers_run, vllm_run):
+def test_several_settings_in_one_load_give_what_separate_calls_give(
+    backend, tiny_model_dir, transformers_run, vllm_run
+):
     reports: list[tuple[int, int]] = []
     greedy, sampled = generate_sample_sets(
-        tiny_model_dir, PROBLEMS, [GREEDY, SAMPLING], backend=backend, batch_size=2, shard_size=2 if backend == "transformers" else 4,
+        tiny_model_dir,
+        PROBLEMS,
+        [GREEDY, SAMPLING],
+        backend=backend,
+        batch_size=2,
+        shard_size=2 if backend == "transformers" else 4,
         progress=lambda done, total: reports.append((done, total)),
     )
     separately = transformers_run[0] if backend == "transformers" else vllm_run[0]
     assert sampled.equals(separately)
-    by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(backend=pl.lit(backend))
+    by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(
+        backend=pl.lit(backend)
+    )
     assert greedy.drop(LOGPROB_COLUMNS).equals(by_transformers.drop(LOGPROB_COLUMNS))
     assert_logprobs_close(greedy, by_transformers)  # batched otherwise: 2 prompts a call in the sets, 16 alone
     assert reports[-1] == (2 * PROBLEMS.height, 2 * PROBLEMS.height)

@@ -48,13 +48,21 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_reference_solutions_grade_right_on_a_loaded_machine(sevens_model_dir: Path, tmp_path: Path, run_summary) -> None:
+def test_reference_solutions_grade_right_on_a_loaded_machine(
+    sevens_model_dir: Path, tmp_path: Path, run_summary
+) -> None:
     math500 = read_jsonl(DATA / "math500" / "test.jsonl")
-    gsm8k = [(row["answer"], row["answer"].rsplit("####", 1)[1].strip()) for row in read_jsonl(DATA / "gsm8k" / "test.jsonl")]
+    gsm8k = [
+        (row["answer"], row["answer"].rsplit("####", 1)[1].strip()) for row in read_jsonl(DATA / "gsm8k" / "test.jsonl")
+    ]
     log = tmp_path / "load.log"
     with log.open("w") as stderr:
         load = subprocess.Popen(
-            [sys.executable, "-c", LOAD, str(sevens_model_dir)], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            [sys.executable, "-c", LOAD, str(sevens_model_dir)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
             env=os.environ | {"PYTHONPATH": str(ROOT)},
         )
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]

@@ -59,7 +59,11 @@ def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir:
     _, work_dir = lora_run
     assert [path.name for path in work_dir.glob("checkpoint-*")] == ["checkpoint-2"]
     result = train_grpo(
-        sevens_model_dir, training_set, TINY_RUN.model_copy(update=dict(max_steps=3)), tmp_path / "merged", work_dir=work_dir
+        sevens_model_dir,
+        training_set,
+        TINY_RUN.model_copy(update=dict(max_steps=3)),
+        tmp_path / "merged",
+        work_dir=work_dir,
     )
     assert result.metrics["resumed_from_step"] == 2 and result.metrics["steps"] == 3
     assert [entry["step"] for entry in result.log_history if "reward" in entry] == [1, 2, 3]
@@ -76,30 +80,42 @@ def test_full_fine_tune_changes_untargeted_weights(sevens_model_dir: Path, train
 
 
 def test_grpo_trains_on_the_vote_share_reward(sevens_model_dir: Path, tmp_path: Path):
-    shares = pl.DataFrame({"problem_id": [f"pseudo-{i}" for i in range(4)], "vote_shares": '[["7", 0.75], ["8", 0.25]]'})
+    shares = pl.DataFrame(
+        {"problem_id": [f"pseudo-{i}" for i in range(4)], "vote_shares": '[["7", 0.75], ["8", 0.25]]'}
+    )
     dataset = build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT, vote_shares=shares)
     settings = TINY_RUN.model_copy(update=dict(max_steps=1, save_steps=0))
-    result = train_grpo(sevens_model_dir, dataset, settings, tmp_path / "merged", work_dir=tmp_path / "work", reward="vote_share")
+    result = train_grpo(
+        sevens_model_dir, dataset, settings, tmp_path / "merged", work_dir=tmp_path / "work", reward="vote_share"
+    )
     (step,) = [entry for entry in result.log_history if "reward" in entry]
     assert "rewards/vote_share_reward/mean" in step and 0.0 <= step["rewards/vote_share_reward/mean"] <= 1.0
     with pytest.raises(ValueError, match="reward 'soft'"):
         train_grpo(sevens_model_dir, dataset, settings, tmp_path / "other", work_dir=tmp_path / "w", reward="soft")
 
 
-def test_the_logged_groups_are_the_step_s_completions_with_their_rewards_and_advantages(sevens_model_dir: Path, training_set, tmp_path: Path):
+def test_the_logged_groups_are_the_step_s_completions_with_their_rewards_and_advantages(
+    sevens_model_dir: Path, training_set, tmp_path: Path
+):
     settings = TINY_RUN.model_copy(update=dict(max_steps=1, save_steps=0))
-    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", work_dir=tmp_path / "work", log_completions=True)
+    result = train_grpo(
+        sevens_model_dir, training_set, settings, tmp_path / "merged", work_dir=tmp_path / "work", log_completions=True
+    )
     logged = logged_completions(tmp_path / "work")
     assert logged.height == settings.completions_per_step and set(logged["step"]) == {1}
     assert logged.group_by("question").len()["len"].to_list() == [settings.num_generations] * settings.prompts_per_step
     (step,) = [entry for entry in result.log_history if "reward" in entry]
     assert logged["answer_reward"].mean() == pytest.approx(step["reward"])
-    assert logged.group_by("question").agg(pl.col("advantage").sum())["advantage"].abs().max() < 1e-4  # relative to the group's mean
+    assert (
+        logged.group_by("question").agg(pl.col("advantage").sum())["advantage"].abs().max() < 1e-4
+    )  # relative to the group's mean
     assert plots.grpo_groups(logged).startswith(b"\x89PNG")
 
 
 def test_each_step_trains_on_prompts_per_step_groups(tmp_path: Path):
-    settings = GRPOSettings(num_generations=4, prompts_per_step=3, gradient_accumulation_steps=2, format_reward_weight=0.5, save_steps=0)
+    settings = GRPOSettings(
+        num_generations=4, prompts_per_step=3, gradient_accumulation_steps=2, format_reward_weight=0.5, save_steps=0
+    )
     config = grpo_config(settings, tmp_path, device="cpu", dtype="float32", report_to=["none"])
     assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 12
     assert config.generation_batch_size == 12 and config.steps_per_generation == 2

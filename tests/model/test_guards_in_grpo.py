@@ -18,14 +18,24 @@ from noisy_student_assets.core.training.guards import (
 from tests.poison import PoisonGradients
 
 RUN = GRPOSettings(
-    max_steps=3, num_generations=4, prompts_per_step=2, max_completion_length=8, learning_rate=1e-2, temperature=1.0, save_steps=1
+    max_steps=3,
+    num_generations=4,
+    prompts_per_step=2,
+    max_completion_length=8,
+    learning_rate=1e-2,
+    temperature=1.0,
+    save_steps=1,
 )
 
 
 @pytest.fixture(scope="module")
 def training_set():
     labeled = pl.DataFrame(
-        {"problem_id": [f"p{i}" for i in range(4)], "prompt": [f"What is {i} + 7 - {i}?" for i in range(4)], "gold_answer": ["7"] * 4}
+        {
+            "problem_id": [f"p{i}" for i in range(4)],
+            "prompt": [f"What is {i} + 7 - {i}?" for i in range(4)],
+            "gold_answer": ["7"] * 4,
+        }
     )
     return build_training_dataset(labeled, None, "Answer with \\boxed{}.")
 
@@ -37,33 +47,54 @@ def _all_finite(checkpoint: Path) -> bool:
 def test_a_poisoned_step_is_skipped_and_training_finishes_finite(sevens_model_dir, training_set, tmp_path: Path):
     warnings = []
     result = train_grpo(
-        sevens_model_dir, training_set, RUN, tmp_path / "out", work_dir=tmp_path / "work",
-        callbacks=[PoisonGradients({2})], warn=warnings.append,
+        sevens_model_dir,
+        training_set,
+        RUN,
+        tmp_path / "out",
+        work_dir=tmp_path / "work",
+        callbacks=[PoisonGradients({2})],
+        warn=warnings.append,
     )
     assert result.metrics["skipped_steps"] == 1 and result.metrics["steps"] == 3
     assert _all_finite(result.checkpoint_dir)
     assert len(warnings) == 1 and warnings[0].startswith("step 2: non-finite gradient norm")
-    initial, trained = load_file(sevens_model_dir / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    initial, trained = (
+        load_file(sevens_model_dir / "model.safetensors"),
+        load_file(tmp_path / "out" / "model.safetensors"),
+    )
     assert any(not torch.equal(initial[name], trained[name]) for name in initial), "steps 1 and 3 still trained"
 
 
 def test_a_skipped_step_updates_nothing(sevens_model_dir, training_set, tmp_path: Path):
     settings = RUN.model_copy(update=dict(max_steps=1, use_lora=False, save_steps=0))
     result = train_grpo(
-        sevens_model_dir, training_set, settings, tmp_path / "out", work_dir=tmp_path / "work",
+        sevens_model_dir,
+        training_set,
+        settings,
+        tmp_path / "out",
+        work_dir=tmp_path / "work",
         callbacks=[PoisonGradients({1})],
     )
     assert result.metrics["skipped_steps"] == 1
-    initial, trained = load_file(sevens_model_dir / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    initial, trained = (
+        load_file(sevens_model_dir / "model.safetensors"),
+        load_file(tmp_path / "out" / "model.safetensors"),
+    )
     assert all(torch.equal(initial[name], trained[name]) for name in initial)
 
 
-def test_consecutive_poisoned_steps_stop_training_and_a_relaunch_resumes(sevens_model_dir, training_set, tmp_path: Path):
+def test_consecutive_poisoned_steps_stop_training_and_a_relaunch_resumes(
+    sevens_model_dir, training_set, tmp_path: Path
+):
     settings = RUN.model_copy(update=dict(max_steps=5))
     work_dir = tmp_path / "work"
     with pytest.raises(NonFiniteTrainingError) as stopped:
         train_grpo(
-            sevens_model_dir, training_set, settings, tmp_path / "out", work_dir=work_dir,
+            sevens_model_dir,
+            training_set,
+            settings,
+            tmp_path / "out",
+            work_dir=work_dir,
             callbacks=[PoisonGradients({2, 3, 4, 5})],
         )
     message = str(stopped.value)
@@ -80,6 +111,10 @@ def test_consecutive_poisoned_steps_stop_training_and_a_relaunch_resumes(sevens_
 def test_without_a_good_checkpoint_the_error_says_a_rerun_starts_over(sevens_model_dir, training_set, tmp_path: Path):
     with pytest.raises(NonFiniteTrainingError, match="no resumable checkpoint was saved"):
         train_grpo(
-            sevens_model_dir, training_set, RUN.model_copy(update=dict(max_consecutive_skipped_steps=2)), tmp_path / "out",
-            work_dir=tmp_path / "work", callbacks=[PoisonGradients({1, 2, 3})],
+            sevens_model_dir,
+            training_set,
+            RUN.model_copy(update=dict(max_consecutive_skipped_steps=2)),
+            tmp_path / "out",
+            work_dir=tmp_path / "work",
+            callbacks=[PoisonGradients({1, 2, 3})],
         )

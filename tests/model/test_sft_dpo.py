@@ -49,7 +49,9 @@ def test_a_mode_trains_lora_and_saves_a_merged_finite_checkpoint(mode: str, runs
 
 
 @pytest.mark.parametrize("mode", ["sft", "dpo"])
-def test_a_mode_resumes_from_its_latest_checkpoint(mode: str, runs, sevens_model_dir: Path, sft_set, dpo_set, tmp_path: Path) -> None:
+def test_a_mode_resumes_from_its_latest_checkpoint(
+    mode: str, runs, sevens_model_dir: Path, sft_set, dpo_set, tmp_path: Path
+) -> None:
     _, root = runs[mode]
     assert [path.name for path in (root / "work").glob("checkpoint-*")] == ["checkpoint-2"]
     dataset = sft_set if mode == "sft" else dpo_set
@@ -66,15 +68,29 @@ class DropoutSeen(TrainerCallback):
         self.seen.append(model.config.attention_dropout)
 
 
-def test_model_dropout_is_on_while_training_and_off_in_the_checkpoint(sevens_model_dir: Path, sft_set, tmp_path: Path) -> None:
+def test_model_dropout_is_on_while_training_and_off_in_the_checkpoint(
+    sevens_model_dir: Path, sft_set, tmp_path: Path
+) -> None:
     seen = DropoutSeen()
-    result = train("sft", sevens_model_dir, sft_set, TINY_SUPERVISED.model_copy(update=dict(max_steps=1, save_steps=0)), tmp_path, model_dropout=0.1, callbacks=[seen])
+    result = train(
+        "sft",
+        sevens_model_dir,
+        sft_set,
+        TINY_SUPERVISED.model_copy(update=dict(max_steps=1, save_steps=0)),
+        tmp_path,
+        model_dropout=0.1,
+        callbacks=[seen],
+    )
     assert seen.seen == [0.1]
     assert json.loads((result.checkpoint_dir / "config.json").read_text())["attention_dropout"] == 0.0
 
 
-@pytest.mark.parametrize(("mode", "message"), [("sft", "cannot fill a step of 8 completions"), ("dpo", "cannot fill a step of 4 pairs")])
-def test_too_few_rows_for_one_step_are_rejected_before_loading(mode: str, message: str, sft_set, dpo_set, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "message"), [("sft", "cannot fill a step of 8 completions"), ("dpo", "cannot fill a step of 4 pairs")]
+)
+def test_too_few_rows_for_one_step_are_rejected_before_loading(
+    mode: str, message: str, sft_set, dpo_set, tmp_path: Path
+) -> None:
     dataset = (sft_set if mode == "sft" else dpo_set).select(range(3))
     with pytest.raises(ValueError, match=message):
         train(mode, tmp_path / "no-model", dataset, TINY_SUPERVISED, tmp_path)

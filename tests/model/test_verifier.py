@@ -26,9 +26,14 @@ from noisy_student_assets.core.verifier import (
 
 # Right and wrong samples differ in wording, and the wrong ones in no number of the problem, so that the tiny random
 # model can tell them apart in a few steps: the point is that training works end to end, not that the verifier can add.
-RIGHT = ("{a} + {b} = {total}. The answer is \\boxed{{{total}}}.", "Adding {b} to {a} gives {total}, so \\boxed{{{total}}}.")
+RIGHT = (
+    "{a} + {b} = {total}. The answer is \\boxed{{{total}}}.",
+    "Adding {b} to {a} gives {total}, so \\boxed{{{total}}}.",
+)
 WRONG = ("Hmm, I guess \\boxed{0}?", "Not sure... maybe \\boxed{100}?")
-TINY_VERIFIER = VerifierSettings(max_steps=12, pairs_per_step=8, learning_rate=5e-3, max_length=96, lora_r=8, lora_alpha=16)
+TINY_VERIFIER = VerifierSettings(
+    max_steps=12, pairs_per_step=8, learning_rate=5e-3, max_length=96, lora_r=8, lora_alpha=16
+)
 
 
 def addition_problems(pairs_of_terms: list[tuple[int, int]]) -> pl.DataFrame:
@@ -51,7 +56,9 @@ def addition_samples(pairs_of_terms: list[tuple[int, int]]) -> pl.DataFrame:
             {"problem_id": f"add-{a}-{b}", "sample_index": index, "completion": text, "answer": answer}
             for index, (text, answer) in enumerate(zip(texts, answers, strict=True))
         ]
-    return pl.DataFrame(rows, schema={"problem_id": pl.Utf8, "sample_index": pl.Int32, "completion": pl.Utf8, "answer": pl.Utf8})
+    return pl.DataFrame(
+        rows, schema={"problem_id": pl.Utf8, "sample_index": pl.Int32, "completion": pl.Utf8, "answer": pl.Utf8}
+    )
 
 
 TRAIN_TERMS = [(a, b) for a in range(1, 5) for b in range(2, 5)]
@@ -73,7 +80,9 @@ def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> t
 
 def held_out_scores(verifier_dir: Path, batch_size: int = 8) -> tuple[list[float], list[bool]]:
     graded = graded_samples(addition_samples(HELD_OUT_TERMS), addition_problems(HELD_OUT_TERMS))
-    scores = score_samples(verifier_dir, graded["prompt"].to_list(), graded["completion"].to_list(), batch_size=batch_size, max_length=96)
+    scores = score_samples(
+        verifier_dir, graded["prompt"].to_list(), graded["completion"].to_list(), batch_size=batch_size, max_length=96
+    )
     return scores, graded["correct"].to_list()
 
 
@@ -112,12 +121,16 @@ def test_a_score_does_not_depend_on_its_batch(trained) -> None:
     assert batched == pytest.approx(alone, abs=1e-4)
 
 
-def test_training_resumes_from_its_latest_checkpoint_head_included(trained, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_training_resumes_from_its_latest_checkpoint_head_included(
+    trained, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The scalar head is restored with the adapters: a fresh random head would rank at chance after one more step."""
     _, verifier_dir = trained
     shutil.copytree(verifier_dir.parent / "work", tmp_path / "work")
     more_steps = TINY_VERIFIER.model_copy(update=dict(max_steps=TINY_VERIFIER.max_steps + 1))
-    metrics = train_verifier(tiny_model_dir, training_pairs(), more_steps, tmp_path / "verifier", work_dir=tmp_path / "work")
+    metrics = train_verifier(
+        tiny_model_dir, training_pairs(), more_steps, tmp_path / "verifier", work_dir=tmp_path / "work"
+    )
     assert metrics["resumed_from_step"] == TINY_VERIFIER.max_steps and metrics["steps"] == TINY_VERIFIER.max_steps + 1
     scores, correct = held_out_scores(tmp_path / "verifier")
     assert auroc(scores, correct) >= 0.9
@@ -158,7 +171,9 @@ def answer_of(messages: list[dict[str, str]]) -> str:
 
 
 def test_pairs_come_only_from_problems_with_right_and_wrong_samples() -> None:
-    graded = graded_frame({"mixed": [True, False, True, False, False], "all-right": [True, True], "all-wrong": [False, False]})
+    graded = graded_frame(
+        {"mixed": [True, False, True, False, False], "all-right": [True, True], "all-wrong": [False, False]}
+    )
     pairs = preference_pairs(graded, max_pairs_per_problem=10, seed=0)
     assert set(pairs["problem_id"]) == {"mixed"}
     assert len(pairs) == 2 * 3
@@ -186,14 +201,19 @@ def test_pairs_are_capped_per_problem_and_seeded() -> None:
 def test_no_pairs_say_why_and_what_to_change() -> None:
     graded = graded_frame({"all-right": [True, True], "all-wrong": [False]})
     with pytest.raises(
-        ValueError, match=r"no labeled problem has both a right and a wrong.*1 problems have only right.*1 only wrong.*higher temperature"
+        ValueError,
+        match=r"no labeled problem has both a right and a wrong.*1 problems have only right.*1 only wrong.*higher temperature",
     ):
         preference_pairs(graded, max_pairs_per_problem=4, seed=0)
 
 
 def test_grading_leaves_ungraded_samples_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verifier, "answers_equivalent", lambda gold, answer: None if answer == "slow" else gold == answer)
-    problems = pl.DataFrame({"problem_id": ["p"], "prompt": ["What is 1 + 2?"], "gold_answer": ["3"], "source": ["file"]})
+    monkeypatch.setattr(
+        verifier, "answers_equivalent", lambda gold, answer: None if answer == "slow" else gold == answer
+    )
+    problems = pl.DataFrame(
+        {"problem_id": ["p"], "prompt": ["What is 1 + 2?"], "gold_answer": ["3"], "source": ["file"]}
+    )
     generations = pl.DataFrame(
         {
             "problem_id": ["p"] * 4,
@@ -218,7 +238,10 @@ def test_grading_refuses_samples_of_unknown_problems() -> None:
 
 
 def test_verifier_messages_are_the_problem_as_every_stage_asks_it_then_the_sample() -> None:
-    assert verifier_messages("What is 1 + 2?", "3") == [*build_messages("What is 1 + 2?"), {"role": "assistant", "content": "3"}]
+    assert verifier_messages("What is 1 + 2?", "3") == [
+        *build_messages("What is 1 + 2?"),
+        {"role": "assistant", "content": "3"},
+    ]
 
 
 # --- AUROC and usable scores -----------------------------------------------------------------------------

@@ -32,7 +32,11 @@ def _hang() -> None:
     threading.Event().wait()
 
 
-AFTER_CHECKPOINT = {"kill-after-checkpoint": _kill_self, "kill-rank-1-after-checkpoint": _kill_self, "hang-after-checkpoint": _hang}
+AFTER_CHECKPOINT = {
+    "kill-after-checkpoint": _kill_self,
+    "kill-rank-1-after-checkpoint": _kill_self,
+    "hang-after-checkpoint": _hang,
+}
 
 
 def _patch_fit(module) -> None:
@@ -46,7 +50,11 @@ def _patch_fit(module) -> None:
             from tests.poison import PoisonGradients
 
             callbacks = [*(callbacks or []), PoisonGradients(set(range(1, 100)))]
-        elif FAULT in AFTER_CHECKPOINT and first_attempt and (FAULT != "kill-rank-1-after-checkpoint" or os.environ.get("RANK") == "1"):
+        elif (
+            FAULT in AFTER_CHECKPOINT
+            and first_attempt
+            and (FAULT != "kill-rank-1-after-checkpoint" or os.environ.get("RANK") == "1")
+        ):
             save = trainer_class._save_checkpoint
 
             class StoppedAfterCheckpoint(trainer_class):

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-pytest.importorskip("dagster_postgres", reason="the Postgres suite needs the postgres extra (make postgres-test installs it)")
+pytest.importorskip(
+    "dagster_postgres", reason="the Postgres suite needs the postgres extra (make postgres-test installs it)"
+)
 
 from resources.database import DATABASE_URL_ENV_VAR
 from tests.cli import DagsterCli

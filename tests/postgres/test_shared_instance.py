@@ -68,7 +68,9 @@ SHARED = (layout.PROBLEM_POOL, layout.EVAL_PROBLEMS)
 SPLIT = (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS)
 
 
-def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(shared_cli: DagsterCli, database_url: str) -> None:
+def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(
+    shared_cli: DagsterCli, database_url: str
+) -> None:
     """`dagster dev` on the database: the webserver records the backfill the UI's launch sends, the daemon runs it,
     and the processes it starts for runs find the instance in the environment they inherit."""
     with shared_instance(shared_cli) as instance:
@@ -88,7 +90,9 @@ def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(s
                 time.sleep(2)
     with shared_instance(shared_cli) as instance:
         records = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": launched["backfillId"]}))
-        assert status == BulkActionStatus.COMPLETED_SUCCESS, run_failures(instance, records) or (shared_cli.home / "dagster-dev.log").read_text()[-4000:]
+        assert status == BulkActionStatus.COMPLETED_SUCCESS, (
+            run_failures(instance, records) or (shared_cli.home / "dagster-dev.log").read_text()[-4000:]
+        )
         for name in SHARED:
             assert instance.fetch_materializations(dg.AssetKey(name), limit=1).records, name
         for arm in ARMS:
@@ -99,11 +103,15 @@ def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(s
     assert {"runs", "experiments", "alembic_version"} <= tables(database_url, MLFLOW_SCHEMA)
     logged = {(run.data.tags.get("dagster.asset"), run.data.tags.get(ARM_TAG)) for run in mlflow_runs(database_url)}
     # A run per shared asset, one for the split (a multi-asset) of each arm, and each arm's parent run (no asset).
-    assert logged == {(name, None) for name in SHARED} | {(name, arm) for arm in ARMS for name in ("problem_split", None)}
+    assert logged == {(name, None) for name in SHARED} | {
+        (name, arm) for arm in ARMS for name in ("problem_split", None)
+    }
     assert_nothing_embedded(shared_cli)
 
 
-def test_two_arms_at_once_write_one_instance_and_one_mlflow_store(shared_cli: DagsterCli, database_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_two_arms_at_once_write_one_instance_and_one_mlflow_store(
+    shared_cli: DagsterCli, database_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     log = tmp_path / "grid.log"
     config = tiny_config(tiny_model_dir, rounds=1)
     options = ("--parallel-arms", "2", "--launcher", "inprocess", "--rounds", "0")
@@ -125,10 +133,16 @@ def test_two_arms_at_once_write_one_instance_and_one_mlflow_store(shared_cli: Da
         assert instance.fetch_materializations(dg.AssetKey(layout.VERDICT), limit=1).records
 
     logged = mlflow_runs(database_url)
-    parents = {run.data.tags[PARENT_OF_ARM_TAG]: run.info.run_id for run in logged if PARENT_OF_ARM_TAG in run.data.tags}
+    parents = {
+        run.data.tags[PARENT_OF_ARM_TAG]: run.info.run_id for run in logged if PARENT_OF_ARM_TAG in run.data.tags
+    }
     assert set(parents) == set(ARMS), "one parent run per arm, though both arms' first steps asked at once"
     for arm in ARMS:
-        trained = [run for run in logged if run.data.tags.get("dagster.asset") == layout.LABELED_RL and run.data.tags.get(ARM_TAG) == arm]
+        trained = [
+            run
+            for run in logged
+            if run.data.tags.get("dagster.asset") == layout.LABELED_RL and run.data.tags.get(ARM_TAG) == arm
+        ]
         (run,) = trained
         assert run.data.tags["mlflow.parentRunId"] == parents[arm] and run.data.metrics
     assert_nothing_embedded(shared_cli)

@@ -84,7 +84,9 @@ def _missing_upstream(page) -> list[str]:
     return sorted(listed)
 
 
-def _wait_for_run(instance_home: Path, launched_after: datetime, asset: str, timeout: float = RUN_TIMEOUT_S) -> dg.DagsterRun:
+def _wait_for_run(
+    instance_home: Path, launched_after: datetime, asset: str, timeout: float = RUN_TIMEOUT_S
+) -> dg.DagsterRun:
     """The run that materializes `asset`, launched from the UI after `launched_after`, once it finished; it must have
     succeeded."""
     deadline = time.monotonic() + timeout
@@ -131,9 +133,22 @@ def _mlflow_ui(cli: DagsterCli, store: str, log: Path) -> tuple[subprocess.Popen
     port = free_port()
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)],
-            cwd=cli.home, env=cli.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                str(Path(sys.executable).with_name("mlflow")),
+                "ui",
+                "--backend-store-uri",
+                store,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=cli.home,
+            env=cli.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, process, log, UI_START_TIMEOUT_S)
@@ -172,7 +187,13 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         page.get_by_text("Config", exact=True).click()
         page.get_by_role("button", name="Add config").click()
         ops = _job_ops(url, ROUND_JOB)
-        config = {"ops": {op: op_config for op, op_config in tiny_config(tiny_model_dir, rounds=NEW_ROUND)["ops"].items() if op in ops}}
+        config = {
+            "ops": {
+                op: op_config
+                for op, op_config in tiny_config(tiny_model_dir, rounds=NEW_ROUND)["ops"].items()
+                if op in ops
+            }
+        }
         page.locator(".CodeMirror").last.click()
         page.keyboard.insert_text(json.dumps(config | IN_PROCESS))
         page.get_by_role("button", name="Save config").click()
@@ -189,7 +210,11 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         experiment = load_experiment(experiment_file)
         asked_for = set(round_assets(NEW_ROUND, experiment, experiment.arm(ARM)))
         assert _materialized(cli.home, run.run_id) == asked_for
-        assert not asked_for & set(round_names(NEW_ROUND, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL)))
+        assert not asked_for & set(
+            round_names(
+                NEW_ROUND, layout.control_checkpoint(layout.GOLD_LABEL), layout.control_checkpoint(layout.RANDOM_LABEL)
+            )
+        )
 
         # The lineage: what the experiment asks for is filled for the arm, the rest is not.
         page = _lineage(browser, url, f"group:{new_round}", width=2600, height=1500)
@@ -221,7 +246,9 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
 
         experiment_id = mlflow.MlflowClient(store).get_experiment_by_name("noisy-student").experiment_id
         search = urllib.parse.quote(f"tags.round = '{new_round}'")
-        page = _open(browser, f"{mlflow_url}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}&searchFilter={search}")
+        page = _open(
+            browser, f"{mlflow_url}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}&searchFilter={search}"
+        )
         parent = page.locator("[role=row]", has_text=f"arm {ARM}")
         parent.wait_for(timeout=60000)
         parent.locator("button").first.click()  # the arm's parent run, expanded

@@ -38,9 +38,19 @@ def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, mon
     url = f"http://127.0.0.1:{port}"
     monkeypatch_module.setenv("NOISY_STUDENT_EXPLORER_URL", url)
     log = tmp_path_factory.mktemp("explorer") / "explorer.log"
-    command = [sys.executable, "-m", "noisy_student_assets.explorer", "--lake", str(inspected_lake), "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "noisy_student_assets.explorer",
+        "--lake",
+        str(inspected_lake),
+        "--port",
+        str(port),
+    ]
     with log.open("w") as out:
-        process = subprocess.Popen([*command, "--max-new-tokens", str(TINY_EVAL["max_new_tokens"])], stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*command, "--max-new-tokens", str(TINY_EVAL["max_new_tokens"])], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_until_serving(url, process, log, START_TIMEOUT_S)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -76,8 +86,12 @@ def test_a_problem_s_samples_votes_and_both_checkpoints_answers(browser, explore
     votes = page.locator("#votes-by-source")
     for source in ("majority (the arm's)", "confidence", "verifier"):
         expect(votes).to_contain_text(source)
-    samples = RoundLake(inspected_lake, INSPECTED_ARM, 1).generations().filter(pl.col("problem_id") == second["problem_id"])
-    expect(page.locator("#samples").get_by_role("row")).to_have_count(1 + samples.height)  # the header, then each sample
+    samples = (
+        RoundLake(inspected_lake, INSPECTED_ARM, 1).generations().filter(pl.col("problem_id") == second["problem_id"])
+    )
+    expect(page.locator("#samples").get_by_role("row")).to_have_count(
+        1 + samples.height
+    )  # the header, then each sample
 
     page.get_by_role("button", name="Ask the round's student and its labeled-only control").click()
     for answer, name in (("#student-answer", "Round 1 student"), ("#control-answer", "Round 1 labeled_only")):
@@ -91,7 +105,9 @@ def test_a_link_opens_on_its_problem(browser, explorer: str, inspected_lake: Pat
     last = _unlabeled(inspected_lake).row(-1, named=True)
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.goto(explorer_link(INSPECTED_ARM, 1, last["problem_id"]))
-    expect(page.get_by_label("Hidden gold (the audit's only: no vote reads it)")).to_have_value(last[HIDDEN_GOLD_COLUMN], timeout=PAGE_TIMEOUT_MS)
+    expect(page.get_by_label("Hidden gold (the audit's only: no vote reads it)")).to_have_value(
+        last[HIDDEN_GOLD_COLUMN], timeout=PAGE_TIMEOUT_MS
+    )
     expect(page.get_by_label("Question")).to_have_value(last["prompt"])
 
 
@@ -100,12 +116,17 @@ def test_two_checkpoints_answer_a_question_of_one_s_own(browser, explorer: str) 
     page.goto(explorer)
     page.get_by_role("tab", name="Ask two checkpoints").click()
     # It offers the round's student against its labeled-only control; a person puts the base model on the left instead.
-    expect(page.locator("#right-checkpoint input")).to_have_value(f"{INSPECTED_ARM} / round 1 / {layout.LABELED_ONLY}", timeout=PAGE_TIMEOUT_MS)
+    expect(page.locator("#right-checkpoint input")).to_have_value(
+        f"{INSPECTED_ARM} / round 1 / {layout.LABELED_ONLY}", timeout=PAGE_TIMEOUT_MS
+    )
     page.locator("#left-checkpoint input").click()
     page.get_by_role("option", name=BASE_MODEL_NAME).click()
     page.get_by_label("Your question").fill("What is 3 + 4?")
     page.get_by_role("button", name="Ask both").click()
-    for answer, name in (("#left-answer", BASE_MODEL_NAME), ("#right-answer", f"{INSPECTED_ARM} / round 1 / {layout.LABELED_ONLY}")):
+    for answer, name in (
+        ("#left-answer", BASE_MODEL_NAME),
+        ("#right-answer", f"{INSPECTED_ARM} / round 1 / {layout.LABELED_ONLY}"),
+    ):
         expect(page.locator(answer)).to_contain_text("Answer:", timeout=ANSWER_TIMEOUT_MS)
         expect(page.locator(answer)).to_contain_text(name)
     page.screenshot(path=str(SCREENSHOTS / "explorer-ask.png"), full_page=True)

@@ -101,7 +101,9 @@ def _nodes(page) -> dict[str, dict]:
 
 def _edges(page) -> list[tuple[float, float, float, float]]:
     """Each drawn edge as (start x, start y, end x, end y) in the graph's coordinates."""
-    paths = page.locator("svg[class*=svgContainer] > path[marker-end]").evaluate_all("paths => paths.map(p => p.getAttribute('d'))")
+    paths = page.locator("svg[class*=svgContainer] > path[marker-end]").evaluate_all(
+        "paths => paths.map(p => p.getAttribute('d'))"
+    )
     edges = []
     for d in paths:
         numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", d)]
@@ -110,7 +112,10 @@ def _edges(page) -> list[tuple[float, float, float, float]]:
 
 
 def _inside(x: float, y: float, box: dict, slack: float = 12) -> bool:
-    return box["x"] - slack <= x <= box["x"] + box["width"] + slack and box["y"] - slack <= y <= box["y"] + box["height"] + slack
+    return (
+        box["x"] - slack <= x <= box["x"] + box["width"] + slack
+        and box["y"] - slack <= y <= box["y"] + box["height"] + slack
+    )
 
 
 @pytest.mark.parametrize(("upstream", "downstream"), DRAWN_EDGES, ids=[f"{u}->{d}" for u, d in DRAWN_EDGES])

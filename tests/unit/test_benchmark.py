@@ -14,7 +14,7 @@ def test_memory_sampler_sees_a_peak_inside_its_window_only() -> None:
         time.sleep(0.1)
         before = time.time()
         ballast = bytearray(300 * 2**20)  # 300 MiB, touched so that it is resident
-        ballast[:: 4096] = b"x" * len(ballast[:: 4096])
+        ballast[::4096] = b"x" * len(ballast[::4096])
         time.sleep(0.1)
         after = time.time()
         del ballast
@@ -38,7 +38,10 @@ def test_stage_peaks_take_each_stage_from_the_previous_end_to_its_own() -> None:
 
 
 def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
-    names = [f"profiling/Time taken: GuardedMergedLoraGenerationGRPOTrainer.{m}" for m in ("transformers.generate", "_prepare_inputs", "compute_loss", "answer_reward", "_calculate_rewards")]
+    names = [
+        f"profiling/Time taken: GuardedMergedLoraGenerationGRPOTrainer.{m}"
+        for m in ("transformers.generate", "_prepare_inputs", "compute_loss", "answer_reward", "_calculate_rewards")
+    ]
     found = phase_metrics([*names, "loss", "step_time"])
     assert found["generation"].endswith("GuardedMergedLoraGenerationGRPOTrainer.transformers.generate")
     assert found["loss forward"].endswith(".compute_loss") and found["rewards"].endswith(".answer_reward")

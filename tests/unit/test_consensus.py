@@ -43,10 +43,14 @@ def test_ties_go_to_the_earliest_first_occurrence(answers, winner):
 
 @pytest.mark.parametrize("answers", [[None, None, ""], [" ", None], []])
 def test_no_answers_no_winner(answers):
-    assert majority_vote(answers) == Vote(answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=len(answers))
+    assert majority_vote(answers) == Vote(
+        answer=None, count=0, agreement=0.0, n_clusters=0, entropy=0.0, k=len(answers)
+    )
 
 
-@pytest.mark.parametrize("missing", [None, "", "1" * 2000, "{" * 100 + "4" + "}" * 100, "2 + 2"])  # a restated question too
+@pytest.mark.parametrize(
+    "missing", [None, "", "1" * 2000, "{" * 100 + "4" + "}" * 100, "2 + 2"]
+)  # a restated question too
 def test_missing_or_ungradable_answers_never_win(missing):
     vote = majority_vote([missing, missing, missing, "4"])
     assert (vote.answer, vote.count, vote.agreement, vote.n_clusters, vote.entropy) == ("4", 1, 0.25, 1, 0.0)
@@ -82,4 +86,11 @@ def test_vote_many_votes_each_problem():
 def test_ungraded_answers_join_no_cluster_and_are_counted(ungraded_pair):
     founder, slow_to_compare = ungraded_pair
     vote = majority_vote([founder, founder, slow_to_compare, "9^{9^{9^{9}}}", "x"])  # the tower: ungraded alone
-    assert (vote.answer, vote.count, vote.agreement, vote.n_clusters, vote.ungraded, vote.k) == (founder, 2, 0.4, 2, 2, 5)
+    assert (vote.answer, vote.count, vote.agreement, vote.n_clusters, vote.ungraded, vote.k) == (
+        founder,
+        2,
+        0.4,
+        2,
+        2,
+        5,
+    )

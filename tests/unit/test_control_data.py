@@ -7,13 +7,15 @@ import polars as pl
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.control_data import gold_revealed, shuffled_pseudo_labels
 
-KEPT = pl.DataFrame({
-    "problem_id": [f"p{i}" for i in range(6)],
-    "prompt": [f"What is {i} + 1?" for i in range(6)],
-    "pseudo_label": ["1", "2", "3", "4", "5", "6"],
-    "agreement": [1.0] * 6,
-    HIDDEN_GOLD_COLUMN: ["99"] * 6,
-})
+KEPT = pl.DataFrame(
+    {
+        "problem_id": [f"p{i}" for i in range(6)],
+        "prompt": [f"What is {i} + 1?" for i in range(6)],
+        "pseudo_label": ["1", "2", "3", "4", "5", "6"],
+        "agreement": [1.0] * 6,
+        HIDDEN_GOLD_COLUMN: ["99"] * 6,
+    }
+)
 
 
 def test_shuffled_labels_are_a_permutation_that_moves_every_label() -> None:

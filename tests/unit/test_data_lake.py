@@ -63,7 +63,9 @@ def test_an_artifact_is_recalled_by_its_content_key_until_it_is_replaced(tmp_pat
     lake.write_table(pl.DataFrame({"x": [1]}), second, "arm-b", {CONTENT_KEY_FILE: "k1"})
     assert lake.recall("k1") in (lake.artifact_dir(first, "arm-a"), lake.artifact_dir(second, "arm-b"))
     lake.write_table(pl.DataFrame({"x": [2]}), first, "arm-a", {CONTENT_KEY_FILE: "k2"})  # replaced: no longer k1
-    assert lake.recall("k1") == lake.artifact_dir(second, "arm-b") and lake.recall("k2") == lake.artifact_dir(first, "arm-a")
+    assert lake.recall("k1") == lake.artifact_dir(second, "arm-b") and lake.recall("k2") == lake.artifact_dir(
+        first, "arm-a"
+    )
     assert LakeTable(pl.DataFrame()).extra_files == {}
 
 

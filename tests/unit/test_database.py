@@ -28,8 +28,13 @@ def test_unset_the_instance_and_the_mlflow_store_are_sqlite_in_the_lake(tmp_path
 
 def test_set_both_stores_use_the_database_mlflow_in_a_schema_of_its_own(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(DATABASE_URL_ENV_VAR, "postgresql://ns@db.example:6543/noisy?options=-cstatement_timeout%3D0")
-    assert database_url() == "postgresql+psycopg2://ns@db.example:6543/noisy?options=-cstatement_timeout%3D0", "psycopg2 for Dagster's NOTIFY"
+    assert database_url() == "postgresql+psycopg2://ns@db.example:6543/noisy?options=-cstatement_timeout%3D0", (
+        "psycopg2 for Dagster's NOTIFY"
+    )
     lake = DataLake(root=str(tmp_path))
     store = "postgresql+psycopg2://ns@db.example:6543/noisy?options=-cstatement_timeout%3D0+-csearch_path%3Dmlflow"
     assert MlflowTracking(lake=lake).resolved_tracking_uri == store, "the URL's own options are kept"
-    assert MlflowTracking(lake=lake, tracking_uri="http://mlflow.example:5000").resolved_tracking_uri == "http://mlflow.example:5000"
+    assert (
+        MlflowTracking(lake=lake, tracking_uri="http://mlflow.example:5000").resolved_tracking_uri
+        == "http://mlflow.example:5000"
+    )

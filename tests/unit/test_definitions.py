@@ -72,7 +72,9 @@ def test_dagster_yaml_limits_the_device_pool_to_one_op(tmp_path: Path, monkeypat
         assert pools.default_pool_limit == 1 and pools.pool_granularity.value == "op"
 
 
-def test_run_monitoring_stops_every_daemon_launched_run_past_the_run_time_limit_and_frees_its_slots(tmp_path: Path, monkeypatch) -> None:
+def test_run_monitoring_stops_every_daemon_launched_run_past_the_run_time_limit_and_frees_its_slots(
+    tmp_path: Path, monkeypatch
+) -> None:
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.chdir(tmp_path)
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
@@ -80,7 +82,9 @@ def test_run_monitoring_stops_every_daemon_launched_run_past_the_run_time_limit_
         assert instance.run_monitoring_max_runtime_seconds == RUN_TIME_LIMIT_S, "dagster.yaml mirrors the setting"
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] > 0
     jobs = [job for job in defs.resolve_all_job_defs() if not job.name.startswith("__")]
-    assert jobs and all(job.tags[MAX_RUNTIME_TAG] == job.run_tags[MAX_RUNTIME_TAG] == str(RUN_TIME_LIMIT_S) for job in jobs)
+    assert jobs and all(
+        job.tags[MAX_RUNTIME_TAG] == job.run_tags[MAX_RUNTIME_TAG] == str(RUN_TIME_LIMIT_S) for job in jobs
+    )
 
 
 def test_every_heavy_asset_runs_in_the_device_pool() -> None:
@@ -91,9 +95,20 @@ def test_every_heavy_asset_runs_in_the_device_pool() -> None:
     for number in range(1, ROUNDS + 1):
         expected |= {
             _round(number, name)
-            for name in (layout.GENERATIONS, layout.VERIFIER, layout.VERIFIER_SCORES, layout.STUDENT, layout.STUDENT_VALIDATION, layout.EVAL_REPORT)
+            for name in (
+                layout.GENERATIONS,
+                layout.VERIFIER,
+                layout.VERIFIER_SCORES,
+                layout.STUDENT,
+                layout.STUDENT_VALIDATION,
+                layout.EVAL_REPORT,
+            )
         }
-        expected |= {_round(number, name) for c in layout.CONTROLS for name in (layout.control_checkpoint(c), layout.control_eval(c))}
+        expected |= {
+            _round(number, name)
+            for c in layout.CONTROLS
+            for name in (layout.control_checkpoint(c), layout.control_eval(c))
+        }
     assert heavy == expected
 
 
@@ -108,16 +123,38 @@ def test_every_real_input_is_a_drawn_edge() -> None:
     assert ROUNDS == 3  # tests/experiments/automation.yaml
     assert _parents(_round(1, layout.GENERATIONS)) == {layout.LABELED_RL, layout.UNLABELED_PROBLEMS}
     assert _parents(_round(2, layout.GENERATIONS)) == {_round(1, layout.STUDENT), layout.UNLABELED_PROBLEMS}
-    assert _parents(_round(2, layout.PSEUDO_LABELS)) == {_round(2, layout.GENERATIONS), _round(2, layout.VERIFIER_SCORES), layout.UNLABELED_PROBLEMS}
-    assert _parents(_round(2, layout.VERIFIER)) == {_round(1, layout.STUDENT), layout.LABELED_PROBLEMS, layout.VALIDATION_PROBLEMS}
-    assert _parents(_round(2, layout.VERIFIER_SCORES)) == {_round(2, layout.VERIFIER), _round(2, layout.GENERATIONS), layout.UNLABELED_PROBLEMS}
-    assert {_round(2, layout.PSEUDO_LABELS), _round(1, layout.STUDENT), layout.LABELED_PROBLEMS} <= _parents(_round(2, layout.STUDENT))
+    assert _parents(_round(2, layout.PSEUDO_LABELS)) == {
+        _round(2, layout.GENERATIONS),
+        _round(2, layout.VERIFIER_SCORES),
+        layout.UNLABELED_PROBLEMS,
+    }
+    assert _parents(_round(2, layout.VERIFIER)) == {
+        _round(1, layout.STUDENT),
+        layout.LABELED_PROBLEMS,
+        layout.VALIDATION_PROBLEMS,
+    }
+    assert _parents(_round(2, layout.VERIFIER_SCORES)) == {
+        _round(2, layout.VERIFIER),
+        _round(2, layout.GENERATIONS),
+        layout.UNLABELED_PROBLEMS,
+    }
+    assert {_round(2, layout.PSEUDO_LABELS), _round(1, layout.STUDENT), layout.LABELED_PROBLEMS} <= _parents(
+        _round(2, layout.STUDENT)
+    )
     assert _parents(_round(2, layout.EVAL_REPORT)) >= {
-        _round(2, layout.STUDENT), _round(2, layout.PSEUDO_LABELS), _round(2, "labeled_only_eval"), _round(1, layout.EVAL_REPORT),
-        layout.LABELED_RL_EVAL, layout.BASE_MODEL_EVAL, layout.EVAL_PROBLEMS,
+        _round(2, layout.STUDENT),
+        _round(2, layout.PSEUDO_LABELS),
+        _round(2, "labeled_only_eval"),
+        _round(1, layout.EVAL_REPORT),
+        layout.LABELED_RL_EVAL,
+        layout.BASE_MODEL_EVAL,
+        layout.EVAL_PROBLEMS,
     }
     assert _parents(_round(1, "labeled_only_checkpoint")) == {layout.LABELED_RL, layout.LABELED_PROBLEMS}
-    assert _parents(_round(2, "labeled_only_checkpoint")) == {_round(1, "labeled_only_checkpoint"), layout.LABELED_PROBLEMS}
+    assert _parents(_round(2, "labeled_only_checkpoint")) == {
+        _round(1, "labeled_only_checkpoint"),
+        layout.LABELED_PROBLEMS,
+    }
     assert _round(2, layout.PSEUDO_LABELS) in _parents(_round(2, "random_label_checkpoint"))
     assert _round(2, "random_label_eval") in _parents(layout.VERDICT)
 
@@ -125,10 +162,22 @@ def test_every_real_input_is_a_drawn_edge() -> None:
 def test_every_checkpoint_and_eval_has_blocking_checks() -> None:
     graph = defs.resolve_asset_graph()
     blocking = {key.to_user_string() for key in graph.asset_check_keys if graph.get_check_spec(key).blocking}
-    checkpoints = [layout.BASE_MODEL, layout.LABELED_RL, _round(1, layout.STUDENT), *(_round(2, f"{c}_checkpoint") for c in layout.CONTROLS)]
-    evals = [layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, _round(1, layout.EVAL_REPORT), _round(2, "gold_label_eval")]
+    checkpoints = [
+        layout.BASE_MODEL,
+        layout.LABELED_RL,
+        _round(1, layout.STUDENT),
+        *(_round(2, f"{c}_checkpoint") for c in layout.CONTROLS),
+    ]
+    evals = [
+        layout.BASE_MODEL_EVAL,
+        layout.LABELED_RL_EVAL,
+        _round(1, layout.EVAL_REPORT),
+        _round(2, "gold_label_eval"),
+    ]
     expected = {f"{c}:{name}" for c in checkpoints for name in ("finite_weights", "smoke_generation")}
-    expected |= {f"{e}:eval_not_degenerate" for e in evals} | {f"{_round(2, layout.PSEUDO_LABELS)}:pseudo_label_quality"}
+    expected |= {f"{e}:eval_not_degenerate" for e in evals} | {
+        f"{_round(2, layout.PSEUDO_LABELS)}:pseudo_label_quality"
+    }
     assert expected <= blocking
     compute_matched = dg.AssetCheckKey(dg.AssetKey(layout.round_asset(2, "labeled_only_checkpoint")), "compute_matched")
     assert compute_matched in graph.asset_check_keys and graph.get_check_spec(compute_matched).partitions_def == ARMS
@@ -167,7 +216,9 @@ def test_the_gpu_profile_stabilises_bf16_training() -> None:
         "print(json.dumps([LabeledRLConfig().grpo.model_dump(), SamplingConfig().batch_size, EvalConfig().batch_size, ComputeResource().dtype]))"
     )
     env = os.environ | {"NOISY_STUDENT_PROFILE": "gpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
     grpo, sampling_batch, eval_batch, dtype = json.loads(out.stdout.strip().splitlines()[-1])
     assert dtype == "bfloat16" and grpo["cast_lm_head_to_fp32"] and grpo["max_consecutive_skipped_steps"] == 3
     assert grpo["max_steps"] == 200 and sampling_batch == eval_batch == 128

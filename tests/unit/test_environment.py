@@ -14,7 +14,12 @@ READER = Path(environment.__file__).resolve()
 
 
 def _is_environ(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "environ"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+    )
 
 
 def _reads(tree: ast.AST) -> list[int]:
@@ -22,8 +27,17 @@ def _reads(tree: ast.AST) -> list[int]:
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            looked_up = _is_environ(node.func.value) and node.func.attr in {"get", "items", "keys", "values", "copy", "__getitem__"}
-            if looked_up or (isinstance(node.func.value, ast.Name) and node.func.value.id == "os" and node.func.attr == "getenv"):
+            looked_up = _is_environ(node.func.value) and node.func.attr in {
+                "get",
+                "items",
+                "keys",
+                "values",
+                "copy",
+                "__getitem__",
+            }
+            if looked_up or (
+                isinstance(node.func.value, ast.Name) and node.func.value.id == "os" and node.func.attr == "getenv"
+            ):
                 lines.append(node.lineno)
         elif isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.ctx, ast.Load):
             lines.append(node.lineno)
@@ -31,7 +45,9 @@ def _reads(tree: ast.AST) -> list[int]:
 
 
 def test_the_finder_sees_a_read() -> None:
-    assert _reads(ast.parse("import os\nos.environ.get('X')\nos.environ['Y']\nos.getenv('Z')\nenv = os.environ | {}")) == [2, 3, 4]
+    assert _reads(
+        ast.parse("import os\nos.environ.get('X')\nos.environ['Y']\nos.getenv('Z')\nenv = os.environ | {}")
+    ) == [2, 3, 4]
 
 
 def test_only_the_environment_module_reads_the_environment() -> None:

@@ -87,10 +87,24 @@ def test_ungraded_checks_are_counted_and_left_out_of_each_metric(ungraded_pair) 
     gold, slow_to_compare = ungraded_pair
     problem = EVAL.head(1).with_columns(pl.lit("p3").alias("problem_id"), pl.lit(gold).alias("gold_answer"))
     greedy = GREEDY.head(1).with_columns(pl.lit("p3").alias("problem_id"), pl.lit(slow_to_compare).alias("answer"))
-    sampled = pl.DataFrame({"problem_id": ["p3"] * 4, "sample_index": [0, 1, 2, 3], "answer": [slow_to_compare, gold, slow_to_compare, "x"]})
-    scores = score_problems(pl.concat([EVAL, problem]), pl.concat([GREEDY, greedy]), pl.concat([SAMPLED, sampled]), ks=(1, 4))
+    sampled = pl.DataFrame(
+        {
+            "problem_id": ["p3"] * 4,
+            "sample_index": [0, 1, 2, 3],
+            "answer": [slow_to_compare, gold, slow_to_compare, "x"],
+        }
+    )
+    scores = score_problems(
+        pl.concat([EVAL, problem]), pl.concat([GREEDY, greedy]), pl.concat([SAMPLED, sampled]), ks=(1, 4)
+    )
     p3 = scores.row(2, named=True)
-    assert (p3["greedy_correct"], p3["samples_correct"], p3["samples_ungraded"], p3["maj@1_correct"], p3["maj@4_correct"]) == (None, 1, 2, None, None)
+    assert (
+        p3["greedy_correct"],
+        p3["samples_correct"],
+        p3["samples_ungraded"],
+        p3["maj@1_correct"],
+        p3["maj@4_correct"],
+    ) == (None, 1, 2, None, None)
     metrics = summarize(scores, ks=(1, 4))
     assert metrics["ungraded"] == 5  # greedy, two samples, and maj@1 and maj@4 (both won by the slow answer)
     assert metrics["greedy_accuracy"] == 0.5 and metrics["maj@4"] == 0.5  # over p1 and p2, as without p3

@@ -7,7 +7,12 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from noisy_student_assets.core import environment, layout
-from noisy_student_assets.core.reporting.inspection import CHECKPOINT_CONFIG, explorer_link, lake_checkpoints, linked_view
+from noisy_student_assets.core.reporting.inspection import (
+    CHECKPOINT_CONFIG,
+    explorer_link,
+    lake_checkpoints,
+    linked_view,
+)
 
 
 def _checkpoint(directory: Path) -> None:
@@ -21,9 +26,13 @@ def test_every_materialized_checkpoint_is_offered_by_arm_and_round(tmp_path: Pat
         _checkpoint(layout.artifact_dir(tmp_path, layout.LABELED_RL, arm))
         for number in (2, 1):
             _checkpoint(layout.artifact_dir(tmp_path, layout.round_asset(number, layout.STUDENT), arm))
-    _checkpoint(layout.artifact_dir(tmp_path, layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)), "a"))
+    _checkpoint(
+        layout.artifact_dir(tmp_path, layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)), "a")
+    )
     # Being written: no config yet.
-    layout.artifact_dir(tmp_path, layout.round_asset(1, layout.control_checkpoint(layout.GOLD_LABEL)), "a").mkdir(parents=True)
+    layout.artifact_dir(tmp_path, layout.round_asset(1, layout.control_checkpoint(layout.GOLD_LABEL)), "a").mkdir(
+        parents=True
+    )
 
     checkpoints = lake_checkpoints(tmp_path)
     assert list(checkpoints) == [
@@ -36,7 +45,9 @@ def test_every_materialized_checkpoint_is_offered_by_arm_and_round(tmp_path: Pat
         "b / round 1 / student",
         "b / round 2 / student",
     ]
-    assert checkpoints["a / round 1 / labeled_only"] == layout.artifact_dir(tmp_path, layout.round_asset(1, "labeled_only_checkpoint"), "a")
+    assert checkpoints["a / round 1 / labeled_only"] == layout.artifact_dir(
+        tmp_path, layout.round_asset(1, "labeled_only_checkpoint"), "a"
+    )
 
 
 def test_an_empty_lake_offers_no_checkpoint(tmp_path: Path) -> None:

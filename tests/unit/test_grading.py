@@ -155,16 +155,43 @@ def test_an_unevaluated_expression_is_not_a_numeric_answer(gold, answer):
 @pytest.mark.parametrize(
     ("number", "answer"),
     [
-        ("3300", "3300"), ("-5", "-5"), ("1,000", "1000"), ("3300", "3,300.00"), ("18", "18.00"), ("18", "{18}"),
-        ("5", "x=5"), ("5", "x = 5"), ("18", "\\$18"), ("1000", "\\$1,000.00"), ("25", "25\\%"),
-        ("18", "18 \\text{ dollars}"), ("864", "864 \\mbox{ inches}^2"), ("5", "5\\textrm{ cm}^2"), ("5", "5\\ {\\rm cm}^2"),
-        ("5", "5\\text{ cm}^{\\text{2}}"), ("90", "90^{\\circ}"), ("90", "90^\\circ"), ("90", "90^{\\circ}\\text{C}"),
-        ("0.5", "1/2"), ("0.5", "\\frac{1}{2}"), ("3.5", "7/2"), ("3.5", "3\\frac{1}{2}"),
-        ("0.35625", ".35625"), ("52", "52_8"), ("4210", "4210_{5}"),  # MATH-500 golds
-        ("18", "\\textbf{18}"), ("18", "\\mathbf{18}"), ("18", "+18"), ("18", "(18)"), ("18", "\\left(18\\right)"),
-        ("1000", "1{,}000"), ("-0.5", "\\frac{-1}{2}"), ("18", "\\text{Total} = 18"), ("18", "x = 18 \\text{ cm}"),
+        ("3300", "3300"),
+        ("-5", "-5"),
+        ("1,000", "1000"),
+        ("3300", "3,300.00"),
+        ("18", "18.00"),
+        ("18", "{18}"),
+        ("5", "x=5"),
+        ("5", "x = 5"),
+        ("18", "\\$18"),
+        ("1000", "\\$1,000.00"),
+        ("25", "25\\%"),
+        ("18", "18 \\text{ dollars}"),
+        ("864", "864 \\mbox{ inches}^2"),
+        ("5", "5\\textrm{ cm}^2"),
+        ("5", "5\\ {\\rm cm}^2"),
+        ("5", "5\\text{ cm}^{\\text{2}}"),
+        ("90", "90^{\\circ}"),
+        ("90", "90^\\circ"),
+        ("90", "90^{\\circ}\\text{C}"),
+        ("0.5", "1/2"),
+        ("0.5", "\\frac{1}{2}"),
+        ("3.5", "7/2"),
+        ("3.5", "3\\frac{1}{2}"),
+        ("0.35625", ".35625"),
+        ("52", "52_8"),
+        ("4210", "4210_{5}"),  # MATH-500 golds
+        ("18", "\\textbf{18}"),
+        ("18", "\\mathbf{18}"),
+        ("18", "+18"),
+        ("18", "(18)"),
+        ("18", "\\left(18\\right)"),
+        ("1000", "1{,}000"),
+        ("-0.5", "\\frac{-1}{2}"),
+        ("18", "\\text{Total} = 18"),
+        ("18", "x = 18 \\text{ cm}"),
     ],
-)  # fmt: skip
+)
 def test_final_forms_are_not_unevaluated(number, answer):
     assert not unevaluated(number, answer)
     assert answers_equivalent(number, answer)
@@ -173,14 +200,36 @@ def test_final_forms_are_not_unevaluated(number, answer):
 @pytest.mark.parametrize(
     ("answer", "restated"),
     [
-        ("60 * 55", True), ("7 - 2 + 9", True), ("(60)(55)", True), ("60 \\times 55", True), ("$12 \\div 4$", True),
-        ("60 − 55", True), ("60(55)", True), ("60{\\times}55", True), ("60 \\mathbin{\\times} 55", True), ("2^{3}+1", True),
-        ("\\frac{1}{2} + \\frac{1}{4}", True), ("60\\times55\\text{ cm}", True),
-        ("3/4", False), ("2^{10}", False), ("-5", False), ("1,000", False), ("\\frac{1}{2}", False), ("x+1", False),
-        ("3 + 2i", False), ("1-\\sqrt{2}", False), ("12", False), ("(3,-4)", False), ("(-1)^{2}", False), ("(18)", False),
-        ("\\pm 2", False), ("1\\frac{4}{5}", False), ("137 \\frac{1}{2}", False), (None, False),
+        ("60 * 55", True),
+        ("7 - 2 + 9", True),
+        ("(60)(55)", True),
+        ("60 \\times 55", True),
+        ("$12 \\div 4$", True),
+        ("60 − 55", True),
+        ("60(55)", True),
+        ("60{\\times}55", True),
+        ("60 \\mathbin{\\times} 55", True),
+        ("2^{3}+1", True),
+        ("\\frac{1}{2} + \\frac{1}{4}", True),
+        ("60\\times55\\text{ cm}", True),
+        ("3/4", False),
+        ("2^{10}", False),
+        ("-5", False),
+        ("1,000", False),
+        ("\\frac{1}{2}", False),
+        ("x+1", False),
+        ("3 + 2i", False),
+        ("1-\\sqrt{2}", False),
+        ("12", False),
+        ("(3,-4)", False),
+        ("(-1)^{2}", False),
+        ("(18)", False),
+        ("\\pm 2", False),
+        ("1\\frac{4}{5}", False),
+        ("137 \\frac{1}{2}", False),
+        (None, False),
     ],
-)  # fmt: skip
+)
 def test_literal_arithmetic_is_a_restated_question_and_never_gradable(answer, restated):
     assert is_literal_arithmetic(answer) is restated
     if answer is not None:
@@ -289,7 +338,10 @@ def test_bound_holds_in_worker_processes(start_method, slow_answer):
     helpers = helper_pids()
     context = multiprocessing.get_context(start_method)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        checks = [pool.submit(answers_equivalent, ROOT_OF_ONE, slow_answer, timeout_s=0.2), pool.submit(grade, "#### 8", "8")]
+        checks = [
+            pool.submit(answers_equivalent, ROOT_OF_ONE, slow_answer, timeout_s=0.2),
+            pool.submit(grade, "#### 8", "8"),
+        ]
         assert [check.result(timeout=HANG_GUARD_S) for check in checks] == [None, True]
     # The child killed a helper of its own: a forked child must not use or kill its parent's.
     assert helper_pids() == helpers
@@ -327,7 +379,9 @@ def test_a_starved_warm_up_or_check_grades_right():
     grading._worker.close()  # the next check starts a helper, whose warm-up parses "1"
     checks = [("1", "1"), ("3\\sqrt{13}", "\\sqrt{117}")]  # the second spends a tenth of a CPU second
     with starved_helpers():
-        assert [answers_equivalent(*check) for check in checks] == [True, True], "CPU time bounds a check, not wall time"
+        assert [answers_equivalent(*check) for check in checks] == [True, True], (
+            "CPU time bounds a check, not wall time"
+        )
     assert [answers_equivalent(*check) for check in checks] == [True, True]
 
 
@@ -350,7 +404,11 @@ def test_worker_exits_with_its_caller():
         "print(*[p.pid for p in psutil.Process().children()])\n"
     )
     finished = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=HANG_GUARD_S,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=HANG_GUARD_S,
         cwd=Path(noisy_student_assets.__file__).parents[1],
     )
     worker_pids = [int(pid) for pid in finished.stdout.split()]

@@ -18,12 +18,26 @@ def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> No
     experiment = Experiment(name="e", controls=("labeled_only",), defaults=ArmSpec(max_rounds=2), arms={"a": ArmSpec()})
     arm = experiment.arm("a")
     names = arm_assets(experiment, arm, rounds=3)
-    assert names[:5] == ["labeled_problems", "unlabeled_problems", "validation_problems", "labeled_rl_checkpoint", "labeled_rl_eval"]
-    assert names.index("round_001/labeled_only_eval") < names.index("round_001/eval_report") < names.index("round_002/generations")
+    assert names[:5] == [
+        "labeled_problems",
+        "unlabeled_problems",
+        "validation_problems",
+        "labeled_rl_checkpoint",
+        "labeled_rl_eval",
+    ]
+    assert (
+        names.index("round_001/labeled_only_eval")
+        < names.index("round_001/eval_report")
+        < names.index("round_002/generations")
+    )
     assert "round_001/gold_label_checkpoint" not in names and names[-1] == "round_002/eval_report"
     assert arm_assets(experiment, arm, rounds=1)[-1] == "round_001/eval_report"
-    assert not [name for name in names if "validation" in name.split("/")[-1] and name != "validation_problems"], "no patience reads them"
-    tuning = Experiment(name="t", defaults=ArmSpec(max_rounds=0), validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()})
+    assert not [name for name in names if "validation" in name.split("/")[-1] and name != "validation_problems"], (
+        "no patience reads them"
+    )
+    tuning = Experiment(
+        name="t", defaults=ArmSpec(max_rounds=0), validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()}
+    )
     assert arm_assets(tuning, tuning.arm("a"), rounds=3)[-2:] == ["labeled_rl_checkpoint", "labeled_rl_validation"]
 
 
@@ -31,14 +45,24 @@ def test_an_arm_with_a_patience_evaluates_labeled_rl_and_every_student_on_its_va
     experiment = Experiment(name="e", controls=("labeled_only",), arms={"a": ArmSpec(patience=2)})
     names = arm_assets(experiment, experiment.arm("a"))
     assert names.index("labeled_rl_validation") < names.index("round_001/generations")
-    assert names.index("round_001/student_checkpoint") < names.index("round_001/student_validation") < names.index("round_002/generations")
+    assert (
+        names.index("round_001/student_checkpoint")
+        < names.index("round_001/student_validation")
+        < names.index("round_002/generations")
+    )
     assert names[-1] == "round_002/eval_report", "max_rounds' default: 2"
 
 
 def test_a_check_is_evaluated_again_only_when_it_did_not_judge_the_latest_materialization() -> None:
-    control, student, report = dg.AssetKey(["round_001", "labeled_only_checkpoint"]), dg.AssetKey(["round_001", "student_checkpoint"]), dg.AssetKey("eval")
+    control, student, report = (
+        dg.AssetKey(["round_001", "labeled_only_checkpoint"]),
+        dg.AssetKey(["round_001", "student_checkpoint"]),
+        dg.AssetKey("eval"),
+    )
     judged = dg.AssetCheckKey(student, "finite_weights")
-    killed_before = dg.AssetCheckKey(control, "compute_matched")  # its run was killed between the asset's step and the check's
+    killed_before = dg.AssetCheckKey(
+        control, "compute_matched"
+    )  # its run was killed between the asset's step and the check's
     stale = dg.AssetCheckKey(control, "finite_weights")  # judged an earlier materialization of the control
     nothing_yet = dg.AssetCheckKey(report, "no_eval_regression")  # its asset was never materialized
     targets = {judged: 7, killed_before: None, stale: 3, nothing_yet: None}
@@ -63,7 +87,9 @@ def test_an_experiment_names_its_launcher_by_kind_or_by_its_fields_and_the_comma
     from noisy_student_assets.defs.code_location import defs
 
     by_kind = Experiment(name="e", arms={"a": ArmSpec()}, launcher="subprocess")
-    by_fields = Experiment(name="e", arms={"a": ArmSpec()}, launcher={"kind": "ray", "gpus_per_process": 1, "sampling_shards": 3})
+    by_fields = Experiment(
+        name="e", arms={"a": ArmSpec()}, launcher={"kind": "ray", "gpus_per_process": 1, "sampling_shards": 3}
+    )
     assert by_kind.launcher == LauncherSettings(kind="subprocess")
     ray = with_experiment_resources(by_fields)["stage_resources"].launcher
     assert (ray.kind, ray.gpus_per_process, ray.sampling_shards) == ("ray", 1.0, 3)
@@ -104,16 +130,28 @@ def test_through_keeps_an_asset_and_what_it_reads_in_order() -> None:
     from noisy_student_assets.defs.code_location import defs
     from noisy_student_assets.defs.grid import assets_through
 
-    experiment = Experiment(name="e", controls=("labeled_only", "gold_label"), arms={"v": ArmSpec(max_rounds=2, label_source="verifier")})
+    experiment = Experiment(
+        name="e", controls=("labeled_only", "gold_label"), arms={"v": ArmSpec(max_rounds=2, label_source="verifier")}
+    )
     names = arm_assets(experiment, experiment.arm("v"))
     labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
     graph = defs.resolve_asset_graph()
     kept = assets_through(graph, names, [labels])
-    assert kept[-1] == labels and kept == [name for name in names if name in kept], "the arm's own order, ending at the labels"
-    assert {"labeled_rl_checkpoint", "round_001/generations", "round_001/verifier", "round_001/verifier_scores"} <= set(kept)
-    assert not [name for name in kept if name.startswith("round_002/") or (name.endswith(("_checkpoint", "_eval")) and name.startswith("round_001/"))]
+    assert kept[-1] == labels and kept == [name for name in names if name in kept], (
+        "the arm's own order, ending at the labels"
+    )
+    assert {"labeled_rl_checkpoint", "round_001/generations", "round_001/verifier", "round_001/verifier_scores"} <= set(
+        kept
+    )
+    assert not [
+        name
+        for name in kept
+        if name.startswith("round_002/") or (name.endswith(("_checkpoint", "_eval")) and name.startswith("round_001/"))
+    ]
     assert "labeled_rl_eval" not in kept, "the labels do not read the teacher's held-out eval"
     controls = ["/".join(layout.round_asset(1, layout.eval_of(role))) for role in ("labeled_only", "gold_label")]
     union = assets_through(graph, names, [labels, *controls])
-    assert set(union) == set(kept) | set(assets_through(graph, names, controls)), "several assets: the union of what each reads"
+    assert set(union) == set(kept) | set(assets_through(graph, names, controls)), (
+        "several assets: the union of what each reads"
+    )
     assert "round_001/student_checkpoint" not in union and set(controls) <= set(union)

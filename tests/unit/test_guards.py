@@ -29,7 +29,11 @@ def test_a_non_finite_loss_skips_the_step_even_with_finite_gradients():
     layer(torch.ones(1, 2)).sum().backward()
     before = [p.detach().clone() for p in layer.parameters()]
     guard = step_guard_callback(3)
-    args, state, control = SimpleNamespace(output_dir="unused"), SimpleNamespace(global_step=0), SimpleNamespace(should_save=True)
+    args, state, control = (
+        SimpleNamespace(output_dir="unused"),
+        SimpleNamespace(global_step=0),
+        SimpleNamespace(should_save=True),
+    )
     guard.on_step_begin(args, state, control)
     guard.observe_loss(torch.tensor(math.inf))
     guard.on_pre_optimizer_step(args, state, control, model=layer, optimizer=optimizer)
@@ -64,11 +68,18 @@ def _completions(texts: list[str], answers: list[str | None], finish: list[str])
     return pl.DataFrame({"completion": texts, "answer": answers, "finish_reason": finish})
 
 
-THRESHOLDS = {"min_answer_rate": 0.1, "max_truncation_rate": 0.9, "max_identical_share": 0.5, "max_unevaluated_rate": 0.5}
+THRESHOLDS = {
+    "min_answer_rate": 0.1,
+    "max_truncation_rate": 0.9,
+    "max_identical_share": 0.5,
+    "max_unevaluated_rate": 0.5,
+}
 
 
 def test_healthy_outputs_pass():
-    health = output_health(_completions(["1 + 2 = 3", "\\boxed{5}", "7", "it is 9"], ["3", "5", "7", None], ["stop"] * 4))
+    health = output_health(
+        _completions(["1 + 2 = 3", "\\boxed{5}", "7", "it is 9"], ["3", "5", "7", None], ["stop"] * 4)
+    )
     assert (health.answer_rate, health.truncation_rate, health.identical_share) == (0.75, 0.0, 0.25)
     assert degenerate_output_failure(health, unevaluated_rate=0.5, **THRESHOLDS) is None
 
@@ -86,7 +97,9 @@ def test_a_nan_model_s_outputs_fail_with_every_number():
 def test_a_policy_that_restates_the_question_fails():
     """What the products task's seed 1 learned: `\\boxed{60 * 55}` for every product, which math-verify equated
     with the gold until the grading refused unevaluated expressions."""
-    health = output_health(_completions([f"\\boxed{{{a} * 55}}" for a in (60, 61, 62)], ["60 * 55", "61 * 55", "62 * 55"], ["stop"] * 3))
+    health = output_health(
+        _completions([f"\\boxed{{{a} * 55}}" for a in (60, 61, 62)], ["60 * 55", "61 * 55", "62 * 55"], ["stop"] * 3)
+    )
     assert degenerate_output_failure(health, unevaluated_rate=1.0, **THRESHOLDS) == (
         "degenerate outputs over 3 completions: unevaluated-expression answer rate 1.000 > 0.5"
     )

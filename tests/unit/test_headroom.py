@@ -26,7 +26,9 @@ def _eval(lake: Path, key_path, arm: str, correct: np.ndarray) -> None:
     metrics = {"greedy_accuracy": float(correct.mean()), "problems": float(correct.size)}
     (directory / layout.METRICS_FILE).write_text(json.dumps({"metrics": metrics}))
     ids = [f"p{i:02d}" for i in range(correct.size)]
-    pl.DataFrame({"problem_id": ids, "greedy_correct": correct.astype(bool)}).write_parquet(directory / layout.SCORES_FILE)
+    pl.DataFrame({"problem_id": ids, "greedy_correct": correct.astype(bool)}).write_parquet(
+        directory / layout.SCORES_FILE
+    )
 
 
 def _task_lake(lake: Path, gold_gain: float, seeds: int = 3) -> Path:
@@ -49,9 +51,18 @@ def test_the_tasks_are_the_profile_s_sources_with_their_own_generator() -> None:
     tasks = load_tasks(TASKS)
     assert list(tasks) == ["two-digit-sums", "chain-sums", "products"]
     sums = tasks["two-digit-sums"].run_config()["ops"]
-    assert ProblemPoolSettings(**sums[layout.PROBLEM_POOL]["config"]).resolved_source == ProblemPoolSettings().resolved_source
-    held_out = EvalProblemsSettings(**tasks["chain-sums"].run_config()["ops"][layout.EVAL_PROBLEMS]["config"]).resolved_source
-    assert (held_out.name, held_out.size, held_out.seed) == ("chain_sum", tasks["chain-sums"].eval_candidates, DEFAULT_EVAL_SOURCE.seed)
+    assert (
+        ProblemPoolSettings(**sums[layout.PROBLEM_POOL]["config"]).resolved_source
+        == ProblemPoolSettings().resolved_source
+    )
+    held_out = EvalProblemsSettings(
+        **tasks["chain-sums"].run_config()["ops"][layout.EVAL_PROBLEMS]["config"]
+    ).resolved_source
+    assert (held_out.name, held_out.size, held_out.seed) == (
+        "chain_sum",
+        tasks["chain-sums"].eval_candidates,
+        DEFAULT_EVAL_SOURCE.seed,
+    )
     assert tasks["chain-sums"].eval_candidates > DEFAULT_EVAL_SOURCE.size == tasks["products"].eval_candidates
     problems = load_problems(**held_out.load_kwargs())
     assert problems.height == tasks["chain-sums"].eval_candidates and "-" in " ".join(problems["prompt"])
@@ -93,6 +104,8 @@ def test_seeds_exported_in_turns_give_the_table_of_the_lake_that_made_them(tmp_p
     for arm in ARMS:  # one session a seed
         one_seed = tmp_path / "one_seed.yaml"
         one_seed.write_text(f"arms:\n  {arm.name}: {{seed: {arm.spec.seed}}}\n")
-        assert headroom.main(["export", "--task", "chain-sums", "--experiment", str(one_seed), "--to", str(results)]) == 0
+        assert (
+            headroom.main(["export", "--task", "chain-sums", "--experiment", str(one_seed), "--to", str(results)]) == 0
+        )
     assert headroom.table(results).equals(headroom.table(lake))
     assert headroom.table(results).filter(pl.col("task") == "chain-sums")["data_headroom_seeds"][0] == 3

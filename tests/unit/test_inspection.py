@@ -12,7 +12,13 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
-from noisy_student_assets.core.reporting.inspection import RIGHT_TO_WRONG, WRONG_TO_RIGHT, RoundLake, flipped_problems, teacher_evaluation
+from noisy_student_assets.core.reporting.inspection import (
+    RIGHT_TO_WRONG,
+    WRONG_TO_RIGHT,
+    RoundLake,
+    flipped_problems,
+    teacher_evaluation,
+)
 
 ARM = "a"
 GREEDY_CORRECT = {  # per evaluation, each problem's greedy answer is right or not (None: ungraded)
@@ -29,9 +35,10 @@ def _publish(lake: Path, key_path: tuple[str, ...] | str, correct: list[bool | N
     directory.mkdir(parents=True)
     problem_ids = [f"p{index}" for index in range(len(correct))]
     (directory / layout.METRICS_FILE).write_text(json.dumps({"metrics": {"problems": len(correct)}}))
-    pl.DataFrame({"problem_id": problem_ids, "greedy_correct": correct}, schema={"problem_id": pl.Utf8, "greedy_correct": pl.Boolean}).write_parquet(
-        directory / layout.SCORES_FILE
-    )
+    pl.DataFrame(
+        {"problem_id": problem_ids, "greedy_correct": correct},
+        schema={"problem_id": pl.Utf8, "greedy_correct": pl.Boolean},
+    ).write_parquet(directory / layout.SCORES_FILE)
     completions = [f"\\boxed{{{7 if right else 5}}}" for right in correct]
     pl.DataFrame({"problem_id": problem_ids, "completion": completions}).write_parquet(directory / GREEDY_FILE)
     pl.DataFrame(schema={"problem_id": pl.Utf8, "completion": pl.Utf8}).write_parquet(directory / SAMPLED_FILE)

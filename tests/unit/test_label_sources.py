@@ -27,7 +27,12 @@ def test_weights_change_the_winner_where_they_must():
 
 
 def test_unit_weights_are_the_head_count_to_the_last_digit():
-    for answers in (["1/2", "0.5", "\\frac{1}{2}", "2", None], ["2", "3", "3", "2"], [None, None], ["7", "1/2", "7", "0.5"]):
+    for answers in (
+        ["1/2", "0.5", "\\frac{1}{2}", "2", None],
+        ["2", "3", "3", "2"],
+        [None, None],
+        ["7", "1/2", "7", "0.5"],
+    ):
         assert weighted_vote(answers, [1.0] * len(answers)) == majority_vote(answers)
 
 
@@ -71,7 +76,11 @@ GENERATIONS = pl.DataFrame(
     schema_overrides={"sample_index": pl.Int32},
 )
 SCORES = pl.DataFrame(
-    {"problem_id": ["a"] * 4 + ["b"] * 4, "sample_index": [0, 1, 2, 3] * 2, "score": [-3.0, -3.0, 2.0, 2.0, 1.0, 1.0, 1.0, -1.0]},
+    {
+        "problem_id": ["a"] * 4 + ["b"] * 4,
+        "sample_index": [0, 1, 2, 3] * 2,
+        "score": [-3.0, -3.0, 2.0, 2.0, 1.0, 1.0, 1.0, -1.0],
+    },
     schema_overrides={"sample_index": pl.Int32},
 )
 
@@ -93,7 +102,9 @@ def test_confidence_weight_is_the_geometric_mean_token_probability():
 
 
 def test_confidence_drops_the_least_confident_share_of_each_problem():
-    weighted = label_source("confidence").weighted(GENERATIONS, PseudoLabelSettings(label_source="confidence", drop_least_confident=0.5))
+    weighted = label_source("confidence").weighted(
+        GENERATIONS, PseudoLabelSettings(label_source="confidence", drop_least_confident=0.5)
+    )
     dropped = weighted.filter(pl.col("weight") == 0)
     assert sorted(dropped.select("problem_id", "sample_index").iter_rows()) == [("a", 0), ("a", 1), ("b", 1), ("b", 2)]
     # b keeps one 4 (at -1.0, the earlier of the tie dropped last) and the 9: the 9 is more confident
@@ -108,7 +119,10 @@ def test_sources_without_their_input_say_what_is_missing():
     with pytest.raises(ValueError, match="scored 7 of the round's 8"):
         labels_of("verifier", SCORES.head(7))
     with pytest.raises(ValueError, match="non-finite"):
-        labels_of("verifier", SCORES.with_columns(pl.when(pl.col("sample_index") == 0).then(math.nan).otherwise("score").alias("score")))
+        labels_of(
+            "verifier",
+            SCORES.with_columns(pl.when(pl.col("sample_index") == 0).then(math.nan).otherwise("score").alias("score")),
+        )
 
 
 def test_an_unregistered_source_is_refused_where_settings_enter():
@@ -189,7 +203,10 @@ def test_pseudo_label_reports_every_source_it_can_and_the_oracle():
     result = pseudo_label(GENERATIONS, PROBLEMS, PseudoLabelSettings(tau=0.5), SCORES)
     assert set(result.frontier["source"]) == {"majority", "confidence", "verifier", ORACLE}
     operating = {row["source"]: row for row in result.sources.iter_rows(named=True)}
-    assert operating["verifier"]["at tau: label_accuracy"] == 1.0 and operating["majority"]["at tau: label_accuracy"] == 0.5
+    assert (
+        operating["verifier"]["at tau: label_accuracy"] == 1.0
+        and operating["majority"]["at tau: label_accuracy"] == 0.5
+    )
     without = pseudo_label(GENERATIONS.drop("mean_logprob"), PROBLEMS, PseudoLabelSettings(tau=0.5))
     assert set(without.frontier["source"]) == {"majority", ORACLE}
 

@@ -35,7 +35,9 @@ def made_as_now(settings: dict = SETTINGS, outside: dict = OUTSIDE) -> dict[str,
     each data version its fingerprint (as the pipeline records them)."""
     records = {name: Recorded(version, version, {}, None) for name, version in outside.items()}
     for name in TARGETS:
-        version = fingerprint(STAGES[name], settings[name], {parent: records[parent].data_version for parent in PARENTS[name]})
+        version = fingerprint(
+            STAGES[name], settings[name], {parent: records[parent].data_version for parent in PARENTS[name]}
+        )
         records[name] = Recorded(version, version, settings[name], STAGES[name])
     return records
 
@@ -66,7 +68,10 @@ def test_another_compute_device_redoes_the_heavy_stage() -> None:
 
 def test_a_raised_stage_version_redoes_its_stage_and_what_follows() -> None:
     stale = stale_assets(TARGETS, PARENTS, STAGES | {"pseudo_labels": "pseudo_labels@2"}, SETTINGS, made_as_now())
-    assert stale == {"pseudo_labels": "stage version pseudo_labels@1 -> pseudo_labels@2", "student": "input pseudo_labels redone"}
+    assert stale == {
+        "pseudo_labels": "stage version pseudo_labels@1 -> pseudo_labels@2",
+        "student": "input pseudo_labels redone",
+    }
 
 
 def test_an_input_with_another_data_version_redoes_what_reads_it() -> None:
@@ -79,7 +84,12 @@ def test_an_input_with_another_data_version_redoes_what_reads_it() -> None:
 def test_an_identical_rematerialization_of_an_input_redoes_nothing() -> None:
     """Its data version is its fingerprint, the same as before: what reads it is still current (a later timestamp
     alone does not make it stale)."""
-    assert stale_assets(TARGETS, PARENTS, STAGES, SETTINGS, made_as_now() | {"pool": Recorded("pool-v1", "pool-v1", {}, None)}) == {}
+    assert (
+        stale_assets(
+            TARGETS, PARENTS, STAGES, SETTINGS, made_as_now() | {"pool": Recorded("pool-v1", "pool-v1", {}, None)}
+        )
+        == {}
+    )
 
 
 class _Record:
@@ -110,7 +120,9 @@ def test_a_lake_made_before_fingerprints_is_current_when_its_config_is_unchanged
     stages = {"generations": "TeacherSamplingSettings@1"}
     assert stale_assets(["generations"], {"generations": ["teacher"]}, stages, {"generations": settings}, latest) == {}
     changed = {"generations": settings | {"config": config | {"k": 6}}}
-    assert stale_assets(["generations"], {"generations": ["teacher"]}, stages, changed, latest) == {"generations": "settings changed: config.k: 8 -> 6"}
+    assert stale_assets(["generations"], {"generations": ["teacher"]}, stages, changed, latest) == {
+        "generations": "settings changed: config.k: 8 -> 6"
+    }
     retrained = recorded(record, "TeacherSamplingSettings@1", {"device": "cpu"}, {"teacher": (57, "teacher-v")})
     assert retrained.fingerprint != before.fingerprint, "a teacher materialized again after the samples were drawn"
 
@@ -138,7 +150,9 @@ def _code_versions(defaults: dict) -> dict[str, str]:
         "json.dump({key.to_user_string(): graph.get(key).code_version for key in graph.get_all_asset_keys()}, sys.stdout)\n"
     )
     env = os.environ | changed_defaults_env(defaults)
-    run = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300, check=True, env=env)
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300, check=True, env=env
+    )
     return json.loads(run.stdout)
 
 
@@ -156,8 +170,18 @@ def test_a_changed_default_k_changes_the_code_version_of_generations_and_what_fo
     differ = {key for key in code_versions if changed[key] != code_versions[key]}
     generations = "/".join(layout.round_asset(1, layout.GENERATIONS))
     assert generations in differ
-    assert not differ & {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.LABELED_PROBLEMS, layout.LABELED_RL, layout.LABELED_RL_EVAL}
-    downstream = {"/".join(layout.round_asset(n, name)) for n in (1, 2) for name in (layout.PSEUDO_LABELS, layout.STUDENT, layout.EVAL_REPORT)}
+    assert not differ & {
+        layout.PROBLEM_POOL,
+        layout.BASE_MODEL,
+        layout.LABELED_PROBLEMS,
+        layout.LABELED_RL,
+        layout.LABELED_RL_EVAL,
+    }
+    downstream = {
+        "/".join(layout.round_asset(n, name))
+        for n in (1, 2)
+        for name in (layout.PSEUDO_LABELS, layout.STUDENT, layout.EVAL_REPORT)
+    }
     assert downstream <= differ
     labeled_only = "/".join(layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)))
     assert labeled_only not in differ, "the labeled-only control reads no sample"

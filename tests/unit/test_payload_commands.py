@@ -29,7 +29,10 @@ def test_one_process_runs_the_payload_module_and_several_run_it_under_torchrun()
     one = payload_command(Path("/w/spec.json"), 1)
     assert one[1:] == ["-m", "noisy_student_assets.payloads", "/w/spec.json"]
     two = payload_command(Path("/w/spec.json"), 2)
-    assert two[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"] and two[-1] == "/w/spec.json"
+    assert (
+        two[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+        and two[-1] == "/w/spec.json"
+    )
 
 
 def test_a_rank_torchrun_reports_dead_is_named_with_its_signal_or_code() -> None:
@@ -67,10 +70,23 @@ def test_a_stage_s_time_limit_grows_with_its_steps_and_its_samples(tmp_path: Pat
     problems = tmp_path / "problems.parquet"
     pl.DataFrame({"problem_id": ["a", "b", "c"], "prompt": ["1", "2", "3"]}).write_parquet(problems)
     common = {"compute": ComputeSettings(), "work_dir": str(tmp_path)}
-    sample = SampleSpec(teacher_dir="t", problems=str(problems), settings=TeacherSamplingSettings(k=4), checkpoint_label="t", output="o", **common)
+    sample = SampleSpec(
+        teacher_dir="t",
+        problems=str(problems),
+        settings=TeacherSamplingSettings(k=4),
+        checkpoint_label="t",
+        output="o",
+        **common,
+    )
     assert sample.time_limit_s(launcher) == 100 + 2 * 3 * 4
-    greedy = EvalSpec(checkpoint_dir="c", problems=str(problems), settings=EvalSettings(samples=0, ks=[]), output_dir="o", **common)
-    sampled = EvalSpec(checkpoint_dir="c", problems=str(problems), settings=EvalSettings(samples=2, ks=[1]), output_dir="o", **common)
+    greedy = EvalSpec(
+        checkpoint_dir="c", problems=str(problems), settings=EvalSettings(samples=0, ks=[]), output_dir="o", **common
+    )
+    sampled = EvalSpec(
+        checkpoint_dir="c", problems=str(problems), settings=EvalSettings(samples=2, ks=[1]), output_dir="o", **common
+    )
     assert greedy.time_limit_s(launcher) == 100 + 2 * 3 and sampled.time_limit_s(launcher) == 100 + 2 * 3 * 3
-    train = TrainSpec(init_dir="i", dataset="d", settings=StudentSettings(grpo=GRPOSettings(max_steps=5)), output_dir="o", **common)
+    train = TrainSpec(
+        init_dir="i", dataset="d", settings=StudentSettings(grpo=GRPOSettings(max_steps=5)), output_dir="o", **common
+    )
     assert train.time_limit_s(launcher) == 100 + 10 * 5

@@ -125,9 +125,7 @@ def test_two_digit_addition_problems_and_golds():
 
 
 def test_reasoning_gym_int_difficulty_becomes_level():
-    problems = load_problems(
-        "reasoning_gym", name="bitwise_arithmetic", size=2, seed=0, task_options={"difficulty": 2}
-    )
+    problems = load_problems("reasoning_gym", name="bitwise_arithmetic", size=2, seed=0, task_options={"difficulty": 2})
     assert problems["level"].to_list() == [2, 2]
 
 
@@ -294,7 +292,10 @@ def test_the_validation_draw_depends_on_its_size_and_the_seed_alone():
 
 
 def test_a_test_time_split_takes_the_whole_transductive_half_and_keeps_the_rest():
-    pool, held_out = small_table(30), small_table(11).with_columns(pl.format("eval/{}", "problem_id").alias("problem_id"))
+    pool, held_out = (
+        small_table(30),
+        small_table(11).with_columns(pl.format("eval/{}", "problem_id").alias("problem_id")),
+    )
     transductive, transfer = eval_halves(held_out)
     assert (transductive.height, transfer.height) == (6, 5)
     assert not set(transductive["problem_id"]) & set(transfer["problem_id"])
@@ -313,17 +314,25 @@ def test_a_test_time_split_takes_the_whole_transductive_half_and_keeps_the_rest(
 
 def test_split_rejects_impossible_sizes():
     problems = small_table(10)
-    with pytest.raises(ValueError, match=r"6 labeled \+ 5 unlabeled \+ 0 validation = 11 problems, but the table has only 10"):
+    with pytest.raises(
+        ValueError, match=r"6 labeled \+ 5 unlabeled \+ 0 validation = 11 problems, but the table has only 10"
+    ):
         split_problems(problems, 6, 5, seed=0)
-    with pytest.raises(ValueError, match="n_unlabeled >= 1 and n_validation >= 0, got n_labeled=3, n_unlabeled=0, n_validation=0"):
+    with pytest.raises(
+        ValueError, match="n_unlabeled >= 1 and n_validation >= 0, got n_labeled=3, n_unlabeled=0, n_validation=0"
+    ):
         split_problems(problems, 3, 0, seed=0)
-    with pytest.raises(ValueError, match=r"^n_labeled >= 1 and n_validation >= 0, got n_labeled=0"):  # test-time: n_unlabeled unread
+    with pytest.raises(
+        ValueError, match=r"^n_labeled >= 1 and n_validation >= 0, got n_labeled=0"
+    ):  # test-time: n_unlabeled unread
         split_problems(problems, 0, 0, seed=0, unlabeled_pool=problems)
 
 
 def test_drop_overlap_ignores_case_and_whitespace():
     problems = small_table(4)
-    reference = pl.DataFrame({"problem_id": ["x", "y", "p03"], "prompt": ["  what IS 1 +\n1? ", "What is 3 + 1", "another prompt"]})
+    reference = pl.DataFrame(
+        {"problem_id": ["x", "y", "p03"], "prompt": ["  what IS 1 +\n1? ", "What is 3 + 1", "another prompt"]}
+    )
     assert drop_overlap(problems, reference)["problem_id"].to_list() == ["p00", "p02"]  # p03: same id, other text
 
 

@@ -5,7 +5,12 @@ import math
 import polars as pl
 import pytest
 
-from noisy_student_assets.core.pseudo_labels.labels import PSEUDO_LABEL_SCHEMA, audit_pseudo_labels, label_floor_failure, vote_pseudo_labels
+from noisy_student_assets.core.pseudo_labels.labels import (
+    PSEUDO_LABEL_SCHEMA,
+    audit_pseudo_labels,
+    label_floor_failure,
+    vote_pseudo_labels,
+)
 from noisy_student_assets.core.settings import PseudoLabelSettings
 
 PROBLEMS = pl.DataFrame(
@@ -66,10 +71,15 @@ def test_floor_failures_name_their_cause() -> None:
     labels = vote_pseudo_labels(GENERATIONS, PROBLEMS, 0.5)
     assert label_floor_failure(labels, 0.5, 0.05, 0.0) is None
     nothing_kept = labels.with_columns(kept=pl.lit(False))
-    assert label_floor_failure(nothing_kept, 1.0, 0.05, 0.0).startswith("tau=1.0 keeps none of the 3 pseudo-labels (highest agreement")
+    assert label_floor_failure(nothing_kept, 1.0, 0.05, 0.0).startswith(
+        "tau=1.0 keeps none of the 3 pseudo-labels (highest agreement"
+    )
     assert label_floor_failure(nothing_kept, 1.0, 0.0, 0.0) is None  # min_coverage=0: the labeled problems alone
     one_kept = labels.with_columns(kept=pl.Series([True, False, False]))
-    assert label_floor_failure(one_kept, 0.9, 0.5, 0.0) == "tau=0.9 keeps 1/3 pseudo-labels: coverage 0.333 < min_coverage 0.5"
+    assert (
+        label_floor_failure(one_kept, 0.9, 0.5, 0.0)
+        == "tau=0.9 keeps 1/3 pseudo-labels: coverage 0.333 < min_coverage 0.5"
+    )
     assert label_floor_failure(labels, 0.5, 0.0, 0.99).startswith("mean agreement ")
 
 

@@ -51,8 +51,12 @@ def test_sampling_cache_key_is_stable_and_sensitive_to_every_input():
     assert sampling_cache_key(**transformers, batch_size=64) != sampling_cache_key(**transformers, batch_size=16)
 
 
-@pytest.mark.parametrize(("rows", "parts", "sizes"), [(7, 3, [2, 3, 2]), (6, 3, [2, 2, 2]), (2, 3, [1, 1]), (5, 1, [5])])
-def test_problem_parts_are_contiguous_near_equal_and_give_the_problems_back(rows: int, parts: int, sizes: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("rows", "parts", "sizes"), [(7, 3, [2, 3, 2]), (6, 3, [2, 2, 2]), (2, 3, [1, 1]), (5, 1, [5])]
+)
+def test_problem_parts_are_contiguous_near_equal_and_give_the_problems_back(
+    rows: int, parts: int, sizes: list[int]
+) -> None:
     problems = pl.DataFrame({"problem_id": [f"p{i}" for i in range(rows)], "prompt": ["?"] * rows})
     cut = problem_parts(problems, parts)
     assert [part.height for part in cut] == sizes

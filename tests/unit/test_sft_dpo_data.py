@@ -29,13 +29,3 @@ def test_dpo_set_is_conversational_preference_rows(dpo_set) -> None:
     row = dpo_set[0]
     assert row["chosen"] == [{"role": "assistant", "content": "It is \\boxed{7}"}]
     assert row["rejected"][0]["content"] in ("It is \\boxed{8}", "no idea")
-
-
-
-
-
-
-
-
-
-

@@ -25,7 +25,9 @@ def completion(problem_id: str, index: int, answer: str | None) -> str:
     return f"{problem_id} sample {index}: " + (f"so \\boxed{{{answer}}}" if answer is not None else "I cannot tell")
 
 
-def votes(answers_by_problem: dict[str, list[str | None]], tau: float = 0.5) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def votes(
+    answers_by_problem: dict[str, list[str | None]], tau: float = 0.5
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Generations, the unlabeled problems (hidden gold "7" everywhere) and their pseudo-labels at `tau`."""
     generations = pl.DataFrame(
         [
@@ -36,7 +38,11 @@ def votes(answers_by_problem: dict[str, list[str | None]], tau: float = 0.5) -> 
         schema={"problem_id": pl.Utf8, "sample_index": pl.Int32, "completion": pl.Utf8, "answer": pl.Utf8},
     )
     problems = pl.DataFrame(
-        {"problem_id": list(answers_by_problem), "prompt": [f"Problem {pid}?" for pid in answers_by_problem], HIDDEN_GOLD_COLUMN: "7"}
+        {
+            "problem_id": list(answers_by_problem),
+            "prompt": [f"Problem {pid}?" for pid in answers_by_problem],
+            HIDDEN_GOLD_COLUMN: "7",
+        }
     )
     return generations, problems, vote_pseudo_labels(generations, problems, tau)
 
@@ -71,11 +77,16 @@ def test_sft_rows_cap_the_distinct_samples_per_problem() -> None:
 def test_a_tie_trains_on_the_vote_s_winner_only() -> None:
     generations, _, labels = votes({"p": ["4", "3", "3", "4"]})
     assert labels["pseudo_label"].to_list() == ["4"]  # a tie goes to the earliest answer
-    assert completions_of(sft_rows(generations, labels, group_size=2)) == [completion("p", 0, "4"), completion("p", 3, "4")]
+    assert completions_of(sft_rows(generations, labels, group_size=2)) == [
+        completion("p", 0, "4"),
+        completion("p", 3, "4"),
+    ]
 
 
 def test_problems_without_a_kept_label_give_no_rows() -> None:
-    generations, _, labels = votes({"unanswered": [None, None, None, None], "split": ["1", "2", "3", "4"], "kept": ["5", "5", "6", "5"]})
+    generations, _, labels = votes(
+        {"unanswered": [None, None, None, None], "split": ["1", "2", "3", "4"], "kept": ["5", "5", "6", "5"]}
+    )
     assert labels["kept"].to_list() == [False, False, True]
     for frame in (sft_rows(generations, labels, group_size=2), dpo_pairs(generations, labels, pairs_per_problem=2)):
         assert set(frame["problem_id"]) == {"kept"}
@@ -135,8 +146,13 @@ def test_no_builder_can_read_the_hidden_gold(builder: str) -> None:
 
     clean = build(generations, labels)
     for gold in ("8", "9", None):  # the hidden gold carried along, right, wrong or missing, changes nothing
-        poisoned_labels = labels.join(problems.with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN)).select("problem_id", HIDDEN_GOLD_COLUMN), on="problem_id")
-        poisoned_generations = generations.with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN), pl.lit(gold).alias("gold_answer"))
+        poisoned_labels = labels.join(
+            problems.with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN)).select("problem_id", HIDDEN_GOLD_COLUMN),
+            on="problem_id",
+        )
+        poisoned_generations = generations.with_columns(
+            pl.lit(gold).alias(HIDDEN_GOLD_COLUMN), pl.lit(gold).alias("gold_answer")
+        )
         assert build(poisoned_generations, poisoned_labels).equals(clean)
 
 

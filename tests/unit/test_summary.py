@@ -17,7 +17,14 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.markdown import markdown_table
-from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, group_label, lake_arms, sources_against, summary_markdown
+from noisy_student_assets.core.reporting.summary import (
+    accuracy_pivot,
+    collect,
+    group_label,
+    lake_arms,
+    sources_against,
+    summary_markdown,
+)
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -25,7 +32,9 @@ PROBLEMS = 40
 COMPUTE = {"compute/total_optimizer_steps": 9.0, "compute/total_prompts": 18.0, "compute/total_completions": 144.0}
 
 
-def _eval(lake: Path, key_path: tuple[str, ...] | str, arm: str | None, correct: list[bool], compute: dict = COMPUTE) -> None:
+def _eval(
+    lake: Path, key_path: tuple[str, ...] | str, arm: str | None, correct: list[bool], compute: dict = COMPUTE
+) -> None:
     directory = layout.artifact_dir(lake, key_path, arm)
     directory.mkdir(parents=True)
     metrics = {"greedy_accuracy": sum(correct) / len(correct), "problems": float(len(correct))} | compute
@@ -40,9 +49,15 @@ def _correct(share: float, shift: int = 0) -> list[bool]:
 
 
 ARMS = [
-    Experiment(name="grid", defaults=ArmSpec(round_steps=16), arms={
-        "tau50-s0": ArmSpec(tau=0.5, seed=0), "tau50-s1": ArmSpec(tau=0.5, seed=1), "tau80-s0": ArmSpec(tau=0.8, seed=0),
-    }).arm(name)
+    Experiment(
+        name="grid",
+        defaults=ArmSpec(round_steps=16),
+        arms={
+            "tau50-s0": ArmSpec(tau=0.5, seed=0),
+            "tau50-s1": ArmSpec(tau=0.5, seed=1),
+            "tau80-s0": ArmSpec(tau=0.8, seed=0),
+        },
+    ).arm(name)
     for name in ("tau50-s0", "tau50-s1", "tau80-s0")
 ]
 
@@ -59,12 +74,20 @@ def lake(tmp_path: Path) -> Path:
             _eval(tmp_path, layout.round_asset(number, layout.EVAL_REPORT), arm.name, student)
             control = student if arm.spec.tau == 0.8 else _correct(0.3, index)
             _eval(tmp_path, layout.round_asset(number, "labeled_only_eval"), arm.name, control)
-        audit = {"tau": arm.spec.tau, "coverage": 0.25, "kept": 12.0, "kept_label_accuracy": 0.8, "all_label_accuracy": 0.6,
-                 "teacher_pass_at_1": 0.3}
+        audit = {
+            "tau": arm.spec.tau,
+            "coverage": 0.25,
+            "kept": 12.0,
+            "kept_label_accuracy": 0.8,
+            "all_label_accuracy": 0.6,
+            "teacher_pass_at_1": 0.3,
+        }
         labels = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name)
         labels.mkdir(parents=True)
         (labels / "audit.json").write_text(json.dumps(audit))
-    _eval(tmp_path, layout.round_asset(1, "gold_label_eval"), ARMS[0].name, _correct(0.6), compute={})  # not compute-matched
+    _eval(
+        tmp_path, layout.round_asset(1, "gold_label_eval"), ARMS[0].name, _correct(0.6), compute={}
+    )  # not compute-matched
     return tmp_path
 
 
@@ -85,10 +108,16 @@ def test_collect_compares_every_round_with_its_controls(lake: Path) -> None:
     assert same["estimate"] == 0 and same["outcome"] == "no difference, one seed" and same["seeds"] == 1
     gold = rows[("tau=0.5", 1, "gold_label")]
     assert gold["seeds"] == 1 and not gold["compute_matched"]  # only seed 0 has one, and it recorded no compute
-    assert results.sentences[0].startswith("**grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control: +0.200")
+    assert results.sentences[0].startswith(
+        "**grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control: +0.200"
+    )
     assert "2 seeds x 40 eval problems" in results.sentences[0]
     assert results.sentences[1].startswith("**grid, tau=0.8**: round 2 (tau=0.8) is not distinguishable")
-    assert results.audits.select("arm", "round", "tau").rows() == [("tau50-s0", 1, 0.5), ("tau50-s1", 1, 0.5), ("tau80-s0", 1, 0.8)]
+    assert results.audits.select("arm", "round", "tau").rows() == [
+        ("tau50-s0", 1, 0.5),
+        ("tau50-s1", 1, 0.5),
+        ("tau80-s0", 1, 0.8),
+    ]
 
 
 def test_the_summary_leads_with_the_verdict(lake: Path) -> None:
@@ -118,9 +147,13 @@ def test_an_empty_lake_says_so(tmp_path: Path) -> None:
 def test_lake_arms_are_the_declared_arms_with_an_evaluation(lake: Path, tmp_path: Path) -> None:
     experiments = tmp_path / "experiments"
     experiments.mkdir()
-    (experiments / "grid.yaml").write_text("defaults: {max_rounds: 2}\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  never-run: {seed: 5}\n")
+    (experiments / "grid.yaml").write_text(
+        "defaults: {max_rounds: 2}\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  never-run: {seed: 5}\n"
+    )
     (experiments / "labels.yaml").write_text("defaults: {max_rounds: 1}\narms:\n  labels-only: {seed: 6}\n")
-    layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), "labels-only").mkdir(parents=True)  # run --through its labels
+    layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), "labels-only").mkdir(
+        parents=True
+    )  # run --through its labels
     arms, rounds = lake_arms(lake, experiments)
     assert [arm.name for arm in arms] == ["tau50-s0", "labels-only"] and rounds == 2
 
@@ -153,44 +186,72 @@ def test_figures_are_pngs(lake: Path) -> None:
 
 def test_calibration_is_pooled_over_a_group_s_seeds(lake: Path) -> None:
     for index, arm in enumerate(ARMS):
-        buckets = pl.DataFrame({"bucket": ["[0.0, 0.3)", "[0.9, 1.0]"], "problems": [4, 10], "labels_correct": [1, 8 + index]})
+        buckets = pl.DataFrame(
+            {"bucket": ["[0.0, 0.3)", "[0.9, 1.0]"], "problems": [4, 10], "labels_correct": [1, 8 + index]}
+        )
         buckets.with_columns(label_accuracy=pl.col("labels_correct") / pl.col("problems")).write_json(
             layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name) / AUDIT_BUCKETS_FILE
         )
     results = collect(lake, ARMS, rounds=2)
     pooled = {(row["group"], row["bucket"]): row for row in results.calibration.iter_rows(named=True)}
-    assert (pooled[("tau=0.5", "[0.9, 1.0]")]["problems"], pooled[("tau=0.5", "[0.9, 1.0]")]["labels_correct"]) == (20, 17)
+    assert (pooled[("tau=0.5", "[0.9, 1.0]")]["problems"], pooled[("tau=0.5", "[0.9, 1.0]")]["labels_correct"]) == (
+        20,
+        17,
+    )
     assert pooled[("tau=0.5", "[0.9, 1.0]")]["label_accuracy"] == pytest.approx(0.85)
-    assert pooled[("tau=0.8", "[0.0, 0.3)")]["problems"] == 4 and "## Pseudo-label calibration" in summary_markdown(results)
+    assert pooled[("tau=0.8", "[0.0, 0.3)")]["problems"] == 4 and "## Pseudo-label calibration" in summary_markdown(
+        results
+    )
 
 
 def test_the_summary_prints_ttrl_s_yardstick_per_arm_and_its_mean_over_seeds(lake: Path) -> None:
     for arm, maj in ((ARMS[0], 0.5), (ARMS[1], 0.7)):
-        row = {"problems": 20, "teacher_greedy": 0.4, "teacher_maj_at_k": maj, "teacher_pass_at_k": 0.8, "teacher_sampled_pass_at_1": 0.3,
-               "student_greedy": 0.5, "labeled_only_greedy": 0.45}  # fmt: skip
+        row = {
+            "problems": 20,
+            "teacher_greedy": 0.4,
+            "teacher_maj_at_k": maj,
+            "teacher_pass_at_k": 0.8,
+            "teacher_sampled_pass_at_1": 0.3,
+            "student_greedy": 0.5,
+            "labeled_only_greedy": 0.45,
+        }
         student = layout.artifact_dir(lake, layout.round_asset(1, layout.EVAL_REPORT), arm.name)
         pl.DataFrame([row]).write_parquet(student / f"{metadata_key(YARDSTICK_TABLE)}.parquet")
     results = collect(lake, ARMS, rounds=2)
     assert results.yardsticks.height == 2
     text = summary_markdown(results)
     assert "## TTRL's yardstick on the transductive problems" in text
-    assert "| grid | tau=0.5 | 1 | 2 | 0.4 | 0.6 | 0.8 |" in text  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6
+    assert (
+        "| grid | tau=0.5 | 1 | 2 | 0.4 | 0.6 | 0.8 |" in text
+    )  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6
 
 
 def test_the_summary_prints_each_verifier_s_validation_measures(lake: Path) -> None:
-    measured = {"pairs": 79.0, "steps": 24.0, "validation_auroc": 0.627, "validation_label_accuracy": 0.17, "validation_maj_at_k": 0.135,
-                "validation_pass_at_k": 0.325, "labeled_samples_right": 0.15, "validation_samples_right": 0.12}  # fmt: skip
+    measured = {
+        "pairs": 79.0,
+        "steps": 24.0,
+        "validation_auroc": 0.627,
+        "validation_label_accuracy": 0.17,
+        "validation_maj_at_k": 0.135,
+        "validation_pass_at_k": 0.325,
+        "labeled_samples_right": 0.15,
+        "validation_samples_right": 0.12,
+    }
     verifier = layout.artifact_dir(lake, layout.round_asset(1, layout.VERIFIER), ARMS[0].name)
     verifier.mkdir(parents=True)
     (verifier / "verifier.json").write_text(json.dumps({"metrics": measured, "settings": {}}))
     results = collect(lake, ARMS, rounds=2)
-    assert results.verifiers.select("arm", "round", "pairs", "validation_auroc").rows() == [("tau50-s0", 1, 79.0, 0.627)]
+    assert results.verifiers.select("arm", "round", "pairs", "validation_auroc").rows() == [
+        ("tau50-s0", 1, 79.0, 0.627)
+    ]
     assert "## Verifiers" in summary_markdown(results)
 
 
 def test_a_round_asked_for_and_not_evaluated_yet_is_said(lake: Path) -> None:
     """The verdict speaks of each group's last evaluated round: a round the experiment asks for beyond it is named."""
-    three = Experiment(name="grid", defaults=ArmSpec(round_steps=16, max_rounds=3), arms={"tau50-s0": ArmSpec(tau=0.5, seed=0)})
+    three = Experiment(
+        name="grid", defaults=ArmSpec(round_steps=16, max_rounds=3), arms={"tau50-s0": ArmSpec(tau=0.5, seed=0)}
+    )
     results = collect(lake, [three.arm("tau50-s0")], rounds=3)
     assert results.pending == ["arm tau50-s0 (grid): round 3 of its 3 not evaluated yet"]
     assert "- arm tau50-s0 (grid): round 3 of its 3 not evaluated yet" in summary_markdown(results)
@@ -211,8 +272,14 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     results = tmp_path / "results"
     export_results(lake, [ARMS[0].name], results)
     copied = export_results(lake, [arm.name for arm in ARMS[1:]], results)  # the other seeds, later
-    assert layout.artifact_dir(lake, layout.round_asset(2, layout.EVAL_REPORT), ARMS[1].name).relative_to(lake) / layout.SCORES_FILE in copied
-    assert not (results / checkpoint.relative_to(lake)).exists() and not (results / completions.relative_to(lake)).exists()
+    assert (
+        layout.artifact_dir(lake, layout.round_asset(2, layout.EVAL_REPORT), ARMS[1].name).relative_to(lake)
+        / layout.SCORES_FILE
+        in copied
+    )
+    assert (
+        not (results / checkpoint.relative_to(lake)).exists() and not (results / completions.relative_to(lake)).exists()
+    )
     original, exported = collect(lake, ARMS, rounds=2), collect(results, ARMS, rounds=2)
     assert exported.sentences == original.sentences and exported.differences.equals(original.differences)
     assert exported.audits.equals(original.audits) and summary_markdown(exported) == summary_markdown(original)
@@ -247,21 +314,31 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
         export_results(lake, [ARMS[0].name], results)
 
 
-def _arm_sources(group: str, arm: str, kept_in_order: dict[str, list[bool]], number: int = 1) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _arm_sources(
+    group: str, arm: str, kept_in_order: dict[str, list[bool]], number: int = 1
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """An arm's round-`number` sources at matched coverage and their frontiers, as `collect` reads them: each source's
     labels right or not in the order it keeps them, over as many unlabeled problems as the longest list (a shorter
     list leaves the rest unlabeled); the oracle solves 80% of them."""
     problems = max(len(right) for right in kept_in_order.values())
     labelled = {
-        source: pl.DataFrame({
-            "pseudo_label": ["7"] * len(right) + [None] * (problems - len(right)),
-            "agreement": [1 - rank / problems for rank in range(len(right))] + [None] * (problems - len(right)),
-            "label_correct": right + [None] * (problems - len(right)),
-        }, schema={"pseudo_label": pl.Utf8, "agreement": pl.Float64, "label_correct": pl.Boolean})
+        source: pl.DataFrame(
+            {
+                "pseudo_label": ["7"] * len(right) + [None] * (problems - len(right)),
+                "agreement": [1 - rank / problems for rank in range(len(right))] + [None] * (problems - len(right)),
+                "label_correct": right + [None] * (problems - len(right)),
+            },
+            schema={"pseudo_label": pl.Utf8, "agreement": pl.Float64, "label_correct": pl.Boolean},
+        )
         for source, right in kept_in_order.items()
-    }  # fmt: skip
+    }
     curve, sources = frontier(labelled, pass_at_k=0.8)
-    columns = [pl.lit("lsg").alias("experiment"), pl.lit(group).alias("group"), pl.lit(arm).alias("arm"), pl.lit(number).alias("round")]
+    columns = [
+        pl.lit("lsg").alias("experiment"),
+        pl.lit(group).alias("group"),
+        pl.lit(arm).alias("arm"),
+        pl.lit(number).alias("round"),
+    ]
     return sources.select(*columns, pl.all(), pl.lit(0.5).alias("at tau: coverage")), curve.select(*columns, pl.all())
 
 
@@ -277,7 +354,9 @@ def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds
         _arm_sources("verifier", "v-s0", {"majority": _right(2), "verifier": _right(10), "confidence": _right(3)}),
         _arm_sources("verifier", "v-s1", {"majority": _right(1), "verifier": _right(9), "confidence": _right(1)}),
         _arm_sources("verifier", "v-s2", {"majority": _right(2), "verifier": _right(10), "confidence": _right(1)}),
-        _arm_sources("verifier", "v-s3", {"majority": _right(2), "verifier": _right(8, of=8), "confidence": _right(2)}),  # keeps 8 only
+        _arm_sources(
+            "verifier", "v-s3", {"majority": _right(2), "verifier": _right(8, of=8), "confidence": _right(2)}
+        ),  # keeps 8 only
         # by one label of 20 on each of 3 seeds of 40 problems: the seeds agree exactly, but one label is no finding
         _arm_sources("by-one", "b-s0", {"majority": _right(5, of=40), "verifier": _right(6, of=40)}),
         _arm_sources("by-one", "b-s1", {"majority": _right(4, of=40), "verifier": _right(5, of=40)}),
@@ -293,17 +372,27 @@ def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds
     assert verifier["majority"] == pytest.approx(5 / 30) and verifier["label_accuracy"] == pytest.approx(29 / 30)
     assert 0 < verifier["low"] < verifier["minus majority"] < verifier["high"] and verifier["outcome"] == "better"
     confidence = row[("verifier", "confidence")]
-    assert confidence["seeds"] == 4 and confidence["low"] < 0 < confidence["high"] and confidence["outcome"] == "no difference"
+    assert (
+        confidence["seeds"] == 4
+        and confidence["low"] < 0 < confidence["high"]
+        and confidence["outcome"] == "no difference"
+    )
     by_one = row[("by-one", "verifier")]
     assert by_one["minus majority"] == pytest.approx(0.05) and by_one["outcome"] == "no difference"
     # binomial variances (0.3*0.7 + 0.25*0.75)/20, (0.25*0.75 + 0.2*0.8)/20, (0.35*0.65 + 0.3*0.7)/20: 0.05 ± 1.96 * sqrt(0.059125) / 3
     assert (by_one["low"], by_one["high"]) == (pytest.approx(-0.1089, abs=1e-3), pytest.approx(0.2089, abs=1e-3))
     assert row[("one", "verifier")]["outcome"] == "one seed" and row[("one", "verifier")]["low"] is None
-    assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")]["minus majority"] == pytest.approx(33 / 40)
-    assert set(table["coverage"]) == {coverage_column(coverage) for coverage in MATCHED_COVERAGES}, "the operating point at tau is no matched coverage"
+    assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")][
+        "minus majority"
+    ] == pytest.approx(33 / 40)
+    assert set(table["coverage"]) == {coverage_column(coverage) for coverage in MATCHED_COVERAGES}, (
+        "the operating point at tau is no matched coverage"
+    )
     results = _results_with_sources(sources, curves)
     assert "at least each seed's binomial width" in summary_markdown(results)
-    assert set(results.frontiers) == {(arm, 1) for arm in sources["arm"] if arm != "o-s0"} | {("o-s0", 2)}, "each arm's last round"
+    assert set(results.frontiers) == {(arm, 1) for arm in sources["arm"] if arm != "o-s0"} | {("o-s0", 2)}, (
+        "each arm's last round"
+    )
     assert results.frontiers[("v-s0", 1)].equals(arms[0][1].drop("experiment", "group", "arm", "round"))
 
 
@@ -312,6 +401,15 @@ def _results_with_sources(sources: pl.DataFrame, curves: pl.DataFrame):
 
     empty = pl.DataFrame()
     return ExperimentResults(
-        accuracy=empty, differences=empty, audits=empty, calibration=empty, sources=sources, curves=curves, flips=empty,
-        yardsticks=empty, verifiers=empty, validation=empty, sentences=[],
+        accuracy=empty,
+        differences=empty,
+        audits=empty,
+        calibration=empty,
+        sources=sources,
+        curves=curves,
+        flips=empty,
+        yardsticks=empty,
+        verifiers=empty,
+        validation=empty,
+        sentences=[],
     )

@@ -41,7 +41,9 @@ def test_dataset_mixes_every_labeled_and_pseudo_labeled_row():
 
 def test_a_pseudo_only_student_trains_on_the_pseudo_labeled_rows_alone():
     dataset = build_training_dataset(labeled_rows(labeled_frame(3), pseudo_only=True), pseudo_frame(5), SYSTEM_PROMPT)
-    assert sorted(dataset["problem_id"]) == [f"pseudo-{i}" for i in range(5)] and set(dataset["label_source"]) == {"pseudo"}
+    assert sorted(dataset["problem_id"]) == [f"pseudo-{i}" for i in range(5)] and set(dataset["label_source"]) == {
+        "pseudo"
+    }
     assert labeled_rows(labeled_frame(3), pseudo_only=False).equals(labeled_frame(3))
 
 
@@ -147,8 +149,13 @@ def test_prompt_noise_renders_prompts_through_seeded_templates():
     plain, noisy = prompts(0, False), prompts(0, True)
     assert plain == {f"gold-{i}": build_messages(f"What is {i} + 7 - {i}?")[0]["content"] for i in range(12)}
     assert noisy == prompts(0, True) and noisy != prompts(1, True)
-    used = {template for template in range(len(NOISY_TEMPLATES)) for pid, text in noisy.items()
-            if text == build_messages(f"What is {pid.split('-')[1]} + 7 - {pid.split('-')[1]}?", template=template)[0]["content"]}
+    used = {
+        template
+        for template in range(len(NOISY_TEMPLATES))
+        for pid, text in noisy.items()
+        if text
+        == build_messages(f"What is {pid.split('-')[1]} + 7 - {pid.split('-')[1]}?", template=template)[0]["content"]
+    }
     assert len(used) > 1
     assert all("\\boxed{}" in template for template in NOISY_TEMPLATES)
     assert NOISY_TEMPLATES[0] == json.loads(prompt_template())[0]["content"]  # template 0 is every stage's format
@@ -165,7 +172,10 @@ def test_vote_share_reward_pays_the_answer_s_share_of_the_votes_and_gold_rows_ha
     )
     assert rewards == [0.625, 0.25, 0.0, 0.0, 1.0, 0.0]
     assert logged == {  # agreement with the label, as before
-        "answer_reward/gold": 0.5, "answer_reward/pseudo": 0.25, "answer_reward/ungraded_share": 0.0, "vote_share_reward/ungraded_share": 0.0
+        "answer_reward/gold": 0.5,
+        "answer_reward/pseudo": 0.25,
+        "answer_reward/ungraded_share": 0.0,
+        "vote_share_reward/ungraded_share": 0.0,
     }
 
 
@@ -173,7 +183,8 @@ def test_vote_shares_join_the_pseudo_labeled_rows_only():
     shares = pl.DataFrame({"problem_id": ["pseudo-0", "pseudo-1"], "vote_shares": ['[["7", 0.75]]', '[["7", 1.0]]']})
     dataset = build_training_dataset(labeled_frame(2), pseudo_frame(2), SYSTEM_PROMPT, vote_shares=shares)
     assert {row["problem_id"]: row["vote_shares"] for row in dataset} == {
-        "gold-0": "[]", "gold-1": "[]", "pseudo-0": '[["7", 0.75]]', "pseudo-1": '[["7", 1.0]]'
+        "gold-0": "[]",
+        "gold-1": "[]",
+        "pseudo-0": '[["7", 0.75]]',
+        "pseudo-1": '[["7", 1.0]]',
     }
-
-

@@ -17,7 +17,11 @@ from noisy_student_assets.core.training.compute import (
 
 
 def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:
-    history = [{"completions/mean_length": 10.0, "step": 1}, {"completions/mean_length": 20.5, "step": 2}, {"train_loss": 0.1}]
+    history = [
+        {"completions/mean_length": 10.0, "step": 1},
+        {"completions/mean_length": 20.5, "step": 2},
+        {"train_loss": 0.1},
+    ]
     assert grpo_compute(history, steps=2, prompts_per_step=2, num_generations=8) == TrainingCompute(
         optimizer_steps=2, prompts=4, completions=32, generated_tokens=round((10.0 + 20.5) * 16)
     )
@@ -34,23 +38,38 @@ def test_a_checkpoint_records_its_lineage_and_a_reused_record_is_rewritten(tmp_p
     (second / "compute.json").hardlink_to(first / "compute.json")  # a reused checkpoint shares the file
     record_compute(second, step, first, recipe)
     assert read_compute(first).total == step, "rewriting the reused record left the original alone"
-    assert read_compute(second).total == step + step and read_compute(second).own == step and read_compute(second).recipe == recipe
+    assert (
+        read_compute(second).total == step + step
+        and read_compute(second).own == step
+        and read_compute(second).recipe == recipe
+    )
 
 
 def test_matched_compute_compares_steps_prompts_and_completions_only() -> None:
     spent = {"compute/total_optimizer_steps": 9.0, "compute/total_prompts": 18.0, "compute/total_completions": 144.0}
-    matched, table = compute_comparison(spent | {"compute/total_generated_tokens": 900.0}, spent | {"compute/total_generated_tokens": 100.0})
+    matched, table = compute_comparison(
+        spent | {"compute/total_generated_tokens": 900.0}, spent | {"compute/total_generated_tokens": 100.0}
+    )
     assert matched and table["compute"].to_list() == ["optimizer_steps", "prompts", "completions", "generated_tokens"]
     assert not compute_comparison(spent, spent | {"compute/total_optimizer_steps": 10.0})[0]
     assert not compute_comparison(spent, {})[0]
-    assert TrainingCompute(optimizer_steps=3).mismatches(TrainingCompute(optimizer_steps=2)) == ["optimizer_steps 3 != 2"]
+    assert TrainingCompute(optimizer_steps=3).mismatches(TrainingCompute(optimizer_steps=2)) == [
+        "optimizer_steps 3 != 2"
+    ]
 
 
 def test_a_control_must_train_with_its_student_s_recipe() -> None:
     student = training_recipe(GRPOSettings())
-    assert recipe_mismatches(training_recipe(GRPOSettings(max_steps=9, seed=3)), student) == []  # the budget and seed are not the recipe
-    assert recipe_mismatches(training_recipe(GRPOSettings(learning_rate=1e-3)), student) == ["learning_rate 0.001 != 0.0002"]
-    assert recipe_mismatches(training_recipe(GRPOSettings(lora_r=4, lora_alpha=8)), student) == ["lora_r 4 != 16", "lora_alpha 8 != 32"]
+    assert (
+        recipe_mismatches(training_recipe(GRPOSettings(max_steps=9, seed=3)), student) == []
+    )  # the budget and seed are not the recipe
+    assert recipe_mismatches(training_recipe(GRPOSettings(learning_rate=1e-3)), student) == [
+        "learning_rate 0.001 != 0.0002"
+    ]
+    assert recipe_mismatches(training_recipe(GRPOSettings(lora_r=4, lora_alpha=8)), student) == [
+        "lora_r 4 != 16",
+        "lora_alpha 8 != 32",
+    ]
     other = GRPOSettings(max_completion_length=32, num_generations=4, temperature=1.0)
     assert len(recipe_mismatches(training_recipe(other), student)) == 3
     full = training_recipe(GRPOSettings(use_lora=False))

@@ -25,11 +25,19 @@ def test_a_clear_gain_has_an_interval_above_zero_and_says_so() -> None:
     difference = paired_difference(treatment, control, **NAMES)
     assert difference.low > 0 and difference.outcome == "better, one seed"
     assert difference.low < difference.estimate < difference.high
-    assert difference.sentence().startswith(f"round 2 is ahead of its labeled-only control on one seed: +{difference.estimate:.3f}")
-    assert "over 300 eval problems; 1 seed, so the interval says nothing about seed-to-seed variation" in difference.sentence()
+    assert difference.sentence().startswith(
+        f"round 2 is ahead of its labeled-only control on one seed: +{difference.estimate:.3f}"
+    )
+    assert (
+        "over 300 eval problems; 1 seed, so the interval says nothing about seed-to-seed variation"
+        in difference.sentence()
+    )
     assert "beats" not in difference.sentence()
     two_seeds = paired_difference(np.vstack([treatment, treatment]), np.vstack([control, control]), **NAMES)
-    assert two_seeds.sentence().startswith("round 2 beats its labeled-only control") and "2 seeds x 300 eval problems" in two_seeds.sentence()
+    assert (
+        two_seeds.sentence().startswith("round 2 beats its labeled-only control")
+        and "2 seeds x 300 eval problems" in two_seeds.sentence()
+    )
     assert two_seeds.outcome == "better"
     assert paired_difference(control, treatment, **NAMES).outcome == "worse, one seed"
 
@@ -52,8 +60,8 @@ def test_seeds_that_disagree_widen_the_interval() -> None:
     rng = np.random.default_rng(3)
     control = (rng.random((2, 200)) < 0.4).astype(float)
     treatment = control.copy()
-    treatment[0, control[0] == 0] = (rng.random(int((control[0] == 0).sum())) < 0.34)
-    treatment[1, control[1] == 1] = (rng.random(int((control[1] == 1).sum())) < 0.5)
+    treatment[0, control[0] == 0] = rng.random(int((control[0] == 0).sum())) < 0.34
+    treatment[1, control[1] == 1] = rng.random(int((control[1] == 1).sum())) < 0.5
     alone = paired_difference(treatment[:1], control[:1], **NAMES)
     pooled = paired_difference(treatment, control, **NAMES)
     assert alone.outcome == "better, one seed"
@@ -71,10 +79,12 @@ def test_score_tables_are_aligned_on_the_problems_all_of_them_scored() -> None:
     def table(ids, correct):
         return pl.DataFrame({"problem_id": ids, "greedy_correct": correct})
 
-    treatment, control = paired_scores([
-        (table(["p2", "p1", "p3"], [True, False, True]), table(["p1", "p2"], [True, True])),
-        (table(["p1", "p2"], [False, False]), table(["p2", "p1"], [True, False])),
-    ])
+    treatment, control = paired_scores(
+        [
+            (table(["p2", "p1", "p3"], [True, False, True]), table(["p1", "p2"], [True, True])),
+            (table(["p1", "p2"], [False, False]), table(["p2", "p1"], [True, False])),
+        ]
+    )
     assert treatment.tolist() == [[0.0, 1.0], [0.0, 0.0]] and control.tolist() == [[1.0, 1.0], [0.0, 1.0]]
     with pytest.raises(ValueError, match="share no eval problem"):
         paired_scores([(table(["p1"], [True]), table(["p9"], [True]))])
@@ -82,7 +92,9 @@ def test_score_tables_are_aligned_on_the_problems_all_of_them_scored() -> None:
         paired_difference(np.ones((1, 3)), np.ones((1, 4)), **NAMES)
 
 
-def _null_grids(rng: np.random.Generator, seeds: int, effect: float = 0.0, problems: int = 210) -> tuple[np.ndarray, np.ndarray]:
+def _null_grids(
+    rng: np.random.Generator, seeds: int, effect: float = 0.0, problems: int = 210
+) -> tuple[np.ndarray, np.ndarray]:
     """A student and its control scored on the same problems, seed by seed, like the project's grids: each problem
     has its own difficulty; each seed moves each checkpoint's accuracy (the seeds' differences spread with sd 0.06,
     pool-mixed round 2 was -0.100, +0.076 and +0.029); and the two checkpoints, trained from one teacher, answer
@@ -94,7 +106,9 @@ def _null_grids(rng: np.random.Generator, seeds: int, effect: float = 0.0, probl
     return draw < np.clip(difficulty + effect + seed_shift[0], 0, 1), other < np.clip(difficulty + seed_shift[1], 0, 1)
 
 
-def _pooled_percentile_bootstrap_excludes_zero(treatment: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> bool:
+def _pooled_percentile_bootstrap_excludes_zero(
+    treatment: np.ndarray, control: np.ndarray, rng: np.random.Generator
+) -> bool:
     """The interval this project used before: seeds and problems resampled together, percentile bounds."""
     differences = treatment.astype(float) - control
     n_seeds, n_problems = differences.shape
@@ -155,7 +169,10 @@ def test_seeds_that_agree_by_chance_keep_the_width_their_own_sampling_gives() ->
     """Three seeds with the same difference: the seeds' spread is 0, the interval is each seed's sampling variance's
     (normal); seeds that disagree more than their sampling allows get the t-interval over seeds."""
     low, high = seeds_interval(np.array([0.1, 0.1, 0.1]), np.array([0.01, 0.01, 0.01]))
-    assert (low, high) == (pytest.approx(0.1 - 1.96 * np.sqrt(0.03) / 3, abs=1e-3), pytest.approx(0.1 + 1.96 * np.sqrt(0.03) / 3, abs=1e-3))
+    assert (low, high) == (
+        pytest.approx(0.1 - 1.96 * np.sqrt(0.03) / 3, abs=1e-3),
+        pytest.approx(0.1 + 1.96 * np.sqrt(0.03) / 3, abs=1e-3),
+    )
     spread = np.array([-0.2, 0.1, 0.4])
     low, high = seeds_interval(spread, np.full(3, 1e-6))
     assert high - low == pytest.approx(2 * 4.303 * 0.3 / np.sqrt(3), abs=1e-3)
@@ -172,7 +189,10 @@ def test_with_no_true_difference_a_label_source_takes_a_side_at_most_5_percent_o
     for _ in range(2000):
         source, majority = (labels.mean(axis=1) for labels in _null_grids(rng, seeds, problems=16))
         differences = source - majority
-        floored.append(direction(*seeds_interval(differences, (source * (1 - source) + majority * (1 - majority)) / 16)) != "no difference")
+        floored.append(
+            direction(*seeds_interval(differences, (source * (1 - source) + majority * (1 - majority)) / 16))
+            != "no difference"
+        )
         seeds_alone.append(direction(*seeds_interval(differences, np.zeros(seeds))) != "no difference")
     assert np.mean(floored) <= 0.05
     if seeds == 2:

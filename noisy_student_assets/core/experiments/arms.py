@@ -55,7 +55,15 @@ EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
 PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, ROUNDS = (
-    "problem_split", "labeled_rl", "sampling", "verifier", "pseudo_labels", "student", "labeled_only", "eval", "rounds",
+    "problem_split",
+    "labeled_rl",
+    "sampling",
+    "verifier",
+    "pseudo_labels",
+    "student",
+    "labeled_only",
+    "eval",
+    "rounds",
 )
 STAGE_SETTINGS: dict[str, type[Settings]] = {
     PROBLEM_SPLIT: ProblemSplitSettings,
@@ -123,8 +131,13 @@ def _ks_for(samples: int) -> list[int]:
 ARM_FIELDS: dict[str, ArmField] = {
     "seed": ArmField(
         (
-            (PROBLEM_SPLIT, "seed"), (LABELED_RL, "grpo.seed"), (SAMPLING, "seed"), (VERIFIER, "seed"), (STUDENT, "grpo.seed"),
-            (LABELED_ONLY, "grpo.seed"), (EVAL, "seed"),
+            (PROBLEM_SPLIT, "seed"),
+            (LABELED_RL, "grpo.seed"),
+            (SAMPLING, "seed"),
+            (VERIFIER, "seed"),
+            (STUDENT, "grpo.seed"),
+            (LABELED_ONLY, "grpo.seed"),
+            (EVAL, "seed"),
         ),
         "labeled/unlabeled split, every GRPO run, the verifier, the teacher's and the eval's samples",
     ),
@@ -138,20 +151,31 @@ ARM_FIELDS: dict[str, ArmField] = {
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
     "student_init": ArmField(((STUDENT, "student_init"),)),
     "labeled_rl_steps": ArmField(((LABELED_RL, "grpo.max_steps"),), "GRPO steps of labeled RL"),
-    "labeled_rl_lora": ArmField(((LABELED_RL, "grpo.use_lora"),), "labeled RL with LoRA adapters; false: it fine-tunes every weight"),
+    "labeled_rl_lora": ArmField(
+        ((LABELED_RL, "grpo.use_lora"),), "labeled RL with LoRA adapters; false: it fine-tunes every weight"
+    ),
     "labeled_rl_learning_rate": ArmField(((LABELED_RL, "grpo.learning_rate"),), "labeled RL's peak learning rate"),
-    "round_steps": ArmField(((STUDENT, "grpo.max_steps"), (LABELED_ONLY, "grpo.max_steps")), "GRPO steps of each round's student and of each control"),
+    "round_steps": ArmField(
+        ((STUDENT, "grpo.max_steps"), (LABELED_ONLY, "grpo.max_steps")),
+        "GRPO steps of each round's student and of each control",
+    ),
     "prompts_per_step": ArmField(
-        ((STUDENT, "grpo.prompts_per_step"), (LABELED_ONLY, "grpo.prompts_per_step")), "prompts per GRPO step of each round's student and of each control"
+        ((STUDENT, "grpo.prompts_per_step"), (LABELED_ONLY, "grpo.prompts_per_step")),
+        "prompts per GRPO step of each round's student and of each control",
     ),
     "pseudo_only": ArmField(((STUDENT, "pseudo_only"),)),
-    "eval_samples": ArmField(((EVAL, "samples"), (EVAL, "ks", _ks_for)), "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)"),
+    "eval_samples": ArmField(
+        ((EVAL, "samples"), (EVAL, "ks", _ks_for)),
+        "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)",
+    ),
     "mode": ArmField(((STUDENT, "mode"),)),
     "reward": ArmField(((STUDENT, "reward"),)),
     "agreement_low": ArmField(((STUDENT, "agreement_low"),)),
     "agreement_high": ArmField(((STUDENT, "agreement_high"),)),
     "prompt_noise": ArmField(((STUDENT, "prompt_noise"),)),
-    "dropout": ArmField(((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"),
+    "dropout": ArmField(
+        ((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"
+    ),
     "sft_samples_per_problem": ArmField(((STUDENT, "sft_samples_per_problem"),)),
     "dpo_beta": ArmField(((STUDENT, "dpo_beta"),)),
     "max_rounds": ArmField(((ROUNDS, "max_rounds"),)),
@@ -214,9 +238,22 @@ def _arm_spec_class() -> type[_ArmSpec]:
     fields = {}
     for name, arm_field in ARM_FIELDS.items():
         setting = arm_field.setting()
-        bounds = {kind: value for item in setting.metadata for kind in ("ge", "gt", "le", "lt") if (value := getattr(item, kind, None)) is not None}
-        fields[name] = (setting.annotation | None, Field(default=None, description=arm_field.help or setting.description, **bounds))
-    return create_model("ArmSpec", __base__=_ArmSpec, __doc__="The settings an arm overrides; None leaves the stage's own setting.", **fields)
+        bounds = {
+            kind: value
+            for item in setting.metadata
+            for kind in ("ge", "gt", "le", "lt")
+            if (value := getattr(item, kind, None)) is not None
+        }
+        fields[name] = (
+            setting.annotation | None,
+            Field(default=None, description=arm_field.help or setting.description, **bounds),
+        )
+    return create_model(
+        "ArmSpec",
+        __base__=_ArmSpec,
+        __doc__="The settings an arm overrides; None leaves the stage's own setting.",
+        **fields,
+    )
 
 
 ArmSpec = _arm_spec_class()
@@ -229,10 +266,13 @@ class Experiment(BaseModel):
 
     name: str
     description: str = ""
-    controls: tuple[str, ...] = Field(default=CONTROLS, description=f"compute-matched controls per round: {', '.join(CONTROLS)}")
+    controls: tuple[str, ...] = Field(
+        default=CONTROLS, description=f"compute-matched controls per round: {', '.join(CONTROLS)}"
+    )
     validate_labeled_rl: bool = Field(default=False, description="also evaluate labeled RL on the validation split")
     held_out_eval: bool = Field(
-        default=True, description="evaluate labeled RL on the held-out set (false in tuning experiments, which must not see it)"
+        default=True,
+        description="evaluate labeled RL on the held-out set (false in tuning experiments, which must not see it)",
     )
     launcher: LauncherSettings | None = Field(
         default=None,
@@ -240,7 +280,8 @@ class Experiment(BaseModel):
         "fields (null: the launcher resource's)",
     )
     compute: ComputeSettings | None = Field(
-        default=None, description="the compute the grid runs this experiment's heavy stages with: the compute resource's fields (null: the resource's)"
+        default=None,
+        description="the compute the grid runs this experiment's heavy stages with: the compute resource's fields (null: the resource's)",
     )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
@@ -249,7 +290,9 @@ class Experiment(BaseModel):
     @classmethod
     def _rounds_is_an_arm_field(cls, document):
         if isinstance(document, dict) and "rounds" in document:
-            raise ValueError(f"`rounds: {document['rounds']}` is the arm field `max_rounds` now: write `defaults: {{max_rounds: {document['rounds']}}}`")
+            raise ValueError(
+                f"`rounds: {document['rounds']}` is the arm field `max_rounds` now: write `defaults: {{max_rounds: {document['rounds']}}}`"
+            )
         return document
 
     @property
@@ -297,7 +340,9 @@ class Experiment(BaseModel):
                 "control would train on eval answers: put these arms in an experiment without it"
             )
         if test_time and not self.held_out_eval:
-            raise ValueError(f"test-time arms {test_time} train on held-out prompts, which a tuning experiment (held_out_eval: false) must not see")
+            raise ValueError(
+                f"test-time arms {test_time} train on held-out prompts, which a tuning experiment (held_out_eval: false) must not see"
+            )
         return self
 
     def arm(self, name: str) -> Arm:

@@ -61,7 +61,9 @@ def arm_assets(experiment, arm, rounds: int | None = None) -> list[str]:
 
 def validation_assets(done: int) -> list[str]:
     """The validation evals a stopping rule reads after round `done`: labeled RL's, then each round's student's."""
-    return [layout.LABELED_RL_VALIDATION] + ["/".join(layout.round_asset(number, layout.STUDENT_VALIDATION)) for number in range(1, done + 1)]
+    return [layout.LABELED_RL_VALIDATION] + [
+        "/".join(layout.round_asset(number, layout.STUDENT_VALIDATION)) for number in range(1, done + 1)
+    ]
 
 
 def stop_reason(rule: RoundsSettings, done: int, validation: Sequence[float] = ()) -> str | None:
@@ -72,7 +74,9 @@ def stop_reason(rule: RoundsSettings, done: int, validation: Sequence[float] = (
     if rule.patience is None or done < rule.patience:
         return None
     if len(validation) != done + 1:
-        raise ValueError(f"a patience reads the validation accuracy of labeled RL and of rounds 1..{done}: got {len(validation)} values")
+        raise ValueError(
+            f"a patience reads the validation accuracy of labeled RL and of rounds 1..{done}: got {len(validation)} values"
+        )
     best, best_round = validation[0], 0
     for number, accuracy in enumerate(validation[1:], start=1):
         if accuracy > best + rule.min_improvement:

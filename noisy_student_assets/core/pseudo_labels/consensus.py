@@ -59,7 +59,9 @@ def weighted_vote(answers: list[str | None], weights: Sequence[float]) -> Vote:
         raise ValueError(f"{len(weights)} weights for {len(answers)} answers")
     bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
     if bad:
-        raise ValueError(f"vote weights must be finite and >= 0, got {bad[0]!r}: the label source scored a sample it cannot judge")
+        raise ValueError(
+            f"vote weights must be finite and >= 0, got {bad[0]!r}: the label source scored a sample it cannot judge"
+        )
     clusters, ungraded = _clusters(answers, weights)
     k = len(answers)
     clusters = [cluster for cluster in clusters if cluster.weight > 0]
@@ -82,7 +84,9 @@ def weighted_vote(answers: list[str | None], weights: Sequence[float]) -> Vote:
 def vote_shares(answers: list[str | None]) -> list[tuple[str, float]]:
     """Every equivalence cluster of ``answers`` as (representative, size / k), the majority first: the
     soft pseudo-reward of an answer is the share of the cluster it falls in (0 outside every cluster)."""
-    return [(cluster.representative, cluster.size / len(answers)) for cluster in _clusters(answers, [1.0] * len(answers))[0]]
+    return [
+        (cluster.representative, cluster.size / len(answers)) for cluster in _clusters(answers, [1.0] * len(answers))[0]
+    ]
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,12 @@ def _clusters(answers: list[str | None], weights: Sequence[float]) -> tuple[list
             else:
                 members.append([answer])
     clusters = [
-        _Cluster(c[0], sum(counts[a] for a in c), math.fsum(w for a in c for w in weight_of[a]), min(first_seen[a] for a in c))
+        _Cluster(
+            c[0],
+            sum(counts[a] for a in c),
+            math.fsum(w for a in c for w in weight_of[a]),
+            min(first_seen[a] for a in c),
+        )
         for c in members
     ]
     return sorted(clusters, key=lambda c: (-c.weight, -c.size, c.first_seen)), ungraded

@@ -72,8 +72,13 @@ def at_coverages(curve: pl.DataFrame, problems: int, coverages: Sequence[float] 
     rows = []
     for source in curve["source"].unique(maintain_order=True):
         accuracy = dict(curve.filter(pl.col("source") == source).select("kept", "label_accuracy").iter_rows())
-        rows.append({"source": source} | {coverage_column(coverage): accuracy.get(kept_at(coverage, problems)) for coverage in coverages})
-    return pl.DataFrame(rows, schema={"source": pl.Utf8} | {coverage_column(coverage): pl.Float64 for coverage in coverages})
+        rows.append(
+            {"source": source}
+            | {coverage_column(coverage): accuracy.get(kept_at(coverage, problems)) for coverage in coverages}
+        )
+    return pl.DataFrame(
+        rows, schema={"source": pl.Utf8} | {coverage_column(coverage): pl.Float64 for coverage in coverages}
+    )
 
 
 def frontier(labelled: Mapping[str, pl.DataFrame], pass_at_k: float) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -81,6 +86,9 @@ def frontier(labelled: Mapping[str, pl.DataFrame], pass_at_k: float) -> tuple[pl
     the sources at matched coverage. `pass_at_k`: the share of problems with a right sample."""
     problems = next(iter(labelled.values())).height
     curve = pl.concat(
-        [*(source_curve(source, labels) for source, labels in labelled.items()), oracle_curve(problems, round(pass_at_k * problems))]
+        [
+            *(source_curve(source, labels) for source, labels in labelled.items()),
+            oracle_curve(problems, round(pass_at_k * problems)),
+        ]
     )
     return curve, at_coverages(curve, problems)

@@ -132,11 +132,13 @@ def audit_pseudo_labels(
     buckets = (
         pl.DataFrame({"bucket": _bucket_labels()})
         .join(
-            labeled.group_by("bucket").agg(
+            labeled.group_by("bucket")
+            .agg(
                 pl.len().alias("problems"),
                 pl.col("label_correct").sum().alias("labels_correct"),
                 pl.col("label_correct").mean().alias("label_accuracy"),  # over the graded labels
-            ).with_columns(pl.col("bucket").cast(pl.Utf8)),
+            )
+            .with_columns(pl.col("bucket").cast(pl.Utf8)),
             on="bucket",
             how="left",
         )
@@ -158,14 +160,18 @@ def graded_samples(samples: pl.DataFrame, unlabeled_problems: pl.DataFrame) -> p
     problem's hidden gold, as the audit grades it (null: ungraded)."""
     gold = dict(unlabeled_problems.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
     pairs = samples.select("problem_id", "answer").iter_rows()
-    return samples.with_columns(pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in pairs], dtype=pl.Boolean))
+    return samples.with_columns(
+        pl.Series("correct", [answers_equivalent(gold[pid], answer) for pid, answer in pairs], dtype=pl.Boolean)
+    )
 
 
 def with_label_correct(labels: pl.DataFrame, gold: dict[str, str]) -> pl.DataFrame:
     """`labels` with `label_correct`: each label's equivalence to its problem's hidden gold (null: ungraded)."""
     return labels.with_columns(
         pl.struct("problem_id", "pseudo_label")
-        .map_elements(lambda row: answers_equivalent(gold[row["problem_id"]], row["pseudo_label"]), return_dtype=pl.Boolean)
+        .map_elements(
+            lambda row: answers_equivalent(gold[row["problem_id"]], row["pseudo_label"]), return_dtype=pl.Boolean
+        )
         .alias("label_correct")
     )
 
@@ -175,9 +181,7 @@ def _bucket_labels() -> list[str]:
     return [f"[{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'}" for low, high in pairwise(edges)]
 
 
-def label_floor_failure(
-    labels: pl.DataFrame, tau: float, min_coverage: float, min_mean_agreement: float
-) -> str | None:
+def label_floor_failure(labels: pl.DataFrame, tau: float, min_coverage: float, min_mean_agreement: float) -> str | None:
     """Why these pseudo-labels must not train a student, or None when they clear both floors."""
     kept = int(labels["kept"].sum())
     coverage = kept / labels.height if labels.height else 0.0
@@ -214,7 +218,11 @@ class PseudoLabels:
         """The small files published beside the table: the audit's figures (`stats`, default `self.stats`, with tau, the
         source and the floor failure, which the student reads before it trains), the vote's settings (what re-weighs
         its samples: `core.reporting.inspection`), the audit by agreement, and the frontier."""
-        audit = (self.stats if stats is None else stats) | {"tau": settings.tau, "label_source": self.label_source, "floor_failure": self.floor_failure}
+        audit = (self.stats if stats is None else stats) | {
+            "tau": settings.tau,
+            "label_source": self.label_source,
+            "floor_failure": self.floor_failure,
+        }
         return {
             AUDIT_FILE: json.dumps(audit),
             SETTINGS_FILE: settings.model_dump_json(),
@@ -225,7 +233,10 @@ class PseudoLabels:
 
 
 def source_votes(
-    generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: PseudoLabelSettings, verifier_scores: pl.DataFrame | None = None
+    generations: pl.DataFrame,
+    unlabeled: pl.DataFrame,
+    settings: PseudoLabelSettings,
+    verifier_scores: pl.DataFrame | None = None,
 ) -> dict[str, pl.DataFrame]:
     """The vote of the settings' label source and of every other source that can judge the same samples (the
     verifier's only where its scores are given), each kept at tau: source name -> `vote_pseudo_labels` table."""
@@ -237,7 +248,10 @@ def source_votes(
 
 
 def pseudo_label(
-    generations: pl.DataFrame, unlabeled: pl.DataFrame, settings: PseudoLabelSettings, verifier_scores: pl.DataFrame | None = None
+    generations: pl.DataFrame,
+    unlabeled: pl.DataFrame,
+    settings: PseudoLabelSettings,
+    verifier_scores: pl.DataFrame | None = None,
 ) -> PseudoLabels:
     """The pseudo-label stage: the vote over the teacher's samples, each weighed by the settings' label source, kept at
     tau, audited against the hidden gold (which shapes no label), and judged against the quality floors; and the vote

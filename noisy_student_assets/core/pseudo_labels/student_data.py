@@ -67,12 +67,16 @@ def _agrees(label: str, answer: str | None) -> Verdict:
     return answer is not None and answers_equivalent(label, answer)
 
 
-def sft_rows(generations: pl.DataFrame, pseudo_labels: pl.DataFrame, group_size: int, distinct_per_problem: int = 0) -> pl.DataFrame:
+def sft_rows(
+    generations: pl.DataFrame, pseudo_labels: pl.DataFrame, group_size: int, distinct_per_problem: int = 0
+) -> pl.DataFrame:
     """Per kept problem, `group_size` rows of (prompt, completion) from the samples whose answer agrees with
     its pseudo-label: the first `distinct_per_problem` of them (0: all), repeated in turn to fill the group.
     Problems keep the order of `pseudo_labels`; one with no agreeing sample gives no rows."""
     if group_size < 1 or distinct_per_problem < 0:
-        raise ValueError(f"group_size must be >= 1 and distinct_per_problem >= 0, got {group_size}, {distinct_per_problem}")
+        raise ValueError(
+            f"group_size must be >= 1 and distinct_per_problem >= 0, got {group_size}, {distinct_per_problem}"
+        )
     samples = _samples_by_problem(generations)
     rows = []
     for problem_id, prompt, label in _kept_labels(pseudo_labels).iter_rows():
@@ -80,7 +84,10 @@ def sft_rows(generations: pl.DataFrame, pseudo_labels: pl.DataFrame, group_size:
         if distinct_per_problem:
             agreeing = agreeing[:distinct_per_problem]
         if agreeing:
-            rows += [{"problem_id": problem_id, "prompt": prompt, "completion": c} for c in islice(cycle(agreeing), group_size)]
+            rows += [
+                {"problem_id": problem_id, "prompt": prompt, "completion": c}
+                for c in islice(cycle(agreeing), group_size)
+            ]
     return pl.DataFrame(rows, schema=SFT_ROW_SCHEMA)
 
 
@@ -120,7 +127,10 @@ def vote_share_table(generations: pl.DataFrame, pseudo_labels: pl.DataFrame) -> 
     the majority first): the targets of the `vote_share` reward."""
     samples = _samples_by_problem(generations)
     rows = [
-        {"problem_id": problem_id, "vote_shares": json.dumps(vote_shares([answer for _, answer in samples.get(problem_id, [])]))}
+        {
+            "problem_id": problem_id,
+            "vote_shares": json.dumps(vote_shares([answer for _, answer in samples.get(problem_id, [])])),
+        }
         for problem_id in _kept_labels(pseudo_labels)["problem_id"]
     ]
     return pl.DataFrame(rows, schema=VOTE_SHARE_SCHEMA)

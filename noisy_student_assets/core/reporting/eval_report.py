@@ -98,7 +98,11 @@ def write_eval_artifact(
     result.sampled.write_parquet(staged / SAMPLED_FILE)
     for section, table in tables.items():
         table.write_parquet(staged / f"{metadata_key(section)}.parquet")
-    (staged / METRICS_FILE).write_text(json.dumps({"metrics": metrics, "checkpoint": str(checkpoint), "eval_problems": eval_problems_fingerprint}, indent=2))
+    (staged / METRICS_FILE).write_text(
+        json.dumps(
+            {"metrics": metrics, "checkpoint": str(checkpoint), "eval_problems": eval_problems_fingerprint}, indent=2
+        )
+    )
     report = _report_markdown(title, extras.text, metrics, tables)
     return write_report(staged, REPORT_NAME, title, report, extras.figures), tables
 
@@ -109,7 +113,9 @@ def metadata_key(title: str) -> str:
 
 
 def _report_markdown(title: str, lead: str, metrics: dict[str, float], tables: dict[str, pl.DataFrame]) -> str:
-    rows = pl.DataFrame({"metric": list(metrics), "value": list(metrics.values())}, schema={"metric": pl.Utf8, "value": pl.Float64})
+    rows = pl.DataFrame(
+        {"metric": list(metrics), "value": list(metrics.values())}, schema={"metric": pl.Utf8, "value": pl.Float64}
+    )
     parts = [f"# {title}", ""] + ([lead, ""] if lead else []) + [markdown_table(rows)]
     for section, table in tables.items():
         if table.height:

@@ -50,7 +50,11 @@ class Task:
     def source(self, template: ProblemSource, size: int | None = None) -> ProblemSource:
         """`template` (the CPU profile's pool or held-out source: its seed, and its size unless given) with this
         task's generator."""
-        update = {"name": self.generator, "task_options_json": json.dumps(self.task_options), "size": size or template.size}
+        update = {
+            "name": self.generator,
+            "task_options_json": json.dumps(self.task_options),
+            "size": size or template.size,
+        }
         return template.model_copy(update=update)
 
     def run_config(self) -> dict:
@@ -58,7 +62,9 @@ class Task:
         return {
             "ops": {
                 layout.PROBLEM_POOL: {"config": {"source": self.source(DEFAULT_TRAINING_SOURCE).model_dump()}},
-                layout.EVAL_PROBLEMS: {"config": {"source": self.source(DEFAULT_EVAL_SOURCE, self.eval_candidates).model_dump()}},
+                layout.EVAL_PROBLEMS: {
+                    "config": {"source": self.source(DEFAULT_EVAL_SOURCE, self.eval_candidates).model_dump()}
+                },
             }
         }
 
@@ -68,7 +74,9 @@ def load_tasks(path: Path) -> dict[str, Task]:
     eval_candidates (optional)}."""
     document = yaml.safe_load(path.read_text()) or {}
     if DEFAULT_TRAINING_SOURCE.kind != "reasoning_gym":
-        raise ValueError(f"the headroom tasks are reasoning_gym generators, and this profile's pool is {DEFAULT_TRAINING_SOURCE.describe()}")
+        raise ValueError(
+            f"the headroom tasks are reasoning_gym generators, and this profile's pool is {DEFAULT_TRAINING_SOURCE.describe()}"
+        )
     return {
         name: Task(
             name=name,
@@ -95,7 +103,12 @@ CONTROLS = (layout.LABELED_ONLY, layout.GOLD_LABEL)
 
 def control_evals(lake: Path, arms: list[Arm]) -> dict[str, dict[str, PublishedEval | None]]:
     """Per arm, its round's labeled-only and gold-label evaluations (None where not made yet)."""
-    return {arm.name: {role: read_evaluation(lake, layout.round_asset(ROUND, layout.eval_of(role)), arm.name) for role in CONTROLS} for arm in arms}
+    return {
+        arm.name: {
+            role: read_evaluation(lake, layout.round_asset(ROUND, layout.eval_of(role)), arm.name) for role in CONTROLS
+        }
+        for arm in arms
+    }
 
 
 def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedEval | None]]) -> pl.DataFrame:
@@ -109,22 +122,33 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
             continue
         audit = json.loads(audit_path.read_text())
         controls = evals[arm.name]
-        rows.append({
-            "arm": arm.name,
-            "seed": arm.spec.seed,
-            "teacher_validation_greedy": validation.metrics["greedy_accuracy"],
-            "maj_at_k": audit["teacher_maj_at_k"],
-            "pass_at_k": audit["teacher_pass_at_k"],
-            "labeled_only": controls[layout.LABELED_ONLY].metrics["greedy_accuracy"] if controls[layout.LABELED_ONLY] else None,
-            "gold_label": controls[layout.GOLD_LABEL].metrics["greedy_accuracy"] if controls[layout.GOLD_LABEL] else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "arm": arm.name,
+                "seed": arm.spec.seed,
+                "teacher_validation_greedy": validation.metrics["greedy_accuracy"],
+                "maj_at_k": audit["teacher_maj_at_k"],
+                "pass_at_k": audit["teacher_pass_at_k"],
+                "labeled_only": controls[layout.LABELED_ONLY].metrics["greedy_accuracy"]
+                if controls[layout.LABELED_ONLY]
+                else None,
+                "gold_label": controls[layout.GOLD_LABEL].metrics["greedy_accuracy"]
+                if controls[layout.GOLD_LABEL]
+                else None,
+            }
+        )
     return pl.DataFrame(rows, schema=SEED_SCHEMA)
 
 
 SEED_SCHEMA = {
-    "arm": pl.Utf8, "seed": pl.Int64, "teacher_validation_greedy": pl.Float64, "maj_at_k": pl.Float64, "pass_at_k": pl.Float64,
-    "labeled_only": pl.Float64, "gold_label": pl.Float64,
-}  # fmt: skip
+    "arm": pl.Utf8,
+    "seed": pl.Int64,
+    "teacher_validation_greedy": pl.Float64,
+    "maj_at_k": pl.Float64,
+    "pass_at_k": pl.Float64,
+    "labeled_only": pl.Float64,
+    "gold_label": pl.Float64,
+}
 
 
 def data_headroom(evals: dict[str, dict[str, PublishedEval | None]]) -> verdict.Difference | None:
@@ -146,7 +170,11 @@ def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
     evals = control_evals(lake, arms)
     seeds = seed_rows(lake, arms, evals)
     difference = data_headroom(evals)
-    means = seeds.select(pl.exclude("arm", "seed").mean()).row(0, named=True) if seeds.height else dict.fromkeys(SEED_SCHEMA)
+    means = (
+        seeds.select(pl.exclude("arm", "seed").mean()).row(0, named=True)
+        if seeds.height
+        else dict.fromkeys(SEED_SCHEMA)
+    )
     return {
         "task": task.name,
         "seeds": seeds.height,

@@ -22,7 +22,13 @@ import polars as pl
 from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.grading import extract_answer
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, SETTINGS_FILE, graded_samples, source_votes, with_label_correct
+from noisy_student_assets.core.pseudo_labels.labels import (
+    AUDIT_FILE,
+    SETTINGS_FILE,
+    graded_samples,
+    source_votes,
+    with_label_correct,
+)
 from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.settings import PseudoLabelSettings
@@ -57,14 +63,18 @@ class RoundLake:
 
     def unlabeled_problems(self) -> pl.DataFrame:
         """The arm's unlabeled problems, with their hidden gold (the audit's, never the vote's)."""
-        return pl.read_parquet(layout.artifact_dir(self.root, layout.UNLABELED_PROBLEMS, self.arm) / layout.TABLE_FILE_NAME)
+        return pl.read_parquet(
+            layout.artifact_dir(self.root, layout.UNLABELED_PROBLEMS, self.arm) / layout.TABLE_FILE_NAME
+        )
 
     def pseudo_labels(self) -> pl.DataFrame:
         return pl.read_parquet(self.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME)
 
     def label_settings(self) -> PseudoLabelSettings:
         """The settings the round's vote ran with (published beside its table)."""
-        return PseudoLabelSettings.model_validate_json((self.artifact(layout.PSEUDO_LABELS) / SETTINGS_FILE).read_text())
+        return PseudoLabelSettings.model_validate_json(
+            (self.artifact(layout.PSEUDO_LABELS) / SETTINGS_FILE).read_text()
+        )
 
     def verifier_scores(self) -> pl.DataFrame | None:
         """The verifier's score of each sample, where the arm materialized them."""
@@ -99,7 +109,9 @@ def sample_votes(round_lake: RoundLake) -> pl.DataFrame:
     samples = graded_samples(columns, round_lake.unlabeled_problems())
     for name, source in SOURCES.items():
         if source.missing_input(generations, scores) is None:
-            weights = source.weighted(generations, settings, scores).select("problem_id", "sample_index", pl.col("weight").alias(WEIGHT_PREFIX + name))
+            weights = source.weighted(generations, settings, scores).select(
+                "problem_id", "sample_index", pl.col("weight").alias(WEIGHT_PREFIX + name)
+            )
             samples = samples.join(weights, on=["problem_id", "sample_index"], how="left")
     return samples.sort("problem_id", "sample_index")
 
@@ -114,7 +126,9 @@ def source_labels(round_lake: RoundLake) -> pl.DataFrame:
     columns = ("problem_id", "pseudo_label", "agreement", "kept", "label_correct")
     return pl.concat(
         [
-            with_label_correct(vote, gold).select(pl.lit(name).alias("source"), pl.lit(name == settings.label_source).alias("chosen"), *columns)
+            with_label_correct(vote, gold).select(
+                pl.lit(name).alias("source"), pl.lit(name == settings.label_source).alias("chosen"), *columns
+            )
             for name, vote in votes.items()
         ]
     )
@@ -154,20 +168,36 @@ def flipped_problems(round_lake: RoundLake) -> pl.DataFrame:
     """The held-out problems whose greedy answer flipped between the round's teacher and its student (the flips its
     eval report counts): `flip` is `wrong_to_right` or `right_to_wrong`, beside both answers and completions."""
     teacher, student = teacher_evaluation(round_lake), round_lake.evaluation(layout.STUDENT_ROLE)
-    paired = _greedy_answers_of(teacher, TEACHER).join(_greedy_answers_of(student, layout.STUDENT_ROLE), on="problem_id")
+    paired = _greedy_answers_of(teacher, TEACHER).join(
+        _greedy_answers_of(student, layout.STUDENT_ROLE), on="problem_id"
+    )
     before, after = pl.col(f"{TEACHER}/correct"), pl.col(f"{layout.STUDENT_ROLE}/correct")
     flip = pl.when(~before & after).then(pl.lit(WRONG_TO_RIGHT)).when(before & ~after).then(pl.lit(RIGHT_TO_WRONG))
-    return paired.with_columns(flip.alias("flip")).drop_nulls("flip").select("problem_id", "flip", pl.exclude("problem_id", "flip"))
+    return (
+        paired.with_columns(flip.alias("flip"))
+        .drop_nulls("flip")
+        .select("problem_id", "flip", pl.exclude("problem_id", "flip"))
+    )
 
 
-def greedy_answers(checkpoint_dir: Path, questions: list[str], max_new_tokens: int = 256) -> list[dict[str, str | None]]:
+def greedy_answers(
+    checkpoint_dir: Path, questions: list[str], max_new_tokens: int = 256
+) -> list[dict[str, str | None]]:
     """A checkpoint's greedy completion of each question and the answer the grader extracts from it, with the
     pipeline's prompt and sampler (transformers, CPU)."""
     from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
 
     problems = pl.DataFrame({"problem_id": [str(index) for index in range(len(questions))], "prompt": questions})
-    table = generate_samples(checkpoint_dir, problems, SamplingSettings(n=1, temperature=0.0, max_new_tokens=max_new_tokens), backend="transformers")
-    return [{"completion": completion, "answer": answer} for completion, answer in table.select("completion", "answer").iter_rows()]
+    table = generate_samples(
+        checkpoint_dir,
+        problems,
+        SamplingSettings(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
+        backend="transformers",
+    )
+    return [
+        {"completion": completion, "answer": answer}
+        for completion, answer in table.select("completion", "answer").iter_rows()
+    ]
 
 
 def vote_summary(votes: pl.DataFrame, problem_id: str) -> pl.DataFrame:
@@ -178,7 +208,12 @@ def vote_summary(votes: pl.DataFrame, problem_id: str) -> pl.DataFrame:
     return (
         samples.group_by("answer", maintain_order=True)
         .agg(pl.len().alias("samples"), pl.col("correct").any(), *[pl.col(column).sum() for column in weights])
-        .with_columns([(pl.col(column) / samples[column].sum()).alias(column.replace(WEIGHT_PREFIX, "share/")) for column in weights])
+        .with_columns(
+            [
+                (pl.col(column) / samples[column].sum()).alias(column.replace(WEIGHT_PREFIX, "share/"))
+                for column in weights
+            ]
+        )
         .drop(weights)
         .sort("samples", descending=True)
     )

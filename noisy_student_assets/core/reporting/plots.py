@@ -56,7 +56,15 @@ def label_accuracy_vs_agreement(buckets: pl.DataFrame) -> bytes:
     accuracy = buckets["label_accuracy"].fill_null(0.0)
     ax.bar(positions, accuracy, color="#8172b2")
     for position, value, problems in zip(positions, accuracy, buckets["problems"], strict=True):
-        ax.annotate(f"n={problems}", (position, value), ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
+        ax.annotate(
+            f"n={problems}",
+            (position, value),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 3),
+            textcoords="offset points",
+        )
     ax.set_xticks(list(positions), buckets["bucket"].to_list())
     ax.set_ylim(0, 1.1)
     ax.set_xlabel("agreement bucket")
@@ -105,7 +113,10 @@ def accuracy_by_round(accuracy: pl.DataFrame, metric: str = "greedy_accuracy") -
     rounds = chains["round"].unique().sort().to_list()
     ax.set_xticks(rounds, ["labeled RL" if r == 0 else f"round {r}" for r in rounds])
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} by round" + (" (mean ± sd over seeds)" if chains.group_by("group", "checkpoint", "round").len()["len"].max() > 1 else ""))
+    ax.set_title(
+        f"{metric} by round"
+        + (" (mean ± sd over seeds)" if chains.group_by("group", "checkpoint", "round").len()["len"].max() > 1 else "")
+    )
     ax.legend(fontsize=7, loc="best")
     return _png(fig)
 
@@ -118,7 +129,13 @@ def label_frontier(curve: pl.DataFrame, operating_points: pl.DataFrame, oracle: 
     for index, source in enumerate(curve["source"].unique(maintain_order=True).to_list()):
         points = curve.filter(pl.col("source") == source)
         color = "grey" if source == oracle else f"C{index}"
-        ax.plot(points["coverage"], points["label_accuracy"], color=color, linestyle="--" if source == oracle else "-", label=source)
+        ax.plot(
+            points["coverage"],
+            points["label_accuracy"],
+            color=color,
+            linestyle="--" if source == oracle else "-",
+            label=source,
+        )
         point = operating_points.filter(pl.col("source") == source)
         if point.height and point["at tau: label_accuracy"][0] is not None:
             ax.plot(point["at tau: coverage"][0], point["at tau: label_accuracy"][0], marker="o", color=color)
@@ -142,13 +159,18 @@ def grpo_groups(completions: pl.DataFrame, reward: str = "answer_reward") -> byt
     start, ticks, tick_labels = 0, [], []
     for question in completions["question"].unique(maintain_order=True).to_list():
         group = completions.filter(pl.col("question") == question)
-        shades = [colors["ungraded"] if value is None else colors["rewarded" if value > 0 else "not rewarded"] for value in group[reward]]
+        shades = [
+            colors["ungraded"] if value is None else colors["rewarded" if value > 0 else "not rewarded"]
+            for value in group[reward]
+        ]
         positions, advantages = list(range(start, start + group.height)), group["advantage"].fill_null(0.0)
         ax.bar(positions, advantages, color=shades)
         ax.scatter(positions, advantages, color=shades, s=14, zorder=3)  # a completion of advantage 0 has no bar
         ticks.append(start + (group.height - 1) / 2)
         mean = group[reward].mean()
-        tick_labels.append(f"{question.splitlines()[0][:32]}\nmean {reward} {'ungraded' if mean is None else f'{mean:.2f}'}")
+        tick_labels.append(
+            f"{question.splitlines()[0][:32]}\nmean {reward} {'ungraded' if mean is None else f'{mean:.2f}'}"
+        )
         start += group.height + 1  # a gap between groups
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(ticks, tick_labels, fontsize=7)

@@ -23,7 +23,11 @@ from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED
 from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
 
 ARM_EVAL_ASSETS = (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
-ROUND_EVAL_ASSETS = (layout.EVAL_REPORT, layout.STUDENT_VALIDATION, *(layout.control_eval(control) for control in layout.CONTROLS))
+ROUND_EVAL_ASSETS = (
+    layout.EVAL_REPORT,
+    layout.STUDENT_VALIDATION,
+    *(layout.control_eval(control) for control in layout.CONTROLS),
+)
 TABLE_ASSETS = (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS)
 COMPLETIONS = (GREEDY_FILE, SAMPLED_FILE)
 
@@ -34,7 +38,9 @@ def result_files(lake: Path, arms: list[str]) -> list[Path]:
     for arm in arms:
         directories += [layout.artifact_dir(lake, name, arm) for name in (*ARM_EVAL_ASSETS, layout.UNLABELED_PROBLEMS)]
         for round_dir in sorted(lake.glob(f"{layout.ROUND_PREFIX}*")):
-            directories += [round_dir / name / arm for name in (*ROUND_EVAL_ASSETS, layout.PSEUDO_LABELS, layout.VERIFIER)]
+            directories += [
+                round_dir / name / arm for name in (*ROUND_EVAL_ASSETS, layout.PSEUDO_LABELS, layout.VERIFIER)
+            ]
     files = []
     for directory in directories:
         if not directory.is_dir():
@@ -77,7 +83,9 @@ def export_results(lake: Path, arms: list[str], destination: Path) -> list[Path]
     for relative in files:
         target = destination / relative
         if len(relative.parts) == 2 and target.exists() and not _same_origin(lake / relative, target):
-            raise ValueError(f"{target} differs from {lake / relative}: {destination} holds results of another task or base model")
+            raise ValueError(
+                f"{target} differs from {lake / relative}: {destination} holds results of another task or base model"
+            )
     for relative in files:
         target = destination / relative
         target.parent.mkdir(parents=True, exist_ok=True)

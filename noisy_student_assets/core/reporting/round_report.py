@@ -64,7 +64,10 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
     )
     audit = json.loads(evidence.label_files[AUDIT_FILE])
     buckets = pl.read_json(evidence.label_files[AUDIT_BUCKETS_FILE].encode())
-    extra_metrics = {"flips/right_to_wrong": float(flipped["right_to_wrong"]), "flips/wrong_to_right": float(flipped["wrong_to_right"])}
+    extra_metrics = {
+        "flips/right_to_wrong": float(flipped["right_to_wrong"]),
+        "flips/wrong_to_right": float(flipped["wrong_to_right"]),
+    }
     extra_tables: dict[str, pl.DataFrame] = {}
     if sets.height:
         counts = dict(sets["eval_set"].value_counts().iter_rows())
@@ -85,12 +88,16 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
                 f"verdict/{eval_set}/ci_high": own.high,
             }
         yardstick = test_time.yardstick(audit, evidence.teacher.scores, scores, control.scores, sets)
-        extra_metrics |= {f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"}
+        extra_metrics |= {
+            f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"
+        }
         extra_tables = {test_time.YARDSTICK_TABLE: yardstick}
     accuracy = accuracy_by_round(number, evidence.baselines, metrics, control.metrics)
     figures = {
         "accuracy_by_round": plots.accuracy_by_round(accuracy),
-        "agreement_histogram": plots.agreement_histogram(labels["agreement"].to_list(), audit["tau"], int(labels["k"].max())),
+        "agreement_histogram": plots.agreement_histogram(
+            labels["agreement"].to_list(), audit["tau"], int(labels["k"].max())
+        ),
         "label_accuracy_vs_agreement": plots.label_accuracy_vs_agreement(buckets),
     }
     tables = {
@@ -126,7 +133,10 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
 
 
 def accuracy_by_round(
-    number: int, baselines: dict[str, PublishedEval | None], metrics: dict[str, float], control_metrics: dict[str, float]
+    number: int,
+    baselines: dict[str, PublishedEval | None],
+    metrics: dict[str, float],
+    control_metrics: dict[str, float],
 ) -> pl.DataFrame:
     """Greedy accuracy of the arm's student and labeled-only chains up to round `number`: round 0 is labeled RL
     (both chains start there), with the base model beside it."""
@@ -137,9 +147,21 @@ def accuracy_by_round(
         base, labeled_rl = baselines["base_model"], baselines["labeled_rl"]
         table = pl.DataFrame(
             [
-                {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"] if base else None},
-                {"round": 0, "checkpoint": layout.STUDENT_ROLE, "greedy_accuracy": labeled_rl.metrics["greedy_accuracy"]},
-                {"round": 0, "checkpoint": layout.LABELED_ONLY, "greedy_accuracy": labeled_rl.metrics["greedy_accuracy"]},
+                {
+                    "round": 0,
+                    "checkpoint": layout.BASE_MODEL,
+                    "greedy_accuracy": base.metrics["greedy_accuracy"] if base else None,
+                },
+                {
+                    "round": 0,
+                    "checkpoint": layout.STUDENT_ROLE,
+                    "greedy_accuracy": labeled_rl.metrics["greedy_accuracy"],
+                },
+                {
+                    "round": 0,
+                    "checkpoint": layout.LABELED_ONLY,
+                    "greedy_accuracy": labeled_rl.metrics["greedy_accuracy"],
+                },
             ],
             schema=schema,
         )
@@ -149,7 +171,11 @@ def accuracy_by_round(
             pl.DataFrame(
                 [
                     {"round": number, "checkpoint": layout.STUDENT_ROLE, "greedy_accuracy": metrics["greedy_accuracy"]},
-                    {"round": number, "checkpoint": layout.LABELED_ONLY, "greedy_accuracy": control_metrics["greedy_accuracy"]},
+                    {
+                        "round": number,
+                        "checkpoint": layout.LABELED_ONLY,
+                        "greedy_accuracy": control_metrics["greedy_accuracy"],
+                    },
                 ],
                 schema=schema,
             ),

@@ -35,13 +35,27 @@ from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE, verifier_m
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
 VERIFIER_COLUMNS = (
-    "pairs", "steps", "labeled_samples_right", "validation_samples_right", "validation_auroc", "validation_label_accuracy",
-    "validation_maj_at_k", "validation_pass_at_k",
-)  # fmt: skip
+    "pairs",
+    "steps",
+    "labeled_samples_right",
+    "validation_samples_right",
+    "validation_auroc",
+    "validation_label_accuracy",
+    "validation_maj_at_k",
+    "validation_pass_at_k",
+)
 AUDIT_COLUMNS = (
-    "label_source", "tau", "coverage", "kept", "kept_label_accuracy", "all_label_accuracy", "teacher_pass_at_1", "teacher_maj_at_k",
-    "teacher_pass_at_k", "verifier_validation_auroc",
-)  # fmt: skip
+    "label_source",
+    "tau",
+    "coverage",
+    "kept",
+    "kept_label_accuracy",
+    "all_label_accuracy",
+    "teacher_pass_at_1",
+    "teacher_maj_at_k",
+    "teacher_pass_at_k",
+    "verifier_validation_auroc",
+)
 
 
 def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
@@ -104,7 +118,9 @@ class ExperimentResults:
             return {}
         last = self.curves.group_by("arm", maintain_order=True).agg(pl.col("round").max())
         return {
-            (arm, number): self.curves.filter((pl.col("arm") == arm) & (pl.col("round") == number)).select(CURVE_SCHEMA.names())
+            (arm, number): self.curves.filter((pl.col("arm") == arm) & (pl.col("round") == number)).select(
+                CURVE_SCHEMA.names()
+            )
             for arm, number in last.iter_rows()
         }
 
@@ -113,21 +129,44 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
     base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
     eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
-    accuracy, audits, calibration, validation, sources, curves, flips, yardsticks, verifiers, pending, by_group = [], [], [], [], [], [], [], [], [], [], {}
+    accuracy, audits, calibration, validation, sources, curves, flips, yardsticks, verifiers, pending, by_group = (
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        {},
+    )
     for arm in arms:
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         if validated:
-            validation.append({
-                "experiment": arm.experiment, "arm": arm.name, "labeled_rl_steps": arm.spec.labeled_rl_steps,
-                "validation_problems": validated.metrics["problems"], "greedy_accuracy": validated.metrics["greedy_accuracy"],
-            })
+            validation.append(
+                {
+                    "experiment": arm.experiment,
+                    "arm": arm.name,
+                    "labeled_rl_steps": arm.spec.labeled_rl_steps,
+                    "validation_problems": validated.metrics["problems"],
+                    "greedy_accuracy": validated.metrics["greedy_accuracy"],
+                }
+            )
         evaluations = arm_evaluations(lake, arm.name, rounds)
         unlabeled = _lake_table(lake, layout.UNLABELED_PROBLEMS, arm.name)
-        sets = test_time.eval_sets(eval_table, unlabeled["problem_id"]) if eval_table is not None and unlabeled is not None else None
+        sets = (
+            test_time.eval_sets(eval_table, unlabeled["problem_id"])
+            if eval_table is not None and unlabeled is not None
+            else None
+        )
         by_group.setdefault((arm.experiment, group_label(arm)), []).append((evaluations, sets))
         row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
         if base and evaluations:
-            accuracy.append(row | {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"]})
+            accuracy.append(
+                row | {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"]}
+            )
         accuracy += [
             row | {"round": number, "checkpoint": role, "greedy_accuracy": evaluation.metrics["greedy_accuracy"]}
             for (number, role), evaluation in evaluations.items()
@@ -136,38 +175,62 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             labels_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name)
             audit_path = labels_dir / AUDIT_FILE
             if (labels_dir / AUDIT_BUCKETS_FILE).exists():
-                calibration.append(pl.read_json(labels_dir / AUDIT_BUCKETS_FILE).select(
-                    pl.lit(arm.experiment).alias("experiment"), pl.lit(row["group"]).alias("group"), pl.lit(number).alias("round"),
-                    "bucket", "problems", "labels_correct",
-                ))  # fmt: skip
+                calibration.append(
+                    pl.read_json(labels_dir / AUDIT_BUCKETS_FILE).select(
+                        pl.lit(arm.experiment).alias("experiment"),
+                        pl.lit(row["group"]).alias("group"),
+                        pl.lit(number).alias("round"),
+                        "bucket",
+                        "problems",
+                        "labels_correct",
+                    )
+                )
             if (labels_dir / SOURCES_FILE).exists():
-                sources.append(pl.read_json(labels_dir / SOURCES_FILE).select(pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()))
+                sources.append(
+                    pl.read_json(labels_dir / SOURCES_FILE).select(
+                        pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()
+                    )
+                )
                 curves.append(pl.read_json(labels_dir / FRONTIER_FILE).select(*_arm_columns(row, number), pl.all()))
             verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
             if (verifier_dir / VERIFIER_METRICS_FILE).exists():
                 measured = verifier_metrics(verifier_dir)
-                verifiers.append(row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS})
+                verifiers.append(
+                    row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS}
+                )
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
                 flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
             if student and (student.directory / f"{metadata_key(test_time.YARDSTICK_TABLE)}.parquet").exists():
-                yardsticks.append(student.table(test_time.YARDSTICK_TABLE).select(pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()))
+                yardsticks.append(
+                    student.table(test_time.YARDSTICK_TABLE).select(
+                        pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()
+                    )
+                )
             if audit_path.exists():
                 audit = json.loads(audit_path.read_text())
                 transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
                 audits.append(
-                    row | {"round": number} | {column: audit.get(column) for column in AUDIT_COLUMNS} | {"student_transductive_greedy": transductive}
+                    row
+                    | {"round": number}
+                    | {column: audit.get(column) for column in AUDIT_COLUMNS}
+                    | {"student_transductive_greedy": transductive}
                 )
         asked = arm.stopping_rule.max_rounds
         missing = [str(number) for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
         if evaluations and missing:
-            pending.append(f"arm {arm.name} ({arm.experiment}): round {', '.join(missing)} of its {asked} not evaluated yet")
+            pending.append(
+                f"arm {arm.name} ({arm.experiment}): round {', '.join(missing)} of its {asked} not evaluated yet"
+            )
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
         for number in range(1, rounds + 1):
             for control in layout.CONTROLS:
-                pairs = [(runs[(number, layout.STUDENT_ROLE)], runs[(number, control)], sets) for runs, sets in arm_runs
-                         if (number, layout.STUDENT_ROLE) in runs and (number, control) in runs]
+                pairs = [
+                    (runs[(number, layout.STUDENT_ROLE)], runs[(number, control)], sets)
+                    for runs, sets in arm_runs
+                    if (number, layout.STUDENT_ROLE) in runs and (number, control) in runs
+                ]
                 if not pairs:
                     continue
                 matched = all(compute_comparison(student.metrics, other.metrics)[0] for student, other, _ in pairs)
@@ -178,13 +241,24 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 )
                 for eval_set, difference in by_set.items():
                     differences.append(
-                        {"experiment": experiment, "group": group, "round": number, "control": control, "eval_set": eval_set}
-                        | {key: value for key, value in difference.as_dict().items() if key not in ("treatment", "control")}
+                        {
+                            "experiment": experiment,
+                            "group": group,
+                            "round": number,
+                            "control": control,
+                            "eval_set": eval_set,
+                        }
+                        | {
+                            key: value
+                            for key, value in difference.as_dict().items()
+                            if key not in ("treatment", "control")
+                        }
                         | {"compute_matched": matched}
                     )
                     if control == layout.LABELED_ONLY:  # later rounds replace earlier ones
-                        last_verdicts[(experiment, group, eval_set)] = f"**{experiment}, {group}**: {difference.sentence()}" + (
-                            "" if matched else " (NOT compute-matched)"
+                        last_verdicts[(experiment, group, eval_set)] = (
+                            f"**{experiment}, {group}**: {difference.sentence()}"
+                            + ("" if matched else " (NOT compute-matched)")
                         )
     sentences = list(last_verdicts.values())
     return ExperimentResults(
@@ -204,8 +278,13 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
 
 
 _ACCURACY_SCHEMA = {
-    "experiment": pl.Utf8, "group": pl.Utf8, "arm": pl.Utf8, "seed": pl.Utf8,
-    "round": pl.Int64, "checkpoint": pl.Utf8, "greedy_accuracy": pl.Float64,
+    "experiment": pl.Utf8,
+    "group": pl.Utf8,
+    "arm": pl.Utf8,
+    "seed": pl.Utf8,
+    "round": pl.Int64,
+    "checkpoint": pl.Utf8,
+    "greedy_accuracy": pl.Float64,
 }
 
 
@@ -219,27 +298,53 @@ def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str 
     often than apart and this floor errs wide; a floor paired by problem would need each source's label of each
     problem, which the lake does not keep. One seed gives no interval.
     `sources`: `ExperimentResults.sources`; `curves`: `ExperimentResults.curves` (how many problems each arm labels)."""
-    coverages = {coverage_column(coverage): coverage for coverage in MATCHED_COVERAGES if coverage_column(coverage) in sources.columns}
+    coverages = {
+        coverage_column(coverage): coverage
+        for coverage in MATCHED_COVERAGES
+        if coverage_column(coverage) in sources.columns
+    }
     index = ["experiment", "group", "arm", "round"]
-    long = sources.unpivot(on=list(coverages), index=[*index, "source"], variable_name="coverage", value_name="label_accuracy")
-    references = long.filter(pl.col("source") == reference).select(*index, "coverage", pl.col("label_accuracy").alias(reference))
-    paired = long.filter(pl.col("source") != reference).join(references, on=[*index, "coverage"]).drop_nulls(["label_accuracy", reference])
+    long = sources.unpivot(
+        on=list(coverages), index=[*index, "source"], variable_name="coverage", value_name="label_accuracy"
+    )
+    references = long.filter(pl.col("source") == reference).select(
+        *index, "coverage", pl.col("label_accuracy").alias(reference)
+    )
+    paired = (
+        long.filter(pl.col("source") != reference)
+        .join(references, on=[*index, "coverage"])
+        .drop_nulls(["label_accuracy", reference])
+    )
     first_rows = curves.group_by("arm", "round").agg(pl.col("kept", "coverage").first())
     problems = {(arm, number): round(kept / coverage) for arm, number, kept, coverage in first_rows.iter_rows()}
     rows = []
-    for (experiment, group, number, coverage, source), seeds in paired.group_by("experiment", "group", "round", "coverage", "source", maintain_order=True):
+    for (experiment, group, number, coverage, source), seeds in paired.group_by(
+        "experiment", "group", "round", "coverage", "source", maintain_order=True
+    ):
         accuracy, reference_accuracy = seeds["label_accuracy"].to_numpy(), seeds[reference].to_numpy()
         differences = accuracy - reference_accuracy
         low, high = None, None
         if len(differences) > 1:
             kept = np.array([kept_at(coverages[coverage], problems[(arm, number)]) for arm in seeds["arm"]])
-            low, high = seeds_interval(differences, (accuracy * (1 - accuracy) + reference_accuracy * (1 - reference_accuracy)) / kept)
-        rows.append({
-            "experiment": experiment, "group": group, "round": number, "coverage": coverage, "source": source, "seeds": len(differences),
-            "label_accuracy": accuracy.mean(), reference: reference_accuracy.mean(),
-            f"minus {reference}": float(differences.mean()), "low": low, "high": high,
-            "outcome": direction(low, high) if low is not None else "one seed",
-        })  # fmt: skip
+            low, high = seeds_interval(
+                differences, (accuracy * (1 - accuracy) + reference_accuracy * (1 - reference_accuracy)) / kept
+            )
+        rows.append(
+            {
+                "experiment": experiment,
+                "group": group,
+                "round": number,
+                "coverage": coverage,
+                "source": source,
+                "seeds": len(differences),
+                "label_accuracy": accuracy.mean(),
+                reference: reference_accuracy.mean(),
+                f"minus {reference}": float(differences.mean()),
+                "low": low,
+                "high": high,
+                "outcome": direction(low, high) if low is not None else "one seed",
+            }
+        )
     return pl.DataFrame(rows, schema_overrides={"low": pl.Float64, "high": pl.Float64}) if rows else pl.DataFrame()
 
 
@@ -249,34 +354,61 @@ def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
 
 def accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
     """Greedy accuracy as mean ± sd over seeds, one row per group and round, one column per checkpoint."""
-    stats = (
-        accuracy.group_by("experiment", "group", "round", "checkpoint", maintain_order=True)
-        .agg(
-            pl.format(
-                "{} ± {} (n={})",
-                pl.col("greedy_accuracy").mean().round(3),
-                pl.col("greedy_accuracy").std().fill_null(0.0).round(3),
-                pl.len(),
-            ).alias("greedy_accuracy")
-        )
+    stats = accuracy.group_by("experiment", "group", "round", "checkpoint", maintain_order=True).agg(
+        pl.format(
+            "{} ± {} (n={})",
+            pl.col("greedy_accuracy").mean().round(3),
+            pl.col("greedy_accuracy").std().fill_null(0.0).round(3),
+            pl.len(),
+        ).alias("greedy_accuracy")
     )
-    return stats.pivot(on="checkpoint", index=["experiment", "group", "round"], values="greedy_accuracy").sort("experiment", "group", "round")
+    return stats.pivot(on="checkpoint", index=["experiment", "group", "round"], values="greedy_accuracy").sort(
+        "experiment", "group", "round"
+    )
 
 
 def summary_markdown(results: ExperimentResults) -> str:
     """The verdict sentences, then the tables, as markdown that can be pasted into a write-up."""
     lines = ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
-    lines += [f"- {sentence}" for sentence in results.sentences] or ["No round has been evaluated against its labeled-only control yet."]
+    lines += [f"- {sentence}" for sentence in results.sentences] or [
+        "No round has been evaluated against its labeled-only control yet."
+    ]
     lines += [f"- {line}" for line in results.pending]
     if results.differences.height:
         shown = results.differences.select(
-            "experiment", "group", "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
+            "experiment",
+            "group",
+            "round",
+            "control",
+            "eval_set",
+            "seeds",
+            "problems",
+            "estimate",
+            "low",
+            "high",
+            "outcome",
+            "compute_matched",
         )
-        lines += ["", "## Student minus control, per round (paired 95% intervals: over seeds and problems, or over problems on one seed)", "", markdown_table(shown)]
+        lines += [
+            "",
+            "## Student minus control, per round (paired 95% intervals: over seeds and problems, or over problems on one seed)",
+            "",
+            markdown_table(shown),
+        ]
     if results.accuracy.height:
-        lines += ["", "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)", "", markdown_table(accuracy_pivot(results.accuracy))]
+        lines += [
+            "",
+            "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)",
+            "",
+            markdown_table(accuracy_pivot(results.accuracy)),
+        ]
     if results.audits.height:
-        lines += ["", "## Pseudo-labels (audited against the hidden gold)", "", markdown_table(results.audits.drop("experiment", "group"))]
+        lines += [
+            "",
+            "## Pseudo-labels (audited against the hidden gold)",
+            "",
+            markdown_table(results.audits.drop("experiment", "group")),
+        ]
     if results.sources.height:
         lines += [
             "",
@@ -293,7 +425,12 @@ def summary_markdown(results: ExperimentResults) -> str:
             markdown_table(over_seeds.drop("experiment"), max_rows=None),
         ]
     if results.flips.height:
-        lines += ["", "## Flips from the teacher (held-out problems, greedy)", "", markdown_table(results.flips, max_rows=None)]
+        lines += [
+            "",
+            "## Flips from the teacher (held-out problems, greedy)",
+            "",
+            markdown_table(results.flips, max_rows=None),
+        ]
     if results.verifiers.height:
         lines += [
             "",
@@ -314,7 +451,12 @@ def summary_markdown(results: ExperimentResults) -> str:
             markdown_table(means, max_rows=None),
         ]
     if results.calibration.height:
-        lines += ["", "## Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)", "", markdown_table(results.calibration)]
+        lines += [
+            "",
+            "## Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)",
+            "",
+            markdown_table(results.calibration),
+        ]
     if results.validation.height:
         lines += ["", "## Labeled RL on the validation split", "", markdown_table(results.validation)]
     return "\n".join(lines) + "\n"
@@ -328,7 +470,9 @@ def _pooled_calibration(tables: list[pl.DataFrame]) -> pl.DataFrame:
         pl.concat(tables)
         .group_by("experiment", "group", "round", "bucket", maintain_order=True)
         .agg(pl.col("problems").sum(), pl.col("labels_correct").sum())
-        .with_columns(pl.when(pl.col("problems") > 0).then(pl.col("labels_correct") / pl.col("problems")).alias("label_accuracy"))
+        .with_columns(
+            pl.when(pl.col("problems") > 0).then(pl.col("labels_correct") / pl.col("problems")).alias("label_accuracy")
+        )
     )
 
 
@@ -345,13 +489,17 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
     evaluated = [layout.artifact_dir(lake, name) for name in (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)]
     evaluated += [round_dir / layout.PSEUDO_LABELS for round_dir in lake.glob(f"{layout.ROUND_PREFIX}*")]
     arms = [
-        arm for experiment in experiments.values() for arm in experiment.all_arms()
+        arm
+        for experiment in experiments.values()
+        for arm in experiment.all_arms()
         if any((directory / arm.name).is_dir() for directory in evaluated)
     ]
     return arms, max((experiments[arm.experiment].max_rounds for arm in arms), default=0)
 
 
-def main(mlflow_store: str, experiment: str | None = None, lake: Path | None = None, export: Path | None = None) -> None:
+def main(
+    mlflow_store: str, experiment: str | None = None, lake: Path | None = None, export: Path | None = None
+) -> None:
     """Print (and write into the lake) the run summary, of every experiment's arms in the lake or of `experiment`'s
     (a file name's stem) alone; `mlflow_store` is the MLflow store the runs were logged to. `lake`: a lake or a
     results directory (`results.export_results`) instead of the data lake; `export`: copy the summarized arms'
@@ -371,7 +519,8 @@ def main(mlflow_store: str, experiment: str | None = None, lake: Path | None = N
     print(f"Run summary (markdown): {lake / name}")
     if export:
         copied = export_results(lake, [arm.name for arm in arms], export)
-        print(f"Results of {len(arms)} arms: {len(copied)} files copied into {export} (python -m noisy_student_assets.summary --lake {export})")
+        print(
+            f"Results of {len(arms)} arms: {len(copied)} files copied into {export} (python -m noisy_student_assets.summary --lake {export})"
+        )
     print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
     print(f"\nMLflow store: {mlflow_store}\n  compare runs: mlflow ui --backend-store-uri '{mlflow_store}'")
-

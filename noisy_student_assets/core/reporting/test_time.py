@@ -32,10 +32,12 @@ def eval_sets(eval_problems: pl.DataFrame, unlabeled_ids: pl.Series) -> pl.DataF
     if transductive.is_empty():
         return pl.DataFrame(schema={"problem_id": pl.Utf8, "eval_set": pl.Utf8})
     transfer = eval_halves(eval_problems)[1].join(transductive, on="problem_id", how="anti")
-    return pl.concat([
-        transductive.select("problem_id", pl.lit(TRANSDUCTIVE).alias("eval_set")),
-        transfer.select("problem_id", pl.lit(TRANSFER).alias("eval_set")),
-    ])
+    return pl.concat(
+        [
+            transductive.select("problem_id", pl.lit(TRANSDUCTIVE).alias("eval_set")),
+            transfer.select("problem_id", pl.lit(TRANSFER).alias("eval_set")),
+        ]
+    )
 
 
 def set_differences(
@@ -46,16 +48,22 @@ def set_differences(
     set, and over each of its two sets that every pair has (a held-out set of one problem has no transfer half)."""
     differences = {}
     for eval_set in EVAL_SETS:
-        if eval_set != ALL_EVAL and not all(sets is not None and (sets["eval_set"] == eval_set).any() for *_, sets in pairs):
+        if eval_set != ALL_EVAL and not all(
+            sets is not None and (sets["eval_set"] == eval_set).any() for *_, sets in pairs
+        ):
             continue
         differences[eval_set] = paired_difference(
-            *paired_scores([
-                (treatment, control) if eval_set == ALL_EVAL else (scores_in(treatment, sets, eval_set), scores_in(control, sets, eval_set))
-                for treatment, control, sets in pairs
-            ]),
+            *paired_scores(
+                [
+                    (treatment, control)
+                    if eval_set == ALL_EVAL
+                    else (scores_in(treatment, sets, eval_set), scores_in(control, sets, eval_set))
+                    for treatment, control, sets in pairs
+                ]
+            ),
             treatment_name=treatment_name + ("" if eval_set == ALL_EVAL else f" on the {eval_set} problems"),
             control_name=control_name,
-        )  # fmt: skip
+        )
     return differences
 
 
@@ -64,20 +72,30 @@ def scores_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> pl.Dat
     return scores.join(sets.filter(pl.col("eval_set") == eval_set).select("problem_id"), on="problem_id", how="semi")
 
 
-def yardstick(audit: dict, teacher_scores: pl.DataFrame, student_scores: pl.DataFrame, control_scores: pl.DataFrame, sets: pl.DataFrame) -> pl.DataFrame:
+def yardstick(
+    audit: dict,
+    teacher_scores: pl.DataFrame,
+    student_scores: pl.DataFrame,
+    control_scores: pl.DataFrame,
+    sets: pl.DataFrame,
+) -> pl.DataFrame:
     """One row: on the transductive problems, the teacher's greedy accuracy, maj@K and pass@K (the pseudo-label
     audit: the round's samples against the hidden gold) and mean sampled accuracy, the student's greedy accuracy
     and its labeled-only control's."""
 
-    return pl.DataFrame([{
-        "problems": int((sets["eval_set"] == TRANSDUCTIVE).sum()),
-        "teacher_greedy": greedy_accuracy_in(teacher_scores, sets, TRANSDUCTIVE),
-        "teacher_maj_at_k": audit["teacher_maj_at_k"],
-        "teacher_pass_at_k": audit["teacher_pass_at_k"],
-        "teacher_sampled_pass_at_1": audit["teacher_pass_at_1"],
-        "student_greedy": greedy_accuracy_in(student_scores, sets, TRANSDUCTIVE),
-        "labeled_only_greedy": greedy_accuracy_in(control_scores, sets, TRANSDUCTIVE),
-    }])
+    return pl.DataFrame(
+        [
+            {
+                "problems": int((sets["eval_set"] == TRANSDUCTIVE).sum()),
+                "teacher_greedy": greedy_accuracy_in(teacher_scores, sets, TRANSDUCTIVE),
+                "teacher_maj_at_k": audit["teacher_maj_at_k"],
+                "teacher_pass_at_k": audit["teacher_pass_at_k"],
+                "teacher_sampled_pass_at_1": audit["teacher_pass_at_1"],
+                "student_greedy": greedy_accuracy_in(student_scores, sets, TRANSDUCTIVE),
+                "labeled_only_greedy": greedy_accuracy_in(control_scores, sets, TRANSDUCTIVE),
+            }
+        ]
+    )
 
 
 def greedy_accuracy_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> float:
@@ -86,7 +104,13 @@ def greedy_accuracy_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) 
 
 
 FLIP_SCHEMA = pl.Schema(
-    {"eval_set": pl.Utf8, "problems": pl.Int64, "right_to_wrong": pl.Int64, "wrong_to_right": pl.Int64, "difference": pl.Float64}
+    {
+        "eval_set": pl.Utf8,
+        "problems": pl.Int64,
+        "right_to_wrong": pl.Int64,
+        "wrong_to_right": pl.Int64,
+        "difference": pl.Float64,
+    }
 )
 
 

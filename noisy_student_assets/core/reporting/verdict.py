@@ -69,7 +69,9 @@ class Difference:
                 "seed-to-seed variation: not a settled difference"
             )
         else:
-            detail = f"{interval}; {self.seeds} seeds x {self.problems} eval problems, t-interval over seeds and problems"
+            detail = (
+                f"{interval}; {self.seeds} seeds x {self.problems} eval problems, t-interval over seeds and problems"
+            )
         return f"{reading}: {self.estimate:+.3f} greedy accuracy ({detail})."
 
     def as_dict(self) -> dict:
@@ -100,7 +102,9 @@ def paired_difference(
     crossed seeds-by-problems t-interval (`crossed_interval`)."""
     treatment, control = np.atleast_2d(treatment).astype(float), np.atleast_2d(control).astype(float)
     if treatment.shape != control.shape or treatment.size == 0:
-        raise ValueError(f"paired scores must have one equal, non-empty shape; got {treatment.shape} and {control.shape}")
+        raise ValueError(
+            f"paired scores must have one equal, non-empty shape; got {treatment.shape} and {control.shape}"
+        )
     differences = treatment - control
     n_seeds, n_problems = differences.shape
     if n_seeds == 1:
@@ -148,7 +152,9 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
     return float(mean - half_width), float(mean + half_width)
 
 
-def seeds_interval(differences: np.ndarray, sampling_variances: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+def seeds_interval(
+    differences: np.ndarray, sampling_variances: np.ndarray, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
     """The interval of the mean of per-seed `differences` (seeds >= 2): the t-interval over the seeds, its half-width
     at least the normal one that each seed's own sampling variance (`sampling_variances`, one per seed) gives the
     mean. A few seeds that agree by chance cannot make it narrower than what each of them measured allows."""
@@ -159,18 +165,26 @@ def seeds_interval(differences: np.ndarray, sampling_variances: np.ndarray, conf
     return float(np.mean(differences) - half_width), float(np.mean(differences) + half_width)
 
 
-def paired_scores(pairs: list[tuple[pl.DataFrame, pl.DataFrame]], column: str = "greedy_correct") -> tuple[np.ndarray, np.ndarray]:
+def paired_scores(
+    pairs: list[tuple[pl.DataFrame, pl.DataFrame]], column: str = "greedy_correct"
+) -> tuple[np.ndarray, np.ndarray]:
     """[seeds, problems] arrays of `column` for the (treatment, control) score tables of each seed, over
     the problems every table scored (a null score, an ungraded check, is not scored), in one order."""
     if not pairs:
         raise ValueError("no score tables to compare")
-    common = set.intersection(*(set(table.filter(pl.col(column).is_not_null())["problem_id"]) for pair in pairs for table in pair))
+    common = set.intersection(
+        *(set(table.filter(pl.col(column).is_not_null())["problem_id"]) for pair in pairs for table in pair)
+    )
     if not common:
         raise ValueError("the score tables share no eval problem")
     order = pl.DataFrame({"problem_id": sorted(common)})
 
     def column_of(table: pl.DataFrame) -> np.ndarray:
-        return order.join(table.select("problem_id", column), on="problem_id", how="left")[column].cast(pl.Float64).to_numpy()
+        return (
+            order.join(table.select("problem_id", column), on="problem_id", how="left")[column]
+            .cast(pl.Float64)
+            .to_numpy()
+        )
 
     return (
         np.stack([column_of(treatment) for treatment, _ in pairs]),

@@ -58,7 +58,9 @@ def check_step_fits(dataset: datasets.Dataset, per_step: int, what: str) -> None
         raise ValueError(f"{len(dataset)} training rows cannot fill a step of {per_step} {what}")
 
 
-def trainer_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str]) -> dict:
+def trainer_args(
+    settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str]
+) -> dict:
     """The TrainingArguments every trainer's TRL config shares: `per_step` rows an optimizer step (split over the
     accumulation steps and the processes, so that a step trains the same rows on any number), mixed precision when `dtype` (the compute precision) is bfloat16 or float16 over float32
     weights, checkpoints into `work_dir` every `save_steps` (only the latest is kept: resuming needs no other, and
@@ -82,7 +84,9 @@ def trainer_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: 
     )
 
 
-def in_order_args(settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str] | None) -> dict:
+def in_order_args(
+    settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str] | None
+) -> dict:
     """`trainer_args`, reading the rows in order (`grouped_by_problem` holds each step's groups in order) and
     dropping an epoch's last, partial batch, so that every step trains on whole groups."""
     in_order = {"train_sampling_strategy": "sequential", "dataloader_drop_last": True}
@@ -127,7 +131,9 @@ def load_policy(init_checkpoint: Path, model_dropout: float = 0.0) -> tuple[PreT
             raise ValueError(f"{type(config).__name__} has none of {DROPOUT_ATTRIBUTES}: model_dropout cannot apply")
         for name in names:
             setattr(config, name, model_dropout)
-    model = AutoModelForCausalLM.from_pretrained(init_checkpoint, config=config, dtype=torch.float32, use_safetensors=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        init_checkpoint, config=config, dtype=torch.float32, use_safetensors=True
+    )
     return model, tokenizer
 
 
@@ -154,7 +160,11 @@ def fit(
     from transformers import AutoConfig
     from transformers.trainer_utils import get_last_checkpoint
 
-    from noisy_student_assets.core.training.guards import assert_finite_checkpoint, guarded_trainer_class, step_guard_callback
+    from noisy_student_assets.core.training.guards import (
+        assert_finite_checkpoint,
+        guarded_trainer_class,
+        step_guard_callback,
+    )
 
     guard = step_guard_callback(max_consecutive_skipped_steps, warn)
     trainer = guarded_trainer_class(trainer_class)(**trainer_kwargs, callbacks=[guard, *(callbacks or [])])

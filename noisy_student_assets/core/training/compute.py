@@ -21,9 +21,18 @@ from noisy_student_assets.core.settings import GRPOSettings
 
 MATCHED_FIELDS = ("optimizer_steps", "prompts", "completions")
 RECIPE_FIELDS = (
-    "use_lora", "lora_r", "lora_alpha", "learning_rate", "beta", "epsilon", "loss_type", "scale_rewards", "max_completion_length",
-    "num_generations", "temperature",
-)  # fmt: skip
+    "use_lora",
+    "lora_r",
+    "lora_alpha",
+    "learning_rate",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "scale_rewards",
+    "max_completion_length",
+    "num_generations",
+    "temperature",
+)
 """The GRPO settings a control shares with its student. The learning rate decays linearly to 0 over the run's steps in
 every run (TRL's default schedule, no warmup), so equal steps and learning rates are an equal schedule."""
 UNRECORDED_RECIPE = "training recipe not compared: not recorded in a checkpoint trained before recipes were (materialize it again to compare)"
@@ -78,7 +87,11 @@ def recipe_mismatches(control: dict, student: dict) -> list[str]:
     none where either checkpoint predates recipes (`UNRECORDED_RECIPE` says so beside the check's result)."""
     if not control or not student:
         return []
-    return [f"{name} {control.get(name)!r} != {student.get(name)!r}" for name in RECIPE_FIELDS if control.get(name) != student.get(name)]
+    return [
+        f"{name} {control.get(name)!r} != {student.get(name)!r}"
+        for name in RECIPE_FIELDS
+        if control.get(name) != student.get(name)
+    ]
 
 
 def grpo_compute(log_history: list[dict], steps: int, prompts_per_step: int, num_generations: int) -> TrainingCompute:
@@ -109,7 +122,9 @@ def read_compute(checkpoint_dir: Path) -> CheckpointCompute:
         return CheckpointCompute(own=TrainingCompute(), total=TrainingCompute())
     recorded = json.loads(path.read_text())
     return CheckpointCompute(
-        own=TrainingCompute(**recorded["own"]), total=TrainingCompute(**recorded["total"]), recipe=recorded.get("recipe", {})
+        own=TrainingCompute(**recorded["own"]),
+        total=TrainingCompute(**recorded["total"]),
+        recipe=recorded.get("recipe", {}),
     )
 
 
@@ -123,13 +138,23 @@ def record_compute(checkpoint_dir: Path, own: TrainingCompute, init_dir: Path, r
     return compute
 
 
-def compute_comparison(treatment_metrics: dict[str, float], control_metrics: dict[str, float]) -> tuple[bool, pl.DataFrame]:
+def compute_comparison(
+    treatment_metrics: dict[str, float], control_metrics: dict[str, float]
+) -> tuple[bool, pl.DataFrame]:
     """Whether two evaluated checkpoints' lineages spent the same `MATCHED_FIELDS`, and a table of both
     (from the `compute/total_*` entries every eval records)."""
     names = [f.name for f in fields(TrainingCompute)]
     rows = [
-        {"compute": name, "treatment": treatment_metrics.get(f"compute/total_{name}"), "control": control_metrics.get(f"compute/total_{name}")}
+        {
+            "compute": name,
+            "treatment": treatment_metrics.get(f"compute/total_{name}"),
+            "control": control_metrics.get(f"compute/total_{name}"),
+        }
         for name in names
     ]
-    matched = all(row["treatment"] == row["control"] and row["treatment"] is not None for row in rows if row["compute"] in MATCHED_FIELDS)
+    matched = all(
+        row["treatment"] == row["control"] and row["treatment"] is not None
+        for row in rows
+        if row["compute"] in MATCHED_FIELDS
+    )
     return matched, pl.DataFrame(rows, schema={"compute": pl.Utf8, "treatment": pl.Float64, "control": pl.Float64})

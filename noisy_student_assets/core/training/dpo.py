@@ -35,7 +35,9 @@ DPO_LOGGED = (("rewards/accuracies", "preference_accuracy"), ("rewards/margins",
 """TRL's step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
 
-def build_dpo_dataset(pairs: pl.DataFrame, system_prompt: str, *, seed: int = 0, prompt_noise: bool = False) -> datasets.Dataset:
+def build_dpo_dataset(
+    pairs: pl.DataFrame, system_prompt: str, *, seed: int = 0, prompt_noise: bool = False
+) -> datasets.Dataset:
     """`student_data.dpo_pairs` as TRL conversational preference rows ("prompt", "chosen", "rejected"),
     grouped by problem in a seeded order."""
     import datasets
@@ -77,10 +79,14 @@ def train_dpo(
         raise ValueError(f"a DPO step trains on pairs: {settings.completions_per_step} completions a step is odd")
     pairs_per_step = settings.completions_per_step // 2
     if pairs_per_step % (settings.gradient_accumulation_steps * settings.processes):
-        raise ValueError(f"{pairs_per_step} pairs a step cannot be split over {settings.gradient_accumulation_steps * settings.processes} micro-batches")
+        raise ValueError(
+            f"{pairs_per_step} pairs a step cannot be split over {settings.gradient_accumulation_steps * settings.processes} micro-batches"
+        )
     check_step_fits(dataset, pairs_per_step, "pairs")
     model, tokenizer = load_policy(init_checkpoint, model_dropout)
-    args = DPOConfig(**in_order_args(settings, pairs_per_step, work_dir, device, dtype, report_to), beta=beta, max_length=None)
+    args = DPOConfig(
+        **in_order_args(settings, pairs_per_step, work_dir, device, dtype, report_to), beta=beta, max_length=None
+    )
     trainer_kwargs = dict(
         model=model,
         args=args,
@@ -89,6 +95,16 @@ def train_dpo(
         peft_config=lora_config(settings) if settings.use_lora else None,
     )
     return fit(
-        DPOTrainer, trainer_kwargs, tokenizer, settings.max_consecutive_skipped_steps, init_checkpoint, out_dir,
-        work_dir=work_dir, callbacks=callbacks, warn=warn, what="DPO", label_sources=[PSEUDO] * len(dataset), logged=DPO_LOGGED,
+        DPOTrainer,
+        trainer_kwargs,
+        tokenizer,
+        settings.max_consecutive_skipped_steps,
+        init_checkpoint,
+        out_dir,
+        work_dir=work_dir,
+        callbacks=callbacks,
+        warn=warn,
+        what="DPO",
+        label_sources=[PSEUDO] * len(dataset),
+        logged=DPO_LOGGED,
     )

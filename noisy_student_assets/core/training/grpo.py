@@ -47,7 +47,11 @@ of the completion's answer (`vote_share_reward`)."""
 TRL_COMPLETIONS_DIR = "completions"
 """Where TRL's GRPOTrainer writes each logged step's completions (`log_completions`), under its output directory."""
 
-GRPO_LOGGED = (("reward", "reward"), ("rewards/answer_reward/mean", "answer_reward"), ("rewards/vote_share_reward/mean", "vote_share_reward"))
+GRPO_LOGGED = (
+    ("reward", "reward"),
+    ("rewards/answer_reward/mean", "answer_reward"),
+    ("rewards/vote_share_reward/mean", "vote_share_reward"),
+)
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
 
@@ -76,12 +80,16 @@ def build_training_dataset(
         parts.append(_training_rows(pseudo_labeled, "pseudo_label", PSEUDO))
     rows = pl.concat(parts).sample(fraction=1.0, shuffle=True, seed=seed)
     if vote_shares is not None:
-        rows = rows.join(vote_shares.select("problem_id", "vote_shares"), on="problem_id", how="left", maintain_order="left")
+        rows = rows.join(
+            vote_shares.select("problem_id", "vote_shares"), on="problem_id", how="left", maintain_order="left"
+        )
         rows = rows.with_columns(pl.col("vote_shares").fill_null("[]"))
     dataset = datasets.Dataset.from_list(
         [
             {
-                "prompt": student_messages(row["problem_id"], row["prompt"], system_prompt, seed if prompt_noise else None),
+                "prompt": student_messages(
+                    row["problem_id"], row["prompt"], system_prompt, seed if prompt_noise else None
+                ),
                 "target": row["target"],
                 "label_source": row["label_source"],
                 "problem_id": row["problem_id"],
@@ -108,7 +116,9 @@ def validate_training_dataset(dataset: datasets.Dataset) -> None:
     check_step_fits(dataset, 1, "rows")
     for row in dataset.select_columns(["problem_id", "label_source", "target"]):
         if not (isinstance(row["target"], str) and row["target"].strip()):
-            raise ValueError(f"training row problem_id={row['problem_id']!r} ({row['label_source']}) has no target answer")
+            raise ValueError(
+                f"training row problem_id={row['problem_id']!r} ({row['label_source']}) has no target answer"
+            )
 
 
 def completion_text(completion: str | list[dict]) -> str:
@@ -137,7 +147,9 @@ def answer_reward(completions, target, label_source=None, log_metric=None, **kwa
     return rewards
 
 
-def vote_share_reward(completions, target, vote_shares, label_source=None, log_metric=None, **kwargs) -> list[float | None]:
+def vote_share_reward(
+    completions, target, vote_shares, label_source=None, log_metric=None, **kwargs
+) -> list[float | None]:
     """TRL reward function, the soft pseudo-reward: on a pseudo-labeled row, the share of the teacher's K votes
     that the completion's answer cluster won (the majority's agreement for the pseudo-label, less for a
     minority answer, 0 outside every cluster); on a labeled row ("[]"), 1.0 for the gold answer.  None where
@@ -146,7 +158,9 @@ def vote_share_reward(completions, target, vote_shares, label_source=None, log_m
     rewards = []
     for completion, shares, hard_reward in zip(completions, vote_shares, hard, strict=True):
         clusters = json.loads(shares)
-        rewards.append(vote_share_of(grading.extract_answer(completion_text(completion)), clusters) if clusters else hard_reward)
+        rewards.append(
+            vote_share_of(grading.extract_answer(completion_text(completion)), clusters) if clusters else hard_reward
+        )
     if log_metric is not None:
         _log_ungraded("vote_share_reward", rewards, log_metric)
     return rewards
@@ -162,7 +176,13 @@ def format_reward_fn(completions, **kwargs) -> list[float]:
 
 
 def grpo_config(
-    settings: GRPOSettings, work_dir: Path, *, device: str, dtype: str, report_to: list[str], log_completions: bool = False
+    settings: GRPOSettings,
+    work_dir: Path,
+    *,
+    device: str,
+    dtype: str,
+    report_to: list[str],
+    log_completions: bool = False,
 ) -> GRPOConfig:
     """TRL's GRPOConfig for `settings`, checkpointing into `work_dir`.
 
@@ -195,13 +215,22 @@ def logged_completions(work_dir: Path) -> pl.DataFrame:
     """The completions TRL logged while training into `work_dir` (`train_grpo(..., log_completions=True)`), one row
     per completion of each step's groups: the step, the question (the prompt's last turn), the completion's text,
     each reward function's reward (a column named after it; null where ungraded) and its advantage."""
-    table = pl.concat([pl.read_parquet(path) for path in sorted((work_dir / TRL_COMPLETIONS_DIR).glob("*.parquet"))], how="diagonal_relaxed")
+    table = pl.concat(
+        [pl.read_parquet(path) for path in sorted((work_dir / TRL_COMPLETIONS_DIR).glob("*.parquet"))],
+        how="diagonal_relaxed",
+    )
     messages_text = pl.element().struct.field("content")
     return table.with_columns(
         pl.col("prompt").list.last().struct.field("content").alias("question"),
         pl.col("completion").list.eval(messages_text).list.join(""),
         pl.col(pl.Float64).fill_nan(None),
-    ).select("step", "question", "completion", pl.exclude("step", "prompt", "question", "completion", "advantage"), "advantage")
+    ).select(
+        "step",
+        "question",
+        "completion",
+        pl.exclude("step", "prompt", "question", "completion", "advantage"),
+        "advantage",
+    )
 
 
 def train_grpo(
@@ -249,7 +278,14 @@ def train_grpo(
         dict(
             model=model,
             reward_funcs=[answer] + ([format_reward_fn] if settings.format_reward_weight > 0 else []),
-            args=grpo_config(settings, work_dir, device=device, dtype=dtype, report_to=report_to or ["none"], log_completions=log_completions),
+            args=grpo_config(
+                settings,
+                work_dir,
+                device=device,
+                dtype=dtype,
+                report_to=report_to or ["none"],
+                log_completions=log_completions,
+            ),
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(settings) if settings.use_lora else None,

@@ -110,7 +110,11 @@ def _guard_class() -> type:
 
         def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
             grads = [p.grad for p in model.parameters() if p.grad is not None]
-            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])) if grads else None
+            grad_norm = (
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+                if grads
+                else None
+            )
             grad_finite = grad_norm is None or bool(torch.isfinite(grad_norm))
             if self._losses_finite and grad_finite:
                 self.state.consecutive = 0
@@ -135,7 +139,7 @@ def _guard_class() -> type:
                 )
                 raise NonFiniteTrainingError(
                     f"training stopped at step {step}: {self.state.consecutive} consecutive optimizer steps "
-                    f"(steps {', '.join(map(str, self.state.skipped_steps[-self.state.consecutive:]))}) had a "
+                    f"(steps {', '.join(map(str, self.state.skipped_steps[-self.state.consecutive :]))}) had a "
                     f"non-finite loss or gradient norm; {resume}. Nothing was published."
                 )
 

@@ -35,7 +35,9 @@ SFT_LOGGED = (("mean_token_accuracy", "mean_token_accuracy"),)
 """TRL's step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
 
-def build_sft_dataset(rows: pl.DataFrame, system_prompt: str, *, seed: int = 0, prompt_noise: bool = False) -> datasets.Dataset:
+def build_sft_dataset(
+    rows: pl.DataFrame, system_prompt: str, *, seed: int = 0, prompt_noise: bool = False
+) -> datasets.Dataset:
     """`student_data.sft_rows` as TRL prompt-completion rows ("prompt": chat messages, "completion": the
     assistant turn), grouped by problem in a seeded order."""
     import datasets
@@ -87,6 +89,16 @@ def train_sft(
         peft_config=lora_config(settings) if settings.use_lora else None,
     )
     return fit(
-        SFTTrainer, trainer_kwargs, tokenizer, settings.max_consecutive_skipped_steps, init_checkpoint, out_dir,
-        work_dir=work_dir, callbacks=callbacks, warn=warn, what="SFT", label_sources=[PSEUDO] * len(dataset), logged=SFT_LOGGED,
+        SFTTrainer,
+        trainer_kwargs,
+        tokenizer,
+        settings.max_consecutive_skipped_steps,
+        init_checkpoint,
+        out_dir,
+        work_dir=work_dir,
+        callbacks=callbacks,
+        warn=warn,
+        what="SFT",
+        label_sources=[PSEUDO] * len(dataset),
+        logged=SFT_LOGGED,
     )

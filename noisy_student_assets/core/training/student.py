@@ -30,14 +30,23 @@ def training_set(settings: StudentSettings, data: StudentData) -> datasets.Datas
     return student_mode_for(settings).training_set(settings, data)
 
 
-def training_fingerprint(settings: StudentSettings, init_weights_sha256: str, dataset: datasets.Dataset, compute: ComputeSettings) -> str:
+def training_fingerprint(
+    settings: StudentSettings, init_weights_sha256: str, dataset: datasets.Dataset, compute: ComputeSettings
+) -> str:
     """Everything that shapes a training run: TRL checkpoints of a crashed attempt are kept under it (a retry
     resumes the same run, a changed input never resumes a stale one), and an identical published run is found
     by it. Training options at their defaults are left out, so that a plain GRPO run keys as it did before they
     existed; the compute precision only when it is not float32."""
     options = settings.changed()
     precision = [] if compute.dtype == "float32" else [{"dtype": compute.dtype}]
-    identity = [settings.mode, init_weights_sha256, dataset.to_list(), settings.grpo.model_dump(), *([options] if options else []), *precision]
+    identity = [
+        settings.mode,
+        init_weights_sha256,
+        dataset.to_list(),
+        settings.grpo.model_dump(),
+        *([options] if options else []),
+        *precision,
+    ]
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -57,7 +66,15 @@ def train_student(
     TRL checkpoints in `work_dir`; the result and the compute it spent."""
     mode = student_mode_for(settings)
     result = mode.train(
-        settings, init_dir, dataset, out_dir,
-        work_dir=work_dir, device=compute.resolved_device(), dtype=compute.dtype, report_to=report_to, callbacks=callbacks, warn=warn,
+        settings,
+        init_dir,
+        dataset,
+        out_dir,
+        work_dir=work_dir,
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+        report_to=report_to,
+        callbacks=callbacks,
+        warn=warn,
     )
     return result, mode.compute(result, settings.grpo)

@@ -38,13 +38,22 @@ def round_controls(number: int) -> dg.Definitions:
     student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
     checkpoint_key = {control: key(layout.control_checkpoint(control)) for control in layout.CONTROLS}
     # output_required: a control the arm's experiment does not list yields nothing (`not_asked_for`).
-    heavy = {"group_name": round_group(number), "partitions_def": ARMS, "io_manager_key": "checkpoint_io_manager", "output_required": False, **HEAVY}
+    heavy = {
+        "group_name": round_group(number),
+        "partitions_def": ARMS,
+        "io_manager_key": "checkpoint_io_manager",
+        "output_required": False,
+        **HEAVY,
+    }
     teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
     labeled = dg.AssetIn(layout.LABELED_PROBLEMS)
 
     @dg.asset(
         key=checkpoint_key[layout.LABELED_ONLY],
-        ins={"init": dg.AssetIn(labeled_only_init_key(number), input_manager_key="checkpoint_io_manager"), "labeled_problems": labeled},
+        ins={
+            "init": dg.AssetIn(labeled_only_init_key(number), input_manager_key="checkpoint_io_manager"),
+            "labeled_problems": labeled,
+        },
         description="Control: the round's GRPO on the labeled problems alone, from the previous round's labeled-only "
         "checkpoint (round 1: labeled RL).",
         **heavy,
@@ -60,7 +69,12 @@ def round_controls(number: int) -> dg.Definitions:
             context.log.info(skipped)
             return
         with stage(context, config, stage_resources) as current:
-            staged = train_checkpoint(current, init_dir=init, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
+            staged = train_checkpoint(
+                current,
+                init_dir=init,
+                data=StudentData(labeled_problems),
+                settings=StudentSettings(grpo=current.settings.grpo),
+            )
         yield current.output(staged)
 
     @dg.asset(
@@ -100,13 +114,20 @@ def round_controls(number: int) -> dg.Definitions:
                     allow_retries=False,
                 )
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
-            revealed = pl.concat([labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)])
+            revealed = pl.concat(
+                [labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)]
+            )
             staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))
         yield current.output(staged)
 
     @dg.asset(
         key=checkpoint_key[layout.RANDOM_LABEL],
-        ins={"teacher": teacher, "labeled_problems": labeled, "pseudo_labels": dg.AssetIn(labels_key), "base_model": BASE_MODEL_INPUT},
+        ins={
+            "teacher": teacher,
+            "labeled_problems": labeled,
+            "pseudo_labels": dg.AssetIn(labels_key),
+            "base_model": BASE_MODEL_INPUT,
+        },
         description="Control: the student's training with the kept pseudo-labels shuffled among the kept problems "
         "(no problem keeps its own label).",
         **heavy,
@@ -135,9 +156,17 @@ def round_controls(number: int) -> dg.Definitions:
 
     checks = []
     for control_key in checkpoint_key.values():
-        checks += [*checkpoint_checks(control_key, partitions_def=ARMS), compute_matched_check(control_key, student_key, ARMS)]
-    evals = [checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number)) for c in layout.CONTROLS]
-    return dg.Definitions(assets=[labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals], asset_checks=checks)
+        checks += [
+            *checkpoint_checks(control_key, partitions_def=ARMS),
+            compute_matched_check(control_key, student_key, ARMS),
+        ]
+    evals = [
+        checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number))
+        for c in layout.CONTROLS
+    ]
+    return dg.Definitions(
+        assets=[labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals], asset_checks=checks
+    )
 
 
 def _refuse_unmatched_training(current: StageRun, control: str) -> None:

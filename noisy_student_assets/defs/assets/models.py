@@ -66,7 +66,12 @@ def labeled_rl_checkpoint(
 ) -> dg.Output[Path]:
     """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
     with stage(context, config, stage_resources) as current:
-        staged = train_checkpoint(current, init_dir=base_model, data=StudentData(labeled_problems), settings=StudentSettings(grpo=current.settings.grpo))
+        staged = train_checkpoint(
+            current,
+            init_dir=base_model,
+            data=StudentData(labeled_problems),
+            settings=StudentSettings(grpo=current.settings.grpo),
+        )
     return current.output(staged)
 
 

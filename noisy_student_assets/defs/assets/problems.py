@@ -7,7 +7,14 @@ import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, drop_overlap, eval_halves, fingerprint, load_problems, split_problems
+from noisy_student_assets.core.problems import (
+    HIDDEN_GOLD_COLUMN,
+    drop_overlap,
+    eval_halves,
+    fingerprint,
+    load_problems,
+    split_problems,
+)
 from noisy_student_assets.core.settings import ProblemSource
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.assets.stages import stage
@@ -60,7 +67,8 @@ def eval_problems(
 @dg.multi_asset(
     outs={
         layout.LABELED_PROBLEMS: dg.AssetOut(
-            description="Problems whose gold answers RL may use (the arm's seeded draw from the pool).", group_name=GROUP
+            description="Problems whose gold answers RL may use (the arm's seeded draw from the pool).",
+            group_name=GROUP,
         ),
         layout.UNLABELED_PROBLEMS: dg.AssetOut(
             description=f"Problems to pseudo-label (a test-time arm's come from the held-out set); their gold answer is kept only "
@@ -89,7 +97,14 @@ def problem_split(
         tables = dict(
             zip(
                 (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS),
-                split_problems(problem_pool, settings.n_labeled, settings.n_unlabeled, settings.seed, settings.n_validation, transductive),
+                split_problems(
+                    problem_pool,
+                    settings.n_labeled,
+                    settings.n_unlabeled,
+                    settings.seed,
+                    settings.n_validation,
+                    transductive,
+                ),
                 strict=True,
             )
         )
@@ -97,7 +112,9 @@ def problem_split(
     split_metadata = {
         "pool_rows": problem_pool.height,
         "split_seed": settings.seed,
-        "unlabeled_from": "the held-out set's transductive half, all of it (test-time arm; n_unlabeled not read)" if settings.test_time else "the pool",
+        "unlabeled_from": "the held-out set's transductive half, all of it (test-time arm; n_unlabeled not read)"
+        if settings.test_time
+        else "the pool",
     }
     for name, table in tables.items():
         yield current.output(table, name, metadata=_table_metadata(table) | split_metadata)

@@ -40,7 +40,13 @@ from noisy_student_assets.defs.checks import (
     verifier_informative,
     verifier_informative_spec,
 )
-from noisy_student_assets.defs.config import EvalConfig, PseudoLabelConfig, SamplingConfig, StudentConfig, VerifierConfig
+from noisy_student_assets.defs.config import (
+    EvalConfig,
+    PseudoLabelConfig,
+    SamplingConfig,
+    StudentConfig,
+    VerifierConfig,
+)
 from noisy_student_assets.defs.lineage import reuse_key
 from noisy_student_assets.defs.partitions import ARMS, round_group, round_key, teacher_key
 from resources.data_lake import CONTENT_KEY_FILE, LakeTable
@@ -60,7 +66,11 @@ def round_definitions(number: int) -> dg.Definitions:
     eval report."""
     key = partial(round_key, number)
     generations_key, verifier_key, scores_key, labels_key, student_key, report_key = (
-        key(layout.GENERATIONS), key(layout.VERIFIER), key(layout.VERIFIER_SCORES), key(layout.PSEUDO_LABELS), key(layout.STUDENT),
+        key(layout.GENERATIONS),
+        key(layout.VERIFIER),
+        key(layout.VERIFIER_SCORES),
+        key(layout.PSEUDO_LABELS),
+        key(layout.STUDENT),
         key(layout.EVAL_REPORT),
     )
     teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
@@ -221,18 +231,32 @@ def round_definitions(number: int) -> dg.Definitions:
     ):
         arm = context.partition_key
         reference_name = "previous_round" if number > 1 else "labeled_rl"
-        for name, found in ((labeled_only_eval_key.to_user_string(), labeled_only_eval), (reference_name, baselines[reference_name])):
+        for name, found in (
+            (labeled_only_eval_key.to_user_string(), labeled_only_eval),
+            (reference_name, baselines[reference_name]),
+        ):
             if found is None:
                 raise dg.Failure(f"{name} (arm {arm}) is not materialized: the report compares with it")
         evidence = RoundEvidence(
-            number, arm, pseudo_labels.frame, pseudo_labels.extra_files, labeled_only_eval, baselines[reference_name], baselines, eval_problems
+            number,
+            arm,
+            pseudo_labels.frame,
+            pseudo_labels.extra_files,
+            labeled_only_eval,
+            baselines[reference_name],
+            baselines,
+            eval_problems,
         )
         with stage(context, config, stage_resources) as current:
             staged, metrics, health_check = evaluate(
                 current,
                 checkpoint_dir=student,
                 eval_problems=eval_problems,
-                deltas_against={name: baselines[name] for name in ("previous_round", "labeled_rl", "base_model") if name in baselines},
+                deltas_against={
+                    name: baselines[name]
+                    for name in ("previous_round", "labeled_rl", "base_model")
+                    if name in baselines
+                },
                 extras=partial(round_report, evidence),
             )
         yield current.output(staged, metadata=_explorer(arm, number))
@@ -245,9 +269,19 @@ def round_definitions(number: int) -> dg.Definitions:
             current.settings.regression_tolerance,
         )
 
-    student_validation = checkpoint_eval(key(layout.STUDENT_VALIDATION), student_key, group=round_group(number), problems=layout.VALIDATION_PROBLEMS)
+    student_validation = checkpoint_eval(
+        key(layout.STUDENT_VALIDATION), student_key, group=round_group(number), problems=layout.VALIDATION_PROBLEMS
+    )
     return dg.Definitions(
-        assets=[generations, verifier, verifier_scores, pseudo_labels, student_checkpoint, student_validation, eval_report],
+        assets=[
+            generations,
+            verifier,
+            verifier_scores,
+            pseudo_labels,
+            student_checkpoint,
+            student_validation,
+            eval_report,
+        ],
         asset_checks=checkpoint_checks(student_key, partitions_def=ARMS),
     )
 
@@ -307,7 +341,9 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
     if published is not None:
         context.log.info(f"Reusing the samples of {published}: same teacher weights, problems, sampling settings")
         # Bit-identical weights sampled them: they are this teacher's samples, and say so.
-        generations = pl.read_parquet(published / layout.TABLE_FILE_NAME).with_columns(pl.lit(teacher_label).alias("checkpoint"))
+        generations = pl.read_parquet(published / layout.TABLE_FILE_NAME).with_columns(
+            pl.lit(teacher_label).alias("checkpoint")
+        )
     else:
         context.log.info(f"Sampling {settings.k} answers for {unlabeled.height} problems from {teacher}")
         # Shards of an attempt killed midway (same cache key) are kept; this attempt samples the rest.
@@ -327,10 +363,15 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
             part.write_parquet(part_dir / PROBLEMS_FILE)
             specs.append(
                 SampleSpec(
-                    teacher_dir=str(teacher), problems=str(part_dir / PROBLEMS_FILE), settings=settings, checkpoint_label=teacher_label,
-                    compute=compute.settings, work_dir=str(part_dir), output=str(output / f"part-{index:03d}.parquet"),
+                    teacher_dir=str(teacher),
+                    problems=str(part_dir / PROBLEMS_FILE),
+                    settings=settings,
+                    checkpoint_label=teacher_label,
+                    compute=compute.settings,
+                    work_dir=str(part_dir),
+                    output=str(output / f"part-{index:03d}.parquet"),
                 )
-            )  # fmt: skip
+            )
         with current.resources.launcher.device_held(compute, context.log.info), current.timed("sampling_seconds"):
             ran = current.resources.launcher.run_all(context, specs)
         if len(ran) == 1:
@@ -366,7 +407,9 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
     return LakeTable(generations, {CONTENT_KEY_FILE: cache_key})
 
 
-def _train_verifier(current: StageRun, teacher: Path, labeled: pl.DataFrame, validation: pl.DataFrame) -> tuple[Path, dg.AssetCheckResult]:
+def _train_verifier(
+    current: StageRun, teacher: Path, labeled: pl.DataFrame, validation: pl.DataFrame
+) -> tuple[Path, dg.AssetCheckResult]:
     """The verifier stage (`core.verifier.build_verifier`) through the launcher, its validation figures as metadata
     and MLflow metrics, and the `verifier_informative` check."""
     from noisy_student_assets.core.verifier import read_verifier_metrics
@@ -380,9 +423,14 @@ def _train_verifier(current: StageRun, teacher: Path, labeled: pl.DataFrame, val
     validation.write_parquet(work_dir / "validation.parquet")
     staged = lake.staging_dir()
     spec = VerifierSpec(
-        teacher_dir=str(teacher), labeled=str(work_dir / "labeled.parquet"), validation=str(work_dir / "validation.parquet"),
-        settings=settings, compute=compute.settings, work_dir=str(work_dir), output_dir=str(staged),
-    )  # fmt: skip
+        teacher_dir=str(teacher),
+        labeled=str(work_dir / "labeled.parquet"),
+        validation=str(work_dir / "validation.parquet"),
+        settings=settings,
+        compute=compute.settings,
+        work_dir=str(work_dir),
+        output_dir=str(staged),
+    )
     with current.resources.launcher.device_held(compute, context.log.info), current.timed("verifier_seconds"):
         ran = current.resources.launcher.run(context, spec)
     current.metadata |= ran.metadata
@@ -459,15 +507,24 @@ def _pseudo_label(
     labels, stats = voted.labels, dict(voted.stats)
     if verifier_scores is not None:
         verifier = json.loads(verifier_scores.extra_files[VERIFIER_METRICS_FILE])["metrics"]
-        stats |= {f"verifier_{name}": float(value) for name, value in verifier.items() if isinstance(value, int | float)}
+        stats |= {
+            f"verifier_{name}": float(value) for name, value in verifier.items() if isinstance(value, int | float)
+        }
     current.log_metrics(stats)
     mlflow.log_table(voted.buckets.to_pandas(), artifact_file="label_audit_by_agreement.json")
     mlflow.log_table(voted.sources.to_pandas(), artifact_file="label_sources_at_matched_coverage.json")
     check = pseudo_label_quality(
-        current.context.asset_key, voted.floor_failure, stats["coverage"], stats["mean_agreement"], settings.min_coverage, settings.min_mean_agreement
+        current.context.asset_key,
+        voted.floor_failure,
+        stats["coverage"],
+        stats["mean_agreement"],
+        settings.min_coverage,
+        settings.min_mean_agreement,
     )
     kept = labels.filter("kept")
-    current.context.log.info(f"{kept.height}/{labels.height} pseudo-labels kept at tau={settings.tau} ({settings.label_source}); audit {stats}")
+    current.context.log.info(
+        f"{kept.height}/{labels.height} pseudo-labels kept at tau={settings.tau} ({settings.label_source}); audit {stats}"
+    )
     current.metadata |= stats | {
         "tau": settings.tau,
         "label_source": settings.label_source,

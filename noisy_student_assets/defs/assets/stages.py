@@ -101,8 +101,12 @@ class StageRun:
         """The asset's output (`name`: a multi-asset's output) with this stage's metadata and its data version: the
         fingerprint of its stage version, settings and inputs' data versions (`lineage`)."""
         key = self.context.asset_key if name is None else self.context.assets_def.keys_by_output_name[name]
-        inputs = input_data_versions(self.context.instance, self.context.job_def.asset_layer.asset_graph, key, self.partition)
-        version = dg.DataVersion(fingerprint(self.stage_version, self.made_with, inputs)) if inputs is not None else None
+        inputs = input_data_versions(
+            self.context.instance, self.context.job_def.asset_layer.asset_graph, key, self.partition
+        )
+        version = (
+            dg.DataVersion(fingerprint(self.stage_version, self.made_with, inputs)) if inputs is not None else None
+        )
         return dg.Output(value, name or "result", metadata=self.metadata | (metadata or {}), data_version=version)
 
 
@@ -127,7 +131,15 @@ def stage(
     compute = resources.compute.settings.model_dump() if is_heavy(context.op_def) else None
     try:
         with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
-            current = StageRun(context, settings, arm, resources, run.info.run_id, made_with(run_config, compute, active_profile()), version)
+            current = StageRun(
+                context,
+                settings,
+                arm,
+                resources,
+                run.info.run_id,
+                made_with(run_config, compute, active_profile()),
+                version,
+            )
             yield current
     except Exception as error:
         # Retried here, not by a Dagster RetryPolicy: Dagster retries an interrupted step that has one, so Ctrl-C
@@ -192,7 +204,9 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     run_fingerprint = reuse_key(training_fingerprint(settings, init_sha, dataset, compute.settings), settings)
     reusable = lake.recall(run_fingerprint)
     if reusable is not None:
-        context.log.info(f"Reusing {reusable}: the same {settings.mode} run (init weights, training rows, settings) already published")
+        context.log.info(
+            f"Reusing {reusable}: the same {settings.mode} run (init weights, training rows, settings) already published"
+        )
         staged = lake.stage_copy(reusable)
         record_compute(staged, read_compute(reusable).own, init_dir, training_recipe(settings.grpo))
         result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
@@ -203,8 +217,12 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
         staged = lake.staging_dir()
         context.log.info(f"{settings.mode} from {init_dir} on {len(dataset)} rows for {settings.grpo.max_steps} steps")
         spec = TrainSpec(
-            init_dir=str(init_dir), dataset=str(work_dir / DATASET_FILE), settings=settings, compute=compute.settings,
-            work_dir=str(work_dir), output_dir=str(staged),
+            init_dir=str(init_dir),
+            dataset=str(work_dir / DATASET_FILE),
+            settings=settings,
+            compute=compute.settings,
+            work_dir=str(work_dir),
+            output_dir=str(staged),
         )
         with current.resources.launcher.device_held(compute, context.log.info), current.timed("training_seconds"):
             ran = current.resources.launcher.run(context, spec)
@@ -219,21 +237,27 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
         result_metadata = {k: float(v) for k, v in metrics.items()}
     sources = list(dataset["label_source"]) if "label_source" in dataset.column_names else [PSEUDO] * len(dataset)
     spent = read_compute(staged)
-    compute_metrics = {f"compute/{k}": v for k, v in spent.own.as_dict().items()} | {f"compute/total_{k}": v for k, v in spent.total.as_dict().items()}
+    compute_metrics = {f"compute/{k}": v for k, v in spent.own.as_dict().items()} | {
+        f"compute/total_{k}": v for k, v in spent.total.as_dict().items()
+    }
     current.log_metrics(compute_metrics)
     options = settings.changed()
-    current.metadata |= result_metadata | compute_metrics | {
-        "training_mode": settings.mode,
-        **({"student_options": dg.MetadataValue.json(options)} if options else {}),
-        "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
-        "init_weights_sha256": init_sha,
-        "weights_sha256": weights_sha256(staged),
-        "training_fingerprint": run_fingerprint,
-        "train_rows": len(dataset),
-        "gold_rows": sources.count(GOLD),
-        "pseudo_rows": sources.count(PSEUDO),
-        "grpo_settings": dg.MetadataValue.json(settings.grpo.model_dump()),
-    }
+    current.metadata |= (
+        result_metadata
+        | compute_metrics
+        | {
+            "training_mode": settings.mode,
+            **({"student_options": dg.MetadataValue.json(options)} if options else {}),
+            "init_checkpoint": dg.MetadataValue.path(str(init_dir)),
+            "init_weights_sha256": init_sha,
+            "weights_sha256": weights_sha256(staged),
+            "training_fingerprint": run_fingerprint,
+            "train_rows": len(dataset),
+            "gold_rows": sources.count(GOLD),
+            "pseudo_rows": sources.count(PSEUDO),
+            "grpo_settings": dg.MetadataValue.json(settings.grpo.model_dump()),
+        }
+    )
     return staged
 
 
@@ -278,29 +302,45 @@ def evaluate(
         work_dir.mkdir(parents=True, exist_ok=True)
         eval_problems.write_parquet(problems_file)
         spec = EvalSpec(
-            checkpoint_dir=str(checkpoint_dir), problems=str(problems_file), settings=settings, compute=compute.settings,
-            work_dir=str(work_dir), output_dir=str(staged),
+            checkpoint_dir=str(checkpoint_dir),
+            problems=str(problems_file),
+            settings=settings,
+            compute=compute.settings,
+            work_dir=str(work_dir),
+            output_dir=str(staged),
         )
         with current.resources.launcher.device_held(compute, context.log.info), current.timed("eval_seconds"):
             ran = current.resources.launcher.run(context, spec)
         current.metadata |= ran.metadata
         if ran.result["resumed_passes"]:
-            context.log.info(f"Resumed {ran.result['resumed_passes']} problem passes from the shards of an interrupted attempt")
+            context.log.info(
+                f"Resumed {ran.result['resumed_passes']} problem passes from the shards of an interrupted attempt"
+            )
             current.metadata["resumed_problem_passes"] = float(ran.result["resumed_passes"])
         greedy, sampled = pl.read_parquet(staged / GREEDY_FILE), pl.read_parquet(staged / SAMPLED_FILE)
         shutil.rmtree(work_dir, ignore_errors=True)
     result = scored(eval_problems, greedy, sampled, settings)
     health = output_health(result.greedy)
     spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
-    metrics = dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
-    delta_metrics = deltas(result.metrics, {name: found.metrics for name, found in (deltas_against or {}).items() if found})
+    metrics = (
+        dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
+    )
+    delta_metrics = deltas(
+        result.metrics, {name: found.metrics for name, found in (deltas_against or {}).items() if found}
+    )
     metrics |= delta_metrics
     added = extras(metrics, result.scores) if extras else ReportExtras()
     metrics |= added.metrics
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
     (staged / CONTENT_KEY_FILE).write_text(eval_key)
     inline_report, _ = write_eval_artifact(
-        staged, title=title, result=result, metrics=metrics, extras=added, checkpoint=checkpoint_dir, eval_problems_fingerprint=problems_fingerprint(eval_problems)
+        staged,
+        title=title,
+        result=result,
+        metrics=metrics,
+        extras=added,
+        checkpoint=checkpoint_dir,
+        eval_problems_fingerprint=problems_fingerprint(eval_problems),
     )
     current.log_metrics(metrics)
     mlflow.log_artifacts(str(staged), artifact_path="eval_report")
@@ -313,9 +353,19 @@ def evaluate(
         **{metadata_key(section): markdown_table(table, max_rows=None) for section, table in added.tables.items()},
         "checkpoint": dg.MetadataValue.path(str(checkpoint_dir)),
     }
-    return staged, metrics, eval_not_degenerate(context.asset_key, health, degenerate_output_failure(
-        health, unevaluated_rate=metrics["unevaluated_rate"], min_answer_rate=settings.min_answer_rate,
-        max_truncation_rate=settings.max_truncation_rate, max_identical_share=settings.max_identical_share,
-        max_unevaluated_rate=settings.max_unevaluated_rate,
-    ))
-
+    return (
+        staged,
+        metrics,
+        eval_not_degenerate(
+            context.asset_key,
+            health,
+            degenerate_output_failure(
+                health,
+                unevaluated_rate=metrics["unevaluated_rate"],
+                min_answer_rate=settings.min_answer_rate,
+                max_truncation_rate=settings.max_truncation_rate,
+                max_identical_share=settings.max_identical_share,
+                max_unevaluated_rate=settings.max_unevaluated_rate,
+            ),
+        ),
+    )

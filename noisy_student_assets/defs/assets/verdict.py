@@ -26,7 +26,11 @@ VERDICT_NAME = "verdict"
         dg.AssetKey(layout.LABELED_RL_EVAL),
         dg.AssetKey(layout.EVAL_PROBLEMS),  # with each arm's unlabeled problems: a test-time arm's transductive set
         dg.AssetKey(layout.UNLABELED_PROBLEMS),
-        *(round_key(n, layout.eval_of(role)) for n in range(1, ROUNDS + 1) for role in (layout.STUDENT_ROLE, *layout.CONTROLS)),
+        *(
+            round_key(n, layout.eval_of(role))
+            for n in range(1, ROUNDS + 1)
+            for role in (layout.STUDENT_ROLE, *layout.CONTROLS)
+        ),
         *(round_key(n, layout.PSEUDO_LABELS) for n in range(1, ROUNDS + 1)),  # their audits
     ],
     description="Every registered arm's rounds against their compute-matched controls: differences with paired "
@@ -69,15 +73,23 @@ def verdict(
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         for row in results.differences.iter_rows(named=True):
             eval_set = "" if row["eval_set"] == ALL_EVAL else f"/{row['eval_set']}"
-            current.log_metrics({f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}{eval_set}": row["estimate"]})
+            current.log_metrics(
+                {f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}{eval_set}": row["estimate"]}
+            )
     return current.output(
         staged,
         metadata={
-            "verdict": dg.MetadataValue.md("\n".join(f"- {s}" for s in [*results.sentences, *results.pending]) or "no round evaluated yet"),
+            "verdict": dg.MetadataValue.md(
+                "\n".join(f"- {s}" for s in [*results.sentences, *results.pending]) or "no round evaluated yet"
+            ),
             "report": dg.MetadataValue.md(inline_report),
             "arms": len(arms),
             **({"accuracy_by_round": png_markdown("accuracy_by_round", figure)} if figure else {}),
-            **({"differences": markdown_table(results.differences, max_rows=None)} if results.differences.height else {}),
+            **(
+                {"differences": markdown_table(results.differences, max_rows=None)}
+                if results.differences.height
+                else {}
+            ),
         },
     )
 

@@ -40,13 +40,17 @@ class LabelSource(ABC):
             return f"label source {self.name!r} weighs samples by the round's verifier scores, and there are none: materialize round_00N/verifier_scores (round_00N_verifier_job)"
         return None
 
-    def weighted(self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None = None) -> pl.DataFrame:
+    def weighted(
+        self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None = None
+    ) -> pl.DataFrame:
         """The samples as the vote reads them (`VOTE_COLUMNS`); a ValueError saying why when the source cannot judge them."""
         if missing := self.missing_input(generations, scores):
             raise ValueError(missing)
         samples = generations
         if self.reads_verifier:
-            samples = generations.join(scores.select("problem_id", "sample_index", "score"), on=["problem_id", "sample_index"], how="left")
+            samples = generations.join(
+                scores.select("problem_id", "sample_index", "score"), on=["problem_id", "sample_index"], how="left"
+            )
             unscored = samples.filter(pl.col("score").is_null()).height
             if unscored:
                 raise ValueError(

@@ -6,7 +6,9 @@ from noisy_student_assets.core.pseudo_labels.sources.confidence import Confidenc
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.pseudo_labels.sources.verifier import VerifierSource
 
-SOURCES: dict[str, LabelSource] = {source.name: source for source in (MajoritySource(), ConfidenceSource(), VerifierSource())}
+SOURCES: dict[str, LabelSource] = {
+    source.name: source for source in (MajoritySource(), ConfidenceSource(), VerifierSource())
+}
 
 
 def label_source(name: str) -> LabelSource:

@@ -55,7 +55,9 @@ class StudentMode(ABC):
         """The TRL dataset, with the student's prompt noise."""
 
     @abstractmethod
-    def train(self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run) -> TrainingResult:
+    def train(
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+    ) -> TrainingResult:
         """Train from `init_dir` into `out_dir`; `run`: work_dir, device, dtype, report_to, callbacks, warn (see
         `grpo.train_grpo`)."""
 

@@ -22,14 +22,30 @@ if TYPE_CHECKING:
 
 class DPOMode(StudentMode):
     name = "dpo"
-    description = "DPO (TRL DPOTrainer): an agreeing sample preferred over a dissenting one (ScPO); pseudo-labeled problems only"
+    description = (
+        "DPO (TRL DPOTrainer): an agreeing sample preferred over a dissenting one (ScPO); pseudo-labeled problems only"
+    )
 
     def training_set(self, settings: StudentSettings, data: StudentData) -> datasets.Dataset:
-        pairs = dpo_pairs(data.required("generations"), data.required("pseudo-labels"), max(1, settings.grpo.num_generations // 2))
-        return build_dpo_dataset(pairs, DEFAULT_SYSTEM_PROMPT, seed=settings.grpo.seed, prompt_noise=settings.prompt_noise)
+        pairs = dpo_pairs(
+            data.required("generations"), data.required("pseudo-labels"), max(1, settings.grpo.num_generations // 2)
+        )
+        return build_dpo_dataset(
+            pairs, DEFAULT_SYSTEM_PROMPT, seed=settings.grpo.seed, prompt_noise=settings.prompt_noise
+        )
 
-    def train(self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run) -> TrainingResult:
-        return train_dpo(init_dir, dataset, settings.grpo, out_dir, beta=settings.dpo_beta, model_dropout=settings.model_dropout, **run)
+    def train(
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+    ) -> TrainingResult:
+        return train_dpo(
+            init_dir,
+            dataset,
+            settings.grpo,
+            out_dir,
+            beta=settings.dpo_beta,
+            model_dropout=settings.model_dropout,
+            **run,
+        )
 
     def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
         return supervised_compute(int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)

@@ -31,14 +31,31 @@ class GRPOMode(StudentMode):
         if settings.reward == VOTE_SHARE_REWARD:
             shares = vote_share_table(data.required("generations"), data.required("pseudo-labels"))
         return build_training_dataset(
-            data.labeled, data.pseudo_labeled, DEFAULT_SYSTEM_PROMPT, seed=settings.grpo.seed, prompt_noise=settings.prompt_noise, vote_shares=shares
+            data.labeled,
+            data.pseudo_labeled,
+            DEFAULT_SYSTEM_PROMPT,
+            seed=settings.grpo.seed,
+            prompt_noise=settings.prompt_noise,
+            vote_shares=shares,
         )
 
-    def train(self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run) -> TrainingResult:
-        return train_grpo(init_dir, dataset, settings.grpo, out_dir, model_dropout=settings.model_dropout, reward=settings.reward, **run)
+    def train(
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+    ) -> TrainingResult:
+        return train_grpo(
+            init_dir,
+            dataset,
+            settings.grpo,
+            out_dir,
+            model_dropout=settings.model_dropout,
+            reward=settings.reward,
+            **run,
+        )
 
     def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
-        return grpo_compute(result.log_history, int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)
+        return grpo_compute(
+            result.log_history, int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations
+        )
 
     def admits(self, control: str, settings: StudentSettings) -> bool:
         return super().admits(control, settings) or settings.reward == HARD_REWARD

@@ -25,10 +25,19 @@ class SFTMode(StudentMode):
     description = "fine-tune (TRL SFTTrainer) on the teacher's samples that agree with the kept pseudo-labels (RFT); pseudo-labeled problems only"
 
     def training_set(self, settings: StudentSettings, data: StudentData) -> datasets.Dataset:
-        rows = sft_rows(data.required("generations"), data.required("pseudo-labels"), settings.grpo.num_generations, settings.sft_samples_per_problem)
-        return build_sft_dataset(rows, DEFAULT_SYSTEM_PROMPT, seed=settings.grpo.seed, prompt_noise=settings.prompt_noise)
+        rows = sft_rows(
+            data.required("generations"),
+            data.required("pseudo-labels"),
+            settings.grpo.num_generations,
+            settings.sft_samples_per_problem,
+        )
+        return build_sft_dataset(
+            rows, DEFAULT_SYSTEM_PROMPT, seed=settings.grpo.seed, prompt_noise=settings.prompt_noise
+        )
 
-    def train(self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run) -> TrainingResult:
+    def train(
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+    ) -> TrainingResult:
         return train_sft(init_dir, dataset, settings.grpo, out_dir, model_dropout=settings.model_dropout, **run)
 
     def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
