@@ -2,11 +2,15 @@
 
 Every asset of round N carries `round_condition(N)`: requested for an arm once everything the round reads is
 there (round N-1 complete: each of its assets materialized after its inputs' latest materializations, each blocking
-check passed on its latest materialization; round 1: the arm's labeled RL and its evaluations) and the arm's stopping rule lets round
-N run (`core/experiments/progress.py`: `max_rounds`, a patience on validation accuracy). All of a round's assets
-become due in the same evaluation, so the sensor launches them as one run per arm. A round is requested once per
-teacher: a failed round is not retried in a loop, and a re-trained teacher starts it anew. Only the assets the
-arm's experiment file lists are requested (its controls; the validation eval where a patience reads it).
+check passed on its latest materialization; round 1: the arm's labeled RL and its evaluations) and the arm's
+stopping rule lets round N run (`core/experiments/progress.py`: `max_rounds`, a patience on validation accuracy).
+All of a round's assets become due in the same evaluation, so the sensor launches them as one run per arm. A round
+is requested once per teacher: a failed round is not retried in a loop, and a re-trained teacher starts it anew.
+Only the assets the arm's experiment file lists are requested (its controls; the validation eval where a patience
+reads it).
+
+Whether a round is due is `core/staleness.py`'s rule (`round_not_due`), on what the instance recorded. One tick
+reads the experiment files once, and judges each arm's round once for all the round's assets (`_Tick`).
 
 `next_round_automation` evaluates the conditions (*Automation*; off by default, as the grid drives rounds itself).
 It replaces the `next_round_sensor` that did this before with one difference, on purpose: that sensor stopped an
@@ -19,8 +23,8 @@ import warnings
 
 import dagster as dg
 
-from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
+from noisy_student_assets.core import layout, staleness
+from noisy_student_assets.core.experiments.arms import Arm, Experiment, default_experiments_dir, load_experiments
 from noisy_student_assets.core.experiments.progress import (
     pre_round_assets,
     round_assets,
@@ -58,24 +62,30 @@ def validation_accuracies(instance: dg.DagsterInstance, arm: str, done: int) -> 
 def why_not_due(
     instance: dg.DagsterInstance, graph, experiment, arm: Arm, number: int, run_evaluations: dict | None = None
 ) -> str | None:
-    """Why round `number` of `arm` is not due now, or None when it is."""
+    """Why round `number` of `arm` is not due now, or None when it is (`staleness.round_not_due`)."""
     before = pre_round_assets(experiment, arm) if number == 1 else round_assets(number - 1, experiment, arm)
-    for name in before:
-        node = graph.get(_key(name))
-        record = _latest(instance, graph, node.key, arm.name)
-        if record is None:
-            return f"{name} is not materialized"
-        inputs = [parent for parent in (_latest(instance, graph, key, arm.name) for key in node.parent_keys) if parent]
-        if any(parent.storage_id > record.storage_id for parent in inputs):
-            return f"{name} was materialized before one of its inputs (not redone since)"
-        blocking = [check for check in node.check_keys if graph.get_check_spec(check).blocking]
-        passed = check_outcomes_on(instance, record, blocking, arm.name, run_evaluations)
-        if not all(passed.get(check) for check in blocking):
-            return f"{name}: a blocking check did not pass on its latest materialization"
-    validation = _rule_inputs(instance, arm, number - 1)
-    if validation is None:
-        return "a validation eval its patience reads is not materialized"
-    return stop_reason(arm.stopping_rule, number - 1, validation)
+    latest = (_latest_state(instance, graph, name, arm.name, run_evaluations) for name in before)
+    return staleness.round_not_due(latest, arm.stopping_rule, number - 1, _rule_inputs(instance, arm, number - 1))
+
+
+def _latest_state(
+    instance: dg.DagsterInstance, graph, name: str, arm: str, run_evaluations: dict | None
+) -> staleness.Latest:
+    """What the instance recorded of asset `name`'s latest materialization for `arm`, as `staleness.not_current`
+    judges it."""
+    node = graph.get(_key(name))
+    record = _latest(instance, graph, node.key, arm)
+    if record is None:
+        return staleness.Latest(name, None)
+    inputs = {
+        parent.to_user_string(): parent_record.storage_id
+        for parent in node.parent_keys
+        if (parent_record := _latest(instance, graph, parent, arm))
+    }
+    blocking = [check for check in node.check_keys if graph.get_check_spec(check).blocking]
+    passed = check_outcomes_on(instance, record, blocking, arm, run_evaluations)
+    failed = tuple(check.name for check in blocking if not passed.get(check))
+    return staleness.Latest(name, record.storage_id, inputs, failed)
 
 
 def stopped(instance: dg.DagsterInstance, arm: Arm, done: int) -> str | None:
@@ -103,27 +113,63 @@ class RoundDue(dg.AutomationCondition):
 
     @property
     def description(self) -> str:
-        return f"round {self.number - 1} complete with its blocking checks passed, and the arm's stopping rule lets round {self.number} run"
+        return (
+            f"round {self.number - 1} complete with its blocking checks passed, and the arm's stopping rule lets round "
+            f"{self.number} run"
+        )
 
     def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
-        instance, graph = context.asset_graph_view.instance, context.asset_graph
-        arms = {
+        tick = _TICKS.of(context)
+        name, due = context.key.to_user_string(), set()
+        for partition in context.candidate_subset.expensively_compute_partition_keys():
+            experiment = tick.experiments.get(partition)
+            if experiment is None:
+                continue
+            arm = experiment.arm(partition)
+            if name in round_assets(self.number, experiment, arm) and tick.due(arm, self.number):
+                due.add(partition)
+        return dg.AutomationResult(context, context.candidate_subset.compute_intersection_with_partition_keys(due))
+
+
+class _Tick:
+    """What one evaluation of the round conditions (one tick of the sensor) reads once for all the assets it judges:
+    the experiment files, and whether each arm's round is due (every asset of a round asks the same question)."""
+
+    def __init__(self, context: dg.AutomationContext) -> None:
+        self.view = context.asset_graph_view
+        """The tick's view of the instance: Dagster makes one per evaluation."""
+        self.instance, self.graph = context.asset_graph_view.instance, context.asset_graph
+        self.experiments: dict[str, Experiment] = {
             name: experiment
             for experiment in load_experiments(default_experiments_dir()).values()
             for name in experiment.arms
         }
-        name, due, run_evaluations = context.key.to_user_string(), set(), {}
-        for partition in context.candidate_subset.expensively_compute_partition_keys():
-            experiment = arms.get(partition)
-            if experiment is None:
-                continue
-            arm = experiment.arm(partition)
-            if (
-                name in round_assets(self.number, experiment, arm)
-                and why_not_due(instance, graph, experiment, arm, self.number, run_evaluations) is None
-            ):
-                due.add(partition)
-        return dg.AutomationResult(context, context.candidate_subset.compute_intersection_with_partition_keys(due))
+        """Each arm's experiment, by arm name."""
+        self.run_evaluations: dict = {}
+        self._due: dict[tuple[str, int], bool] = {}
+
+    def due(self, arm: Arm, number: int) -> bool:
+        if (arm.name, number) not in self._due:
+            experiment = self.experiments[arm.name]
+            reason = why_not_due(self.instance, self.graph, experiment, arm, number, self.run_evaluations)
+            self._due[arm.name, number] = reason is None
+        return self._due[arm.name, number]
+
+
+class _TickCache:
+    """The current tick's `_Tick`: a new one once Dagster evaluates with another view of the instance."""
+
+    def __init__(self) -> None:
+        self.tick: _Tick | None = None
+
+    def of(self, context: dg.AutomationContext) -> _Tick:
+        tick = self.tick
+        if tick is None or tick.view is not context.asset_graph_view:
+            tick = self.tick = _Tick(context)
+        return tick
+
+
+_TICKS = _TickCache()
 
 
 def round_condition(number: int) -> dg.AutomationCondition:
@@ -170,6 +216,7 @@ def next_round_automation(assets: dg.Definitions) -> dg.Definitions:
             default_status=dg.DefaultSensorStatus.STOPPED,
             use_user_code_server=True,  # the round conditions are Python of this code location's
             emit_backfills=False,  # a run per arm and round, as the grid's
-            description="Launches each arm's next round once the previous one is complete and its stopping rule lets it run.",
+            description="Launches each arm's next round once the previous one is complete and its stopping rule "
+            "lets it run.",
         )
     return dg.Definitions(sensors=[sensor])

@@ -12,7 +12,7 @@
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
 like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
 the verdict. What is already materialized and still current is skipped: an asset is redone when it was never
-materialized or when what it would be made of now differs from what it was made of (`defs/lineage.py`: its stage
+materialized or when what it would be made of now differs from what it was made of (`core/staleness.py`: its stage
 version, its effective settings - profile defaults, run config, arm overrides - and its inputs' data versions);
 what is downstream of a redone asset is redone too, and each redone asset is printed with the reason. A killed grid
 therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
@@ -162,12 +162,14 @@ class Grid:
         directory = default_experiments_dir().resolve()
         if experiment_path.resolve().parent != directory:
             raise SystemExit(
-                f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code location reads"
+                f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code "
+                "location reads"
             )
         self.experiment = load_experiments(directory)[experiment_path.stem]
         if self.experiment.max_rounds > ROUNDS:
             raise SystemExit(
-                f"{self.experiment.name} asks for {self.experiment.max_rounds} rounds; the code location defines {ROUNDS}"
+                f"{self.experiment.name} asks for {self.experiment.max_rounds} rounds; the code location defines "
+                f"{ROUNDS}"
             )
         self.dg, self.arms_def = dg, ARMS
         self.graph = defs.resolve_asset_graph()
@@ -314,7 +316,8 @@ class Grid:
 
     def _stale(self, targets: list[str], arm) -> tuple[dict, dict[str, str]]:
         """The latest materialization of each target and of its inputs, and the targets to redo with the reason
-        (`lineage.stale_assets`)."""
+        (`staleness.stale_assets`)."""
+        from noisy_student_assets.core import staleness
         from noisy_student_assets.defs import lineage
 
         partition = arm.name if arm else None
@@ -334,12 +337,12 @@ class Grid:
                 record,
                 made[name][0],
                 made[name][2],
-                {parent: versions.get(parent, (None, lineage.MISSING)) for parent in parents.get(name, [])},
+                {parent: versions.get(parent, (None, staleness.MISSING)) for parent in parents.get(name, [])},
             )
             for name, record in latest.items()
         }
         stages, settings = {name: made[name][0] for name in targets}, {name: made[name][1] for name in targets}
-        return latest, lineage.stale_assets(targets, parents, stages, settings, recorded)
+        return latest, staleness.stale_assets(targets, parents, stages, settings, recorded)
 
     def _materialize(self, targets: list[str], arm, always: bool = False) -> bool:
         partition = arm.name if arm else None
@@ -522,8 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=None,
-        help="run: stop after this round in every arm (default: each arm's max_rounds); e.g. round 1 of every arm first,"
-        " then a run without it adds the rest",
+        help="run: stop after this round in every arm (default: each arm's max_rounds); e.g. round 1 of every arm"
+        " first, then a run without it adds the rest",
     )
     parser.add_argument(
         "--parallel-arms",
@@ -602,7 +605,8 @@ def _ray_cluster_if_needed(grid: Grid, gpus: int | None):
     with local_ray_cluster(num_cpus=os.cpu_count() or 1, num_gpus=gpus) as head:
         address = head.address
         print(
-            f"[grid] started a local Ray cluster at {address} ({os.cpu_count()} CPUs, {gpus} GPUs); it stops with the grid",
+            f"[grid] started a local Ray cluster at {address} ({os.cpu_count()} CPUs, {gpus} GPUs); it stops with "
+            "the grid",
             flush=True,
         )
         os.environ[environment.RAY_ADDRESS] = address  # for the launcher, as a user would set it

@@ -8,7 +8,7 @@
   (profile defaults, run config and arm overrides, resolved: its `config` metadata), the compute settings of a heavy
   stage, and the data versions of the inputs it read. An identical re-run gets the same data version, so nothing
   downstream turns unsynced; the grid redoes an asset exactly when the fingerprint it would get now differs from
-  the recorded one (`stale_assets`).
+  the recorded one (`core/staleness.py`, the one rule of what is current).
 
 A materialization made before data versions were recorded has Dagster's own data version; its fingerprint is
 rebuilt from its `config` metadata and the input materializations Dagster recorded it read (`recorded`).
@@ -16,34 +16,21 @@ rebuilt from its `config` metadata and the input materializations Dagster record
 
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import dagster as dg
 
 from noisy_student_assets.core.profiles import active_profile
 from noisy_student_assets.core.settings import Settings, resolved
+from noisy_student_assets.core.staleness import MISSING, Recorded, digest, fingerprint
 from noisy_student_assets.defs.config import StageConfig, with_arm
 from noisy_student_assets.defs.records import latest_materialization
 from resources.compute import DEVICE_POOL
 
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster records every data version under this tag
-MISSING = "missing"
-"""The data version an input that was never materialized counts with, in the asset and in the grid alike."""
 STAGE_VERSION_KEY = "stage_version"
 """The metadata entry that names the stage version a materialization was made by."""
-
-
-def fingerprint(stage_version: str, settings: Mapping, inputs: Mapping[str, str]) -> str:
-    """The data version of a materialization made by `stage_version` with `settings` from inputs of these data versions."""
-    return _digest({"stage": stage_version, "settings": settings, "inputs": inputs}, 24)
-
-
-def _digest(made_of: Mapping, length: int) -> str:
-    return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
 def config_class(assets_def: dg.AssetsDefinition) -> type[StageConfig] | None:
@@ -57,7 +44,8 @@ def config_class(assets_def: dg.AssetsDefinition) -> type[StageConfig] | None:
 
 
 def stage_version(config: type[StageConfig] | None) -> str:
-    """The hand-raised version of the stage a config configures ('TeacherSamplingSettings@1'; 'none@0' without config)."""
+    """The hand-raised version of the stage a config configures ('TeacherSamplingSettings@1'; 'none@0' without
+    config)."""
     settings: type[Settings] | None = config.settings_class if config is not None else None
     return f"{settings.__name__}@{settings.stage_version}" if settings is not None else "none@0"
 
@@ -103,7 +91,7 @@ def reuse_key(content_key: str, settings: Settings) -> str:
     of the stage that computes it (`settings`' class), so that a raised stage version reuses nothing made before it.
     At version 1 it is the content key itself, which a lake made before stage versions is indexed by."""
     version = type(settings).stage_version
-    return content_key if version == 1 else _digest({"content": content_key, "stage_version": version}, 64)
+    return content_key if version == 1 else digest({"content": content_key, "stage_version": version}, 64)
 
 
 def is_heavy(op: dg.OpDefinition) -> bool:
@@ -125,7 +113,7 @@ def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:
                 "defaults": config().model_dump() if config is not None else {},
                 "parents": sorted(version(parent) for parent in assets_def.asset_deps[key]),
             }
-            versions[key] = _digest(made_of, 16)
+            versions[key] = digest(made_of, 16)
         return versions[key]
 
     with (
@@ -133,18 +121,6 @@ def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:
     ):  # a preview API of Dagster's: its warning would print on every load of the code location
         warnings.simplefilter("ignore", dg.PreviewWarning)
         return definitions.map_asset_specs(func=lambda spec: spec.replace_attributes(code_version=version(spec.key)))
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What the latest materialization of an asset (partition) says it was made of."""
-
-    data_version: str
-    """Its data version, as its children record it among their inputs."""
-    fingerprint: str
-    """Its fingerprint: the data version where the pipeline set it, else rebuilt from its `config` metadata."""
-    settings: dict
-    stage_version: str | None
 
 
 def recorded(record, stage: str, compute: Mapping | None, inputs_now: Mapping[str, tuple[int, str]]) -> Recorded | None:
@@ -180,58 +156,3 @@ def recorded(record, stage: str, compute: Mapping | None, inputs_now: Mapping[st
     return Recorded(
         data_version, made_of, settings, metadata[STAGE_VERSION_KEY].value if STAGE_VERSION_KEY in metadata else None
     )
-
-
-def stale_assets(
-    targets: list[str],
-    parents: Mapping[str, Iterable[str]],
-    stages: Mapping[str, str],
-    settings: Mapping[str, dict],
-    latest: Mapping[str, Recorded | None],
-) -> dict[str, str]:
-    """The targets to (re)materialize, in `targets` order (dependencies first), each with its reason.
-
-    An asset is redone when it was never materialized or the fingerprint it would get now (its stage version in
-    `stages`, its `settings` and its inputs' data versions: a redone input's new fingerprint, else its recorded
-    data version) differs from its recorded one, so whatever reads a redone asset is redone too. `latest` holds
-    what is recorded of every target and of every parent outside the targets."""
-    now: dict[str, str] = {}
-    stale: dict[str, str] = {}
-    for name in targets:
-        inputs = {
-            parent: now.get(parent) or (latest[parent].data_version if latest.get(parent) else MISSING)
-            for parent in parents[name]
-        }
-        now[name] = fingerprint(stages[name], settings[name], inputs)
-        before, redone_inputs = latest.get(name), [parent for parent in parents[name] if parent in stale]
-        if before is None:
-            stale[name] = "never materialized"
-        elif redone_inputs:  # even to the same fingerprint: sampling on a GPU, say, need not give the same content
-            stale[name] = f"input {', '.join(redone_inputs)} redone"
-        elif before.fingerprint != now[name]:
-            stale[name] = _why(before, stages[name], settings[name])
-        else:
-            now[name] = before.data_version
-    return stale
-
-
-def _why(before: Recorded, stage: str, settings: dict) -> str:
-    """The plainest reason a recorded materialization is out of date."""
-    changed = _changed(before.settings, settings)
-    if changed:
-        return "settings changed: " + "; ".join(changed)
-    if before.stage_version not in (None, stage):
-        return f"stage version {before.stage_version} -> {stage}"
-    return "an input has another data version than it was made from"
-
-
-def _changed(before: Mapping, now: Mapping, prefix: str = "") -> list[str]:
-    """'config.k: 8 -> 6' for each leaf setting that differs."""
-    changes = []
-    for key in sorted(set(before) | set(now)):
-        old, new = before.get(key), now.get(key)
-        if isinstance(old, Mapping) and isinstance(new, Mapping):
-            changes += _changed(old, new, f"{prefix}{key}.")
-        elif old != new:
-            changes.append(f"{prefix}{key}: {json.dumps(old, default=str)} -> {json.dumps(new, default=str)}")
-    return changes

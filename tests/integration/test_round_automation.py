@@ -5,6 +5,8 @@ conditions read only what the instance recorded (materializations, check evaluat
 
 from __future__ import annotations
 
+from collections import Counter
+
 import dagster as dg
 import pytest
 
@@ -106,3 +108,35 @@ def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_acc
     _round(instance, 2, "patient", validation=0.35)
     assert tick() == {}, "round 2 did not improve on 0.35: patience 1 stops the arm"
     assert tick() == {}
+
+
+def test_a_tick_reads_each_experiment_file_once_and_judges_each_arm_s_round_once(
+    instance: dg.DagsterInstance, monkeypatch
+) -> None:
+    from noisy_student_assets.core.experiments import arms
+    from noisy_student_assets.defs import automation
+
+    reads, judged = Counter(), Counter()
+    load_experiment, why_not_due = arms.load_experiment, automation.why_not_due
+
+    def counted_load(path):
+        reads[path.name] += 1
+        return load_experiment(path)
+
+    def counted_judgement(instance, graph, experiment, arm, number, run_evaluations):
+        judged[arm.name, number] += 1
+        return why_not_due(instance, graph, experiment, arm, number, run_evaluations)
+
+    monkeypatch.setattr(arms, "load_experiment", counted_load)
+    monkeypatch.setattr(automation, "why_not_due", counted_judgement)
+    tick = Ticks(instance)
+    _ready_for_round_1(instance, "auto")
+    _ready_for_round_1(instance, "patient", validation=0.30)
+    files = sorted(path.name for path in TEST_EXPERIMENTS.glob("*.yaml"))
+    for _ in range(2):
+        reads.clear(), judged.clear()
+        tick()
+        assert sorted(reads) == files and set(reads.values()) == {1}, "each experiment file read once per tick"
+        rounds = {number for _, number in judged}
+        assert judged and set(judged.values()) == {1}, "each arm's round judged once for all of the round's assets"
+        assert set(judged) == {(arm, number) for arm in ("auto", "patient") for number in rounds}

@@ -1,5 +1,5 @@
-"""What a materialization was made of (`defs/lineage.py`): which assets the grid redoes, and the code versions
-that make the UI show exactly those as unsynced."""
+"""What a materialization was made of (`defs/lineage.py`) and which assets the grid redoes (`core/staleness.py`), and
+the code versions that make the UI show exactly those as unsynced."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.settings import PseudoLabelSettings, StudentSettings
-from noisy_student_assets.defs.lineage import Recorded, fingerprint, recorded, reuse_key, stale_assets
+from noisy_student_assets.core.staleness import Recorded, fingerprint, stale_assets
+from noisy_student_assets.defs.lineage import recorded, reuse_key
 from tests.cli import changed_defaults_env
 
 TARGETS = ["split", "labeled_rl", "generations", "pseudo_labels", "student"]
@@ -147,7 +148,8 @@ def _code_versions(defaults: dict) -> dict[str, str]:
         "import json, sys\n"
         "from noisy_student_assets.defs.code_location import defs\n"
         "graph = defs.resolve_asset_graph()\n"
-        "json.dump({key.to_user_string(): graph.get(key).code_version for key in graph.get_all_asset_keys()}, sys.stdout)\n"
+        "versions = {key.to_user_string(): graph.get(key).code_version for key in graph.get_all_asset_keys()}\n"
+        "json.dump(versions, sys.stdout)\n"
     )
     env = os.environ | changed_defaults_env(defaults)
     run = subprocess.run(

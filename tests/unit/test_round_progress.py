@@ -1,9 +1,11 @@
-"""The stopping rule (`progress.stop_reason`) that the next-round automation and the grid both apply."""
+"""The stopping rule (`progress.stop_reason`) that the next-round automation and the grid both apply, and the rule
+of when a round is due (`staleness.round_not_due`)."""
 
 import pytest
 
 from noisy_student_assets.core.experiments.progress import stop_reason
 from noisy_student_assets.core.settings import RoundsSettings
+from noisy_student_assets.core.staleness import Latest, round_not_due
 
 
 def test_without_a_patience_an_arm_runs_every_round_up_to_max_rounds() -> None:
@@ -40,3 +42,31 @@ def test_an_improvement_counts_only_past_min_improvement() -> None:
 def test_a_patience_needs_every_validation_accuracy_up_to_the_round() -> None:
     with pytest.raises(ValueError, match=r"rounds 1\.\.2"):
         stop_reason(RoundsSettings(max_rounds=5, patience=1), 2, [0.3, 0.4])
+
+
+def test_a_round_is_due_once_everything_it_reads_is_current_and_the_stopping_rule_lets_it_run() -> None:
+    rule = RoundsSettings(max_rounds=2)
+    split, labeled_rl = Latest("split", 3), Latest("labeled_rl", 5, {"split": 3})
+    assert round_not_due([split, labeled_rl], rule, 0, ()) is None
+    assert round_not_due([Latest("split", None), labeled_rl], rule, 0, ()) == "split is not materialized"
+    redone_split = Latest("labeled_rl", 5, {"split": 8})
+    assert round_not_due([split, redone_split], rule, 0, ()) == (
+        "labeled_rl was materialized before its input split (not redone since)"
+    )
+    failed = Latest("labeled_rl", 5, {"split": 3}, ("smoke_generation",))
+    assert "blocking check smoke_generation did not pass" in round_not_due([split, failed], rule, 0, ())
+    assert round_not_due([split, labeled_rl], rule, 2, ()) == "max_rounds=2 reached"
+    patient = RoundsSettings(max_rounds=2, patience=1)
+    assert round_not_due([split], patient, 1, None) == "a validation eval its patience reads is not materialized"
+
+
+def test_a_round_s_inputs_are_read_up_to_the_first_that_is_not_current() -> None:
+    read = []
+
+    def inputs():
+        for latest in (Latest("split", None), Latest("labeled_rl", 5)):
+            read.append(latest.name)
+            yield latest
+
+    assert round_not_due(inputs(), RoundsSettings(max_rounds=2), 0, ()) == "split is not materialized"
+    assert read == ["split"], "the instance is not read further"
