@@ -20,8 +20,12 @@ checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is
 run follows (one arm at a time; under `--parallel-arms` only a kill of the process group stops it at once).
 A check that runs as a step of its own (`finite_weights`, `smoke_generation`, `compute_matched`) and never
 judged its asset's latest materialization, because the grid was killed between the two steps, is evaluated
-alone, without materializing the asset again. The same selection from the UI: the `arm_job` (or the assets),
-*Materialize*, pick the arms: a backfill, which the daemon runs in the same order.
+alone, without materializing the asset again. A failed run is reported and the grid goes on to the next arm, but
+what reads a shared asset that a run of this grid failed to materialize (every arm, when the shared run failed) is
+not run, and the grid names those inputs. `plan` and `run` refuse a run config (`--config-json`) that a run would
+refuse (an unknown op or key, a value of the wrong type) before anything runs, naming the key and the op. The same
+selection from the UI: the `arm_job` (or the assets), *Materialize*, pick the arms: a backfill, which the daemon
+runs in the same order.
 """
 
 from __future__ import annotations
@@ -80,6 +84,31 @@ def asset_key(name: str):
     import dagster as dg
 
     return dg.AssetKey(name.split("/"))
+
+
+def run_config_errors(job, run_config: dict) -> list[str]:
+    """What of `run_config` a run of `job` (or of a subset of it) would refuse once it starts, each naming the key and
+    the op: an op `job` does not have, a key the op's config does not have, a value of the wrong type."""
+    import dagster as dg
+
+    ops = run_config.get("ops", {})
+    errors = [f"op {name}: the code location has no such op" for name in ops if name not in job.graph.node_dict]
+    try:
+        dg.validate_run_config(job, run_config)
+    except dg.DagsterInvalidConfigError as invalid:
+        errors += [_config_error(error) for error in invalid.errors]
+    return errors
+
+
+def _config_error(error) -> str:
+    """One of Dagster's config errors, naming the op: 'op problem_pool: unknown key bogus (at
+    root:ops:problem_pool:config)'."""
+    path = list(error.stack.levels)
+    where = f"op {path[1]}" if path[:1] == ["ops"] and len(path) > 1 else "the run config"
+    if error.reason.name in ("FIELD_NOT_DEFINED", "FIELDS_NOT_DEFINED"):
+        unknown = getattr(error.error_data, "field_names", None) or [error.error_data.field_name]
+        return f"{where}: unknown key {', '.join(unknown)} (at {':'.join(['root', *path])})"
+    return f"{where}: {error.message.split(' Expected:')[0]}"
 
 
 def _filtered_run_config(run_config: dict, node_names: Iterable[str]) -> dict:
@@ -175,6 +204,11 @@ class Grid:
         self.graph = defs.resolve_asset_graph()
         self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
         self.run_config = run_config or {}
+        errors = run_config_errors(defs.resolve_implicit_global_asset_job_def(), self.run_config)
+        if errors:
+            raise SystemExit("the run config (--config-json) is refused before any run: " + "; ".join(errors))
+        self.failed: set[tuple[str | None, str]] = set()
+        """The assets (arm, or None: shared; name) a run of this grid failed to materialize."""
         self.instance = dg.DagsterInstance.get()
         self.resources = with_experiment_resources(self.experiment, launcher)
 
@@ -220,7 +254,10 @@ class Grid:
                 for arm in arms:
                     ok = self.materialize_arm(arm, rounds, through) and ok
             else:
-                jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name, through) for arm in arms]
+                jobs = [
+                    (self.path, self.run_config, self.launcher_override, rounds, arm.name, through, self.failed)
+                    for arm in arms
+                ]
                 with ProcessPoolExecutor(
                     max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")
                 ) as pool:
@@ -356,13 +393,25 @@ class Grid:
         if not selected:
             print(f"[grid] {where}: up to date", flush=True)
             return checked
+        failed_inputs = self._failed_inputs(selected, partition)
+        if failed_inputs:
+            print(f"[grid] {where}: not run: its inputs {', '.join(failed_inputs)} failed in this grid run", flush=True)
+            return False
         print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
         if not always:
             _print_reasons(where, reasons)
         result = materialize_selection(selected, partition=partition, raise_on_error=False, **self._run_settings())
         if not _succeeded(result, where):
+            made = {event.asset_key for event in result.get_asset_materialization_events()}
+            self.failed |= {(partition, name) for name in selected if asset_key(name) not in made}
             return False
         return self._evaluate_unevaluated_checks(kept, latest, partition, where) and checked
+
+    def _failed_inputs(self, names: list[str], partition: str | None) -> list[str]:
+        """The assets that `names` read, directly or not, that a run of this grid failed to materialize: a shared one,
+        or one of `partition`'s."""
+        read = set().union(*(self.graph.get_ancestor_asset_keys(asset_key(name)) for name in names))
+        return sorted(name for where, name in self.failed if where in (None, partition) and asset_key(name) in read)
 
     def _made_with(self, assets_def, arm) -> tuple[str, dict, dict | None]:
         """An asset's stage version, what of its settings its fingerprint covers (this grid's run config, the arm's
@@ -438,8 +487,9 @@ class Grid:
 
 def _materialize_arm(job: tuple) -> bool:
     """One arm's part of a grid run, in a process of its own (`--parallel-arms`)."""
-    path, run_config, launcher, rounds, arm_name, through = job
+    path, run_config, launcher, rounds, arm_name, through, failed = job
     grid = Grid(path, run_config, launcher)
+    grid.failed = failed
     return grid.materialize_arm(grid.experiment.arm(arm_name), rounds, through)
 
 

@@ -1,17 +1,22 @@
-"""What the grid materializes: an experiment's assets, and which of them are stale."""
+"""What the grid materializes: an experiment's assets, which of them are stale, and the run configs it refuses."""
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
+import pytest
 
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
 from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.core.settings import ComputeSettings, LauncherSettings
 from noisy_student_assets.defs.grid import (
     checks_not_waiting,
+    main,
     unevaluated_checks,
     with_experiment_resources,
 )
+from tests.conftest import TEST_EXPERIMENTS
 
 
 def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> None:
@@ -155,3 +160,36 @@ def test_through_keeps_an_asset_and_what_it_reads_in_order() -> None:
         "several assets: the union of what each reads"
     )
     assert "round_001/student_checkpoint" not in union and set(controls) <= set(union)
+
+
+def test_grid_plan_and_run_refuse_an_unknown_key_in_the_run_config_before_any_run(tmp_path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # a grid that went on would create its instance here
+    config = {
+        "ops": {
+            "problem_pool": {"config": {"bogus": 1}},
+            "round_001__generations": {"config": {"k": "eight"}},
+            "no_such_op": {"config": {}},
+        }
+    }
+    for command in ("plan", "run"):
+        with pytest.raises(SystemExit) as refused:
+            main([command, str(TEST_EXPERIMENTS / "grid.yaml"), "--config-json", json.dumps(config)])
+        message = str(refused.value)
+        assert "refused before any run" in message
+        assert "op problem_pool: unknown key bogus (at root:ops:problem_pool:config)" in message
+        assert "op round_001__generations: Invalid scalar at path root:ops:round_001__generations:config:k" in message
+        assert "op no_such_op: the code location has no such op" in message
+    assert not home.exists(), "no instance opened, no run started"
+
+
+def test_the_tests_run_configs_pass_the_grid_s_check() -> None:
+    from pathlib import Path
+
+    from noisy_student_assets.defs.code_location import defs
+    from noisy_student_assets.defs.grid import run_config_errors
+    from tests.tiny_configs import tiny_config
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    assert run_config_errors(job, tiny_config(Path("tiny_model"), rounds=2)) == []
+    assert run_config_errors(job, {"bogus": 1}) == ["the run config: unknown key bogus (at root)"]
