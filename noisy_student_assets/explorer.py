@@ -70,7 +70,8 @@ def _round_votes(round_lake: RoundLake, version: int) -> tuple[pl.DataFrame, pl.
 
 @lru_cache(maxsize=256)
 def _answer(checkpoint: Path, version: int, question: str, max_new_tokens: int) -> dict[str, str | None]:
-    """A checkpoint's greedy answer to a question; `version` (its config's modification time) asks a re-trained one afresh."""
+    """A checkpoint's greedy answer to a question; `version` (its config's modification time) asks a re-trained one
+    afresh."""
     (answer,) = greedy_answers(checkpoint, [question], max_new_tokens=max_new_tokens)
     return answer
 
@@ -120,16 +121,23 @@ class Explorer:
     def problem_view(
         self, round_lake: RoundLake, problem_id: str
     ) -> tuple[str, str, str, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-        """The problem's question, hidden gold and kept label, each source's vote, the vote per answer and the samples."""
+        """The problem's question, hidden gold and kept label, each source's vote, the vote per answer and the
+        samples."""
         votes, labels = self.votes(round_lake)
         record = problem_record(round_lake, problem_id)
         settings = round_lake.label_settings()
         by_source = labels.filter(pl.col("problem_id") == problem_id).drop("problem_id")
         chosen = by_source.filter("chosen").row(0, named=True)
         if chosen["kept"]:
-            kept = f"Kept label ({settings.label_source}, the arm's source): **{chosen['pseudo_label']}**, agreement {chosen['agreement']:.2f} ≥ tau {settings.tau}"
+            kept = (
+                f"Kept label ({settings.label_source}, the arm's source): **{chosen['pseudo_label']}**, "
+                f"agreement {chosen['agreement']:.2f} ≥ tau {settings.tau}"
+            )
         else:
-            kept = f"No label kept: {settings.label_source}'s agreement {chosen['agreement']:.2f} < tau {settings.tau} (the student trains without this problem)"
+            kept = (
+                f"No label kept: {settings.label_source}'s agreement {chosen['agreement']:.2f} < tau {settings.tau} "
+                "(the student trains without this problem)"
+            )
         by_source = by_source.with_columns(
             pl.when("chosen").then(pl.col("source") + " (the arm's)").otherwise("source").alias("source")
         ).select(
@@ -161,11 +169,17 @@ class Explorer:
     def round_header(self, round_lake: RoundLake) -> str:
         """The round's vote settings and its audit's figures."""
         settings, figures = round_lake.label_settings(), audit(round_lake)
-        audited = ", ".join(f"{name} {figures[name]:.3f}" for name in AUDIT_FIGURES if figures.get(name) is not None)
-        return f"**Round {round_lake.number} of arm {round_lake.arm}**: label source {settings.label_source}, tau {settings.tau}. The audit (hidden gold): {audited}."
+        audited = ", ".join(
+            f"{name} {getattr(figures, name):.3f}" for name in AUDIT_FIGURES if getattr(figures, name) is not None
+        )
+        return (
+            f"**Round {round_lake.number} of arm {round_lake.arm}**: label source {settings.label_source}, "
+            f"tau {settings.tau}. The audit (hidden gold): {audited}."
+        )
 
     def held_out(self, round_lake: RoundLake) -> tuple[str, pl.DataFrame]:
-        """Both checkpoints' greedy answers on the held-out problems (their evaluations'), with each one's count right."""
+        """Both checkpoints' greedy answers on the held-out problems (their evaluations'), with each one's count
+        right."""
         table = side_by_side(round_lake)
         counts = ", ".join(
             f"{role} right on {table[f'{role}/correct'].sum()} of {table.height}"
@@ -305,7 +319,8 @@ def build(explorer: Explorer) -> gr.Blocks:
 
 
 def _default_pair(checkpoints: list[str]) -> tuple[str | None, str | None]:
-    """The pair a question is first put to: the latest round's student and its labeled-only control, else the first two."""
+    """The pair a question is first put to: the latest round's student and its labeled-only control, else the first
+    two."""
     students = [name for name in checkpoints if name.endswith(f"/ {layout.STUDENT_ROLE}")]
     if students:
         control = students[-1].removesuffix(layout.STUDENT_ROLE) + layout.LABELED_ONLY

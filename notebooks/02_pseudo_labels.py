@@ -56,10 +56,11 @@ labels_dir = round_lake.artifact(layout.PSEUDO_LABELS)
 pseudo_labels, settings, audited = round_lake.pseudo_labels(), round_lake.label_settings(), audit(round_lake)
 display(
     Markdown(
-        f"Arm `{ARM}`, round {ROUND}: label source `{settings.label_source}`, tau {settings.tau:g}, {pseudo_labels.height} unlabeled problems."
+        f"Arm `{ARM}`, round {ROUND}: label source `{settings.label_source}`, tau {settings.tau:g}, "
+        f"{pseudo_labels.height} unlabeled problems."
     )
 )
-pl.DataFrame({"audit": list(audited), "value": [str(value) for value in audited.values()]})
+pl.DataFrame([{"audit": name, "value": str(value)} for name, value in audited.model_dump().items()])
 
 # %% [markdown]
 # The audit's figures: **coverage** (the share of problems kept), **kept_label_accuracy** (the share of kept labels
@@ -73,9 +74,7 @@ pl.DataFrame({"audit": list(audited), "value": [str(value) for value in audited.
 
 # %%
 display(
-    Image(
-        plots.agreement_histogram(pseudo_labels["agreement"].to_list(), audited["tau"], int(pseudo_labels["k"].max()))
-    )
+    Image(plots.agreement_histogram(pseudo_labels["agreement"].to_list(), audited.tau, int(pseudo_labels["k"].max())))
 )
 
 # %% [markdown]
@@ -130,7 +129,8 @@ for kind, problem_id in shown.items():
     record = problem_record(round_lake, problem_id)
     display(
         Markdown(
-            f"### {kind}: `{problem_id}`\n\n> {record['prompt']}\n\nHidden gold (the audit's; no vote saw it): **{record['hidden_gold']}**"
+            f"### {kind}: `{problem_id}`\n\n> {record['prompt']}\n\n"
+            f"Hidden gold (the audit's; no vote saw it): **{record['hidden_gold']}**"
         )
     )
     display(labels.filter(pl.col("problem_id") == problem_id).drop("problem_id"))

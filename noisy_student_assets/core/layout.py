@@ -4,13 +4,22 @@ it from here, so the Dagster graph, the run summary and the scripts cannot drift
 
 An asset's key is its name, or `(round prefix, name)` for the assets of a round (`round_002/pseudo_labels`);
 its artifact lives at `<lake>/<key path>/<arm>/`, or `<lake>/<key path>/` when it is shared by every arm.
+
+A small JSON file published beside an artifact (a sidecar: the pseudo-labels' audit, a verifier's measures) has one
+typed model, in the module that writes it, and is read through `read_sidecar`: a file that does not match its model
+fails where it is read, naming the file, not later at a key a reader looks up.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from noisy_student_assets.core import environment
+
+SidecarModel = TypeVar("SidecarModel", bound=BaseModel)
 
 # Shared by every arm (not partitioned).
 PROBLEM_POOL = "problem_pool"
@@ -30,7 +39,8 @@ LABELED_RL_VALIDATION = "labeled_rl_validation"
 # One per arm and round, under the round's prefix.
 GENERATIONS = "generations"
 VERIFIER = "verifier"
-"""The round's outcome verifier, trained on the teacher's samples of labeled problems (arms whose label source reads it)."""
+"""The round's outcome verifier, trained on the teacher's samples of labeled problems (arms whose label source reads
+it)."""
 VERIFIER_SCORES = "verifier_scores"
 """The verifier's score of each of the round's samples: what the vote of such an arm reads."""
 PSEUDO_LABELS = "pseudo_labels"
@@ -126,3 +136,17 @@ def artifact_dir(root: Path, key_path: tuple[str, ...] | str, partition: str | N
 def default_lake_root() -> Path:
     """`NOISY_STUDENT_DATA_LAKE` (written to `.env` by `make setup`), else `./data_lake`."""
     return environment.data_lake_root()
+
+
+def read_sidecar(model: type[SidecarModel], path: Path) -> SidecarModel:
+    """The sidecar at `path` as its typed model (`parse_sidecar`)."""
+    return parse_sidecar(model, path.read_text(), str(path))
+
+
+def parse_sidecar(model: type[SidecarModel], text: str, where: str) -> SidecarModel:
+    """A sidecar's text as its typed model; one that does not match it (a key missing, renamed or of another type) is
+    refused with `where` (the file) named."""
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as error:
+        raise ValueError(f"{where} is not a {model.__name__} as this code writes it: {error}") from error

@@ -34,7 +34,7 @@ def test_the_inspected_round_is_the_published_one(inspected_lake) -> None:
     assert [column for column in votes.columns if column.startswith(WEIGHT_PREFIX)] == [
         WEIGHT_PREFIX + name for name in SOURCES
     ]
-    assert votes["correct"].mean() == audit(round_lake)["teacher_pass_at_1"], (
+    assert votes["correct"].mean() == audit(round_lake).teacher_pass_at_1, (
         "the samples are graded as the audit graded them"
     )
 
@@ -45,7 +45,7 @@ def test_the_inspected_round_is_the_published_one(inspected_lake) -> None:
     assert chosen.select("problem_id", "pseudo_label", "kept").equals(
         published.select("problem_id", "pseudo_label", "kept")
     )
-    assert chosen.filter("kept")["label_correct"].mean() == audit(round_lake)["kept_label_accuracy"]
+    assert chosen.filter("kept")["label_correct"].mean() == audit(round_lake).kept_label_accuracy
 
     problem_id = published["problem_id"][0]
     summary = vote_summary(votes, problem_id)

@@ -15,6 +15,7 @@ from noisy_student_assets.core.problems import load_problems
 from noisy_student_assets.core.reporting.headroom import grid_task, load_tasks, task_row
 from noisy_student_assets.core.settings import DEFAULT_EVAL_SOURCE, EvalProblemsSettings, ProblemPoolSettings
 from noisy_student_assets.headroom import EXPERIMENT, TASKS
+from tests.unit.test_summary import write_audit
 
 PROBLEMS = 60
 ARMS = load_experiment(EXPERIMENT).all_arms()
@@ -37,9 +38,7 @@ def _task_lake(lake: Path, gold_gain: float, seeds: int = 3) -> Path:
     rng = np.random.default_rng(0)
     for arm in ARMS[:seeds]:
         _eval(lake, layout.LABELED_RL_VALIDATION, arm.name, np.arange(100) < 40)
-        labels = layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name)
-        labels.mkdir(parents=True)
-        (labels / "audit.json").write_text(json.dumps({"teacher_maj_at_k": 0.5, "teacher_pass_at_k": 0.7}))
+        write_audit(lake, arm.name, teacher_maj_at_k=0.5, teacher_pass_at_k=0.7)
         labeled_only = rng.random(PROBLEMS) < 0.4
         gained = labeled_only | (rng.random(PROBLEMS) < gold_gain)
         _eval(lake, layout.round_asset(1, layout.control_eval(layout.LABELED_ONLY)), arm.name, labeled_only)

@@ -1,17 +1,27 @@
-"""Pseudo-labels from samples, and their audit against the hidden gold."""
+"""Pseudo-labels from samples, their audit against the hidden gold, and the files published beside them."""
 
+import json
 import math
+import re
+from pathlib import Path
 
 import polars as pl
 import pytest
 
 from noisy_student_assets.core.pseudo_labels.labels import (
+    AUDIT_FILE,
     PSEUDO_LABEL_SCHEMA,
+    SETTINGS_FILE,
+    PublishedAudit,
     audit_pseudo_labels,
     label_floor_failure,
+    pseudo_label,
+    read_label_settings,
     vote_pseudo_labels,
 )
 from noisy_student_assets.core.settings import PseudoLabelSettings
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 PROBLEMS = pl.DataFrame(
     {"problem_id": ["a", "b", "c"], "prompt": ["pa", "pb", "pc"], "hidden_gold_answer": ["0.5", "4", "7"]}
@@ -90,3 +100,65 @@ def test_the_default_agreement_floor_fails_a_teacher_whose_answers_are_scattered
     assert label_floor_failure(scattered, 0.0, 0.05, floor) == f"mean agreement 0.125 < min_mean_agreement {floor}"
     agreeing = scattered.with_columns(agreement=pl.lit(0.357))  # the mean agreement of `make run`'s round-1 teacher
     assert label_floor_failure(agreeing, 0.0, 0.05, floor) is None
+
+
+FIRST_AUDIT = (
+    '{"coverage": 0.25, "kept": 4.0, "mean_agreement": 0.4, "kept_label_accuracy": NaN, "all_label_accuracy": 0.5, '
+    '"teacher_pass_at_1": 0.3, "tau": 0.5}'
+)
+"""An audit as the first rounds published it (2026-11-22): no floor, maj@K, pass@K, label source or ungraded count."""
+
+
+def test_the_audit_and_the_settings_read_back_as_the_stage_wrote_them(tmp_path: Path) -> None:
+    settings = PseudoLabelSettings(tau=0.6)
+    voted = pseudo_label(GENERATIONS, PROBLEMS, settings)
+    for name, text in voted.sidecars(settings, voted.stats | {"verifier_validation_auroc": 0.75}).items():
+        (tmp_path / name).write_text(text)
+    audit = PublishedAudit.read(tmp_path)
+    assert (audit.tau, audit.label_source, audit.floor_failure) == (0.6, "majority", voted.floor_failure)
+    assert {name: getattr(audit, name) for name in voted.stats} == voted.stats
+    assert audit.verifier == {"validation_auroc": 0.75}, "the verifier's measures, flat in the file, read as its own"
+    assert json.loads((tmp_path / AUDIT_FILE).read_text())["verifier_validation_auroc"] == 0.75
+    assert read_label_settings(tmp_path) == settings
+
+
+def test_an_audit_published_before_the_newer_figures_reads_with_them_as_none() -> None:
+    audit = PublishedAudit.from_files({AUDIT_FILE: FIRST_AUDIT}, "an old round")
+    assert math.isnan(audit.kept_label_accuracy) and audit.tau == 0.5
+    assert (audit.teacher_maj_at_k, audit.label_source, audit.floor_failure, audit.verifier) == (None, None, None, {})
+
+
+def test_every_audit_committed_in_results_reads_as_it_was_written() -> None:
+    paths = sorted((REPOSITORY / "results").glob("**/audit.json"))
+    assert paths, "results/ holds the headroom runs' audits"
+    for path in paths:
+        read = PublishedAudit.read(path.parent).model_dump()
+        assert json.dumps(read, sort_keys=True) == json.dumps(json.loads(path.read_text()), sort_keys=True), path
+
+
+def _renamed(figures: dict, old: str, new: str) -> dict:
+    return {new if name == old else name: value for name, value in figures.items()}
+
+
+@pytest.mark.parametrize(
+    ("written", "named"),
+    [
+        (_renamed(json.loads(FIRST_AUDIT), "tau", "threshold"), "tau"),  # a required key renamed: missing
+        (json.loads(FIRST_AUDIT) | {"maj_at_k": 0.5}, "maj_at_k"),  # an optional one renamed: a key no field names
+        (json.loads(FIRST_AUDIT) | {"coverage": "most"}, "coverage"),
+    ],
+)
+def test_an_audit_whose_keys_changed_is_refused_where_it_is_read_naming_its_file(
+    tmp_path: Path, written: dict, named: str
+) -> None:
+    (tmp_path / AUDIT_FILE).write_text(json.dumps(written))
+    with pytest.raises(
+        ValueError, match=rf"(?s){re.escape(str(tmp_path / AUDIT_FILE))} is not a PublishedAudit.*{named}"
+    ):
+        PublishedAudit.read(tmp_path)
+
+
+def test_settings_with_a_renamed_key_are_refused_naming_their_file(tmp_path: Path) -> None:
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"threshold": 0.5}))
+    with pytest.raises(ValueError, match=rf"(?s){re.escape(str(tmp_path / SETTINGS_FILE))}.*threshold"):
+        read_label_settings(tmp_path)

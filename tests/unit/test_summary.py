@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import polars as pl
@@ -13,11 +14,12 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
 from noisy_student_assets.core.pseudo_labels.frontier import MATCHED_COVERAGES, coverage_column, frontier
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.summary import (
+    ExperimentResults,
     accuracy_pivot,
     collect,
     group_label,
@@ -30,6 +32,15 @@ from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROBLEMS = 40
 COMPUTE = {"compute/total_optimizer_steps": 9.0, "compute/total_prompts": 18.0, "compute/total_completions": 144.0}
+AUDIT = PublishedAudit(
+    coverage=0.25,
+    kept=12.0,
+    mean_agreement=0.7,
+    kept_label_accuracy=0.8,
+    all_label_accuracy=0.6,
+    teacher_pass_at_1=0.3,
+    tau=0.5,
+)
 
 
 def _eval(
@@ -42,6 +53,13 @@ def _eval(
     pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(len(correct))], "greedy_correct": correct}).write_parquet(
         directory / layout.SCORES_FILE
     )
+
+
+def write_audit(lake: Path, arm: str, **figures: float) -> None:
+    """Round 1's audit of `arm` as the pseudo-label stage publishes it: `AUDIT` with `figures`."""
+    labels = layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm)
+    labels.mkdir(parents=True)
+    (labels / AUDIT_FILE).write_text(PublishedAudit.model_validate(AUDIT.model_dump() | figures).model_dump_json())
 
 
 def _correct(share: float, shift: int = 0) -> list[bool]:
@@ -74,17 +92,7 @@ def lake(tmp_path: Path) -> Path:
             _eval(tmp_path, layout.round_asset(number, layout.EVAL_REPORT), arm.name, student)
             control = student if arm.spec.tau == 0.8 else _correct(0.3, index)
             _eval(tmp_path, layout.round_asset(number, "labeled_only_eval"), arm.name, control)
-        audit = {
-            "tau": arm.spec.tau,
-            "coverage": 0.25,
-            "kept": 12.0,
-            "kept_label_accuracy": 0.8,
-            "all_label_accuracy": 0.6,
-            "teacher_pass_at_1": 0.3,
-        }
-        labels = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.PSEUDO_LABELS), arm.name)
-        labels.mkdir(parents=True)
-        (labels / "audit.json").write_text(json.dumps(audit))
+        write_audit(tmp_path, arm.name, tau=arm.spec.tau)
     _eval(
         tmp_path, layout.round_asset(1, "gold_label_eval"), ARMS[0].name, _correct(0.6), compute={}
     )  # not compute-matched
@@ -379,7 +387,8 @@ def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds
     )
     by_one = row[("by-one", "verifier")]
     assert by_one["minus majority"] == pytest.approx(0.05) and by_one["outcome"] == "no difference"
-    # binomial variances (0.3*0.7 + 0.25*0.75)/20, (0.25*0.75 + 0.2*0.8)/20, (0.35*0.65 + 0.3*0.7)/20: 0.05 ± 1.96 * sqrt(0.059125) / 3
+    # binomial variances (0.3*0.7 + 0.25*0.75)/20, (0.25*0.75 + 0.2*0.8)/20, (0.35*0.65 + 0.3*0.7)/20:
+    # 0.05 ± 1.96 * sqrt(0.059125) / 3
     assert (by_one["low"], by_one["high"]) == (pytest.approx(-0.1089, abs=1e-3), pytest.approx(0.2089, abs=1e-3))
     assert row[("one", "verifier")]["outcome"] == "one seed" and row[("one", "verifier")]["low"] is None
     assert ("verifier", "majority") not in row and row[("verifier", "oracle (pass@K)")][
@@ -396,20 +405,7 @@ def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds
     assert results.frontiers[("v-s0", 1)].equals(arms[0][1].drop("experiment", "group", "arm", "round"))
 
 
-def _results_with_sources(sources: pl.DataFrame, curves: pl.DataFrame):
-    from noisy_student_assets.core.reporting.summary import ExperimentResults
-
-    empty = pl.DataFrame()
-    return ExperimentResults(
-        accuracy=empty,
-        differences=empty,
-        audits=empty,
-        calibration=empty,
-        sources=sources,
-        curves=curves,
-        flips=empty,
-        yardsticks=empty,
-        verifiers=empty,
-        validation=empty,
-        sentences=[],
-    )
+def _results_with_sources(sources: pl.DataFrame, curves: pl.DataFrame) -> ExperimentResults:
+    """Results holding `sources` and `curves` and no other table."""
+    tables = {field.name: pl.DataFrame() for field in fields(ExperimentResults) if field.type == "pl.DataFrame"}
+    return ExperimentResults(**tables | {"sources": sources, "curves": curves}, sentences=[])

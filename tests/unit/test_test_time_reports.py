@@ -3,7 +3,6 @@ other half (transfer), per-set verdicts pooled over seeds, and TTRL's yardstick 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
@@ -15,7 +14,7 @@ from noisy_student_assets.core.problems import eval_halves
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.summary import collect, summary_markdown
 from noisy_student_assets.core.reporting.test_time import ALL_EVAL
-from tests.unit.test_summary import COMPUTE, _eval
+from tests.unit.test_summary import AUDIT, COMPUTE, _eval, write_audit
 
 PROBLEMS = 40
 EVAL = pl.DataFrame(
@@ -41,7 +40,7 @@ def test_the_yardstick_is_measured_on_the_transductive_problems_alone() -> None:
     def scores(correct: set[str]) -> pl.DataFrame:
         return EVAL.select("problem_id", pl.col("problem_id").is_in(sorted(correct)).alias("greedy_correct"))
 
-    audit = {"teacher_maj_at_k": 0.6, "teacher_pass_at_k": 0.9, "teacher_pass_at_1": 0.5}
+    audit = AUDIT.model_copy(update={"teacher_maj_at_k": 0.6, "teacher_pass_at_k": 0.9, "teacher_pass_at_1": 0.5})
     teacher = scores(set(sorted(TRANSDUCTIVE_HALF)[:5]) | TRANSFER_HALF)  # the transfer half must not count
     row = test_time.yardstick(audit, teacher, scores(TRANSDUCTIVE_HALF), scores(set()), sets).row(0, named=True)
     assert row == {
@@ -152,9 +151,7 @@ def test_the_audit_columns_carry_the_teacher_s_maj_and_pass_at_k_and_a_test_time
         _eval(
             tmp_path, layout.round_asset(1, layout.EVAL_REPORT), arm, [True, False], compute=COMPUTE | student_metrics
         )
-        labels = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.PSEUDO_LABELS), arm)
-        labels.mkdir(parents=True)
-        (labels / "audit.json").write_text(json.dumps({"tau": 0.5, "teacher_maj_at_k": 0.4, "teacher_pass_at_k": 0.7}))
+        write_audit(tmp_path, arm, teacher_maj_at_k=0.4, teacher_pass_at_k=0.7)
     audits = {
         row["arm"]: row for row in collect(tmp_path, experiment.all_arms(), rounds=1).audits.iter_rows(named=True)
     }

@@ -13,21 +13,22 @@ audit check against the hidden gold that is ungraded is left out of the audit's 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any
 
 import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.layout import parse_sidecar, read_sidecar
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.consensus import weighted_vote
 from noisy_student_assets.core.pseudo_labels.frontier import frontier
 from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
-
-if TYPE_CHECKING:
-    from noisy_student_assets.core.settings import PseudoLabelSettings
+from noisy_student_assets.core.settings import PseudoLabelSettings
 
 PSEUDO_LABEL_SCHEMA = pl.Schema(
     {
@@ -45,13 +46,15 @@ PSEUDO_LABEL_SCHEMA = pl.Schema(
 )
 
 AUDIT_FILE = "audit.json"
-"""Beside the pseudo-labels table: tau and the audit's headline figures."""
+"""Beside the pseudo-labels table: tau and the audit's headline figures (`PublishedAudit`)."""
 AUDIT_BUCKETS_FILE = "audit_by_agreement.json"
 """Beside the pseudo-labels table: `LabelAudit.buckets`."""
 FRONTIER_FILE, SOURCES_FILE = "frontier.json", "label_sources.json"
 """Beside the pseudo-labels table: `PseudoLabels.frontier` and `PseudoLabels.sources`."""
 SETTINGS_FILE = "settings.json"
-"""Beside the pseudo-labels table: the `PseudoLabelSettings` the vote ran with."""
+"""Beside the pseudo-labels table: the `PseudoLabelSettings` the vote ran with (`read_label_settings`)."""
+VERIFIER_PREFIX = "verifier_"
+"""In `AUDIT_FILE`, the verifier's measures beside the audit's figures: `verifier_validation_auroc`."""
 
 AGREEMENT_BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9)
 """Lower edges of the agreement buckets of the audit: [0, 0.3), [0.3, 0.5), ..., [0.9, 1]."""
@@ -193,10 +196,84 @@ def label_floor_failure(labels: pl.DataFrame, tau: float, min_coverage: float, m
             "min_coverage=0 to train the student on the labeled problems only"
         )
     if coverage < min_coverage:
-        return f"tau={tau} keeps {kept}/{labels.height} pseudo-labels: coverage {coverage:.3f} < min_coverage {min_coverage}"
+        return (
+            f"tau={tau} keeps {kept}/{labels.height} pseudo-labels: "
+            f"coverage {coverage:.3f} < min_coverage {min_coverage}"
+        )
     if mean_agreement < min_mean_agreement:
         return f"mean agreement {mean_agreement:.3f} < min_mean_agreement {min_mean_agreement}"
     return None
+
+
+class PublishedAudit(BaseModel):
+    """The audit as published beside the pseudo-labels table (`AUDIT_FILE`): its figures against the hidden gold, the
+    vote's tau and label source, and why the labels must not train a student. The student, the round's report, the
+    run summary, the headroom table and the explorer read it through `read` or `from_files`. A figure that files
+    published before it was measured lack reads as None."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    coverage: float
+    kept: float
+    mean_agreement: float
+    kept_label_accuracy: float
+    """NaN when nothing was kept."""
+    all_label_accuracy: float
+    """NaN when no problem has a label."""
+    teacher_pass_at_1: float
+    teacher_maj_at_k: float | None = None
+    """None in files published before test-time arms (2026-11-25)."""
+    teacher_pass_at_k: float | None = None
+    """None in files published before test-time arms (2026-11-25)."""
+    ungraded: float | None = None
+    """Answers the grader could not judge; None in files published before ungraded answers were counted."""
+    verifier: dict[str, float] = Field(default_factory=dict)
+    """Where a verifier was trained for the round: its measures (`VERIFIER_PREFIX` + name in the file)."""
+    tau: float
+    label_source: str | None = None
+    """None in files published before label sources (2026-11-26), whose vote was the head count."""
+    floor_failure: str | None = None
+    """Why the labels must not train a student (`label_floor_failure`); None when they clear the floors."""
+
+    @classmethod
+    def read(cls, labels_dir: Path) -> PublishedAudit:
+        """The audit published in a pseudo-labels artifact directory."""
+        return read_sidecar(cls, labels_dir / AUDIT_FILE)
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, str], table: str) -> PublishedAudit:
+        """The audit among the files published beside a pseudo-labels table (`table` names it in an error)."""
+        return parse_sidecar(cls, files[AUDIT_FILE], f"{AUDIT_FILE} of {table}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_verifier_measures(cls, figures: Any) -> Any:
+        """The file holds the verifier's measures flat among the audit's, as the asset's metadata shows them."""
+        if not isinstance(figures, dict) or "verifier" in figures:
+            return figures
+        measures = {
+            name.removeprefix(VERIFIER_PREFIX): value
+            for name, value in figures.items()
+            if name.startswith(VERIFIER_PREFIX)
+        }
+        rest = {name: value for name, value in figures.items() if not name.startswith(VERIFIER_PREFIX)}
+        return rest | {"verifier": measures}
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Any) -> dict[str, Any]:
+        """As the file holds it: the verifier's measures flat, in the place of `verifier`."""
+        flat = {}
+        for name, value in handler(self).items():
+            if name == "verifier":
+                flat |= {VERIFIER_PREFIX + measure: measured for measure, measured in value.items()}
+            else:
+                flat[name] = value
+        return flat
+
+
+def read_label_settings(labels_dir: Path) -> PseudoLabelSettings:
+    """The settings a round's vote ran with, published in its pseudo-labels artifact directory."""
+    return read_sidecar(PseudoLabelSettings, labels_dir / SETTINGS_FILE)
 
 
 @dataclass(frozen=True)
@@ -212,19 +289,19 @@ class PseudoLabels:
     frontier: pl.DataFrame
     """`frontier.CURVE_SCHEMA`: each source's label accuracy at each coverage, and the oracle's."""
     sources: pl.DataFrame
-    """Per source: label accuracy at matched coverages, and its operating point (coverage and kept-label accuracy at tau)."""
+    """Per source: label accuracy at matched coverages, and its operating point (coverage and kept-label accuracy at
+    tau)."""
 
     def sidecars(self, settings: PseudoLabelSettings, stats: dict[str, float] | None = None) -> dict[str, str]:
         """The small files published beside the table: the audit's figures (`stats`, default `self.stats`, with tau, the
         source and the floor failure, which the student reads before it trains), the vote's settings (what re-weighs
         its samples: `core.reporting.inspection`), the audit by agreement, and the frontier."""
-        audit = (self.stats if stats is None else stats) | {
-            "tau": settings.tau,
-            "label_source": self.label_source,
-            "floor_failure": self.floor_failure,
-        }
+        audit = PublishedAudit.model_validate(
+            (self.stats if stats is None else stats)
+            | {"tau": settings.tau, "label_source": self.label_source, "floor_failure": self.floor_failure}
+        )
         return {
-            AUDIT_FILE: json.dumps(audit),
+            AUDIT_FILE: audit.model_dump_json(),
             SETTINGS_FILE: settings.model_dump_json(),
             AUDIT_BUCKETS_FILE: self.buckets.write_json(),
             FRONTIER_FILE: self.frontier.write_json(),

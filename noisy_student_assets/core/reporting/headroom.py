@@ -24,7 +24,7 @@ import yaml
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
 from noisy_student_assets.core.reporting.summary import read_evaluation
@@ -75,7 +75,8 @@ def load_tasks(path: Path) -> dict[str, Task]:
     document = yaml.safe_load(path.read_text()) or {}
     if DEFAULT_TRAINING_SOURCE.kind != "reasoning_gym":
         raise ValueError(
-            f"the headroom tasks are reasoning_gym generators, and this profile's pool is {DEFAULT_TRAINING_SOURCE.describe()}"
+            "the headroom tasks are reasoning_gym generators, and this profile's pool is "
+            f"{DEFAULT_TRAINING_SOURCE.describe()}"
         )
     return {
         name: Task(
@@ -117,18 +118,18 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
     rows = []
     for arm in arms:
         validation = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
-        audit_path = layout.artifact_dir(lake, layout.round_asset(ROUND, layout.PSEUDO_LABELS), arm.name) / AUDIT_FILE
-        if validation is None or not audit_path.exists():
+        labels_dir = layout.artifact_dir(lake, layout.round_asset(ROUND, layout.PSEUDO_LABELS), arm.name)
+        if validation is None or not (labels_dir / AUDIT_FILE).exists():
             continue
-        audit = json.loads(audit_path.read_text())
+        audit = PublishedAudit.read(labels_dir)
         controls = evals[arm.name]
         rows.append(
             {
                 "arm": arm.name,
                 "seed": arm.spec.seed,
                 "teacher_validation_greedy": validation.metrics["greedy_accuracy"],
-                "maj_at_k": audit["teacher_maj_at_k"],
-                "pass_at_k": audit["teacher_pass_at_k"],
+                "maj_at_k": audit.teacher_maj_at_k,
+                "pass_at_k": audit.teacher_pass_at_k,
                 "labeled_only": controls[layout.LABELED_ONLY].metrics["greedy_accuracy"]
                 if controls[layout.LABELED_ONLY]
                 else None,
@@ -194,7 +195,8 @@ def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
 
 def grid_task(table: pl.DataFrame) -> str | None:
     """The task the label-source grid takes: of the tasks where gold labels beat labeled-only (the interval over
-    seeds excludes 0, on 3 seeds or more), the one with the most label headroom; None where no task has data headroom."""
+    seeds excludes 0, on 3 seeds or more), the one with the most label headroom; None where no task has data
+    headroom."""
     candidates = table.filter((pl.col("outcome") == "better") & (pl.col("data_headroom_seeds") >= 3))
     candidates = candidates.sort("label_headroom", descending=True, nulls_last=True)
     return candidates["task"][0] if candidates.height else None

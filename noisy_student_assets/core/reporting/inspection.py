@@ -3,15 +3,16 @@ explorer read a round through `RoundLake` and the functions below, which call th
 sampler, so what they show is what the round computed.
 
     round_lake = RoundLake(layout.default_lake_root(), arm="default", number=1)
-    votes = sample_votes(round_lake)          # each sample: its answer, right or not, its weight per label source
-    labels = source_labels(round_lake)        # each problem: the label each source picks, kept or not, right or not
-    side_by_side(round_lake)                  # each held-out problem: the student's and the labeled-only control's greedy answers
-    flipped_problems(round_lake)              # the held-out problems the student got right and its teacher wrong, or the reverse
+    votes = sample_votes(round_lake)    # each sample: its answer, right or not, its weight per label source
+    labels = source_labels(round_lake)  # each problem: the label each source picks, kept or not, right or not
+    side_by_side(round_lake)            # each held-out problem: the student's and the labeled-only control's greedy
+                                        # answers
+    flipped_problems(round_lake)        # the held-out problems the student got right and its teacher wrong, or the
+                                        # reverse
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,9 +24,9 @@ from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.grading import extract_answer
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.labels import (
-    AUDIT_FILE,
-    SETTINGS_FILE,
+    PublishedAudit,
     graded_samples,
+    read_label_settings,
     source_votes,
     with_label_correct,
 )
@@ -72,9 +73,7 @@ class RoundLake:
 
     def label_settings(self) -> PseudoLabelSettings:
         """The settings the round's vote ran with (published beside its table)."""
-        return PseudoLabelSettings.model_validate_json(
-            (self.artifact(layout.PSEUDO_LABELS) / SETTINGS_FILE).read_text()
-        )
+        return read_label_settings(self.artifact(layout.PSEUDO_LABELS))
 
     def verifier_scores(self) -> pl.DataFrame | None:
         """The verifier's score of each sample, where the arm materialized them."""
@@ -148,7 +147,8 @@ def side_by_side(round_lake: RoundLake, roles: tuple[str, ...] = ROLES_SIDE_BY_S
 
 
 def _greedy_answers_of(evaluation: PublishedEval, name: str) -> pl.DataFrame:
-    """Each problem's greedy answer in `evaluation`, its completion and whether it was right, as `<name>/...` columns."""
+    """Each problem's greedy answer in `evaluation`, its completion and whether it was right, as `<name>/...`
+    columns."""
     greedy, _ = evaluation.completions()
     return greedy.select(
         "problem_id",
@@ -201,8 +201,8 @@ def greedy_answers(
 
 
 def vote_summary(votes: pl.DataFrame, problem_id: str) -> pl.DataFrame:
-    """One problem's vote per distinct answer text (the vote itself groups equivalent answers): how many samples gave it, whether it is right, and its share of each
-    source's total weight."""
+    """One problem's vote per distinct answer text (the vote itself groups equivalent answers): how many samples gave
+    it, whether it is right, and its share of each source's total weight."""
     samples = votes.filter(pl.col("problem_id") == problem_id)
     weights = [column for column in samples.columns if column.startswith(WEIGHT_PREFIX)]
     return (
@@ -225,9 +225,9 @@ def problem_record(round_lake: RoundLake, problem_id: str) -> dict:
     return {"problem_id": problem_id, "prompt": row["prompt"], "hidden_gold": row[HIDDEN_GOLD_COLUMN]}
 
 
-def audit(round_lake: RoundLake) -> dict:
-    """The round's published audit figures (coverage, kept-label accuracy, teacher pass@1, maj@K, pass@K, tau, source)."""
-    return json.loads((round_lake.artifact(layout.PSEUDO_LABELS) / AUDIT_FILE).read_text())
+def audit(round_lake: RoundLake) -> PublishedAudit:
+    """The round's published audit (coverage, kept-label accuracy, teacher pass@1, maj@K, pass@K, tau, source)."""
+    return PublishedAudit.read(round_lake.artifact(layout.PSEUDO_LABELS))
 
 
 def lake_checkpoints(root: Path) -> dict[str, Path]:
@@ -244,10 +244,11 @@ def lake_checkpoints(root: Path) -> dict[str, Path]:
 
 
 def explorer_link(arm: str, number: int, problem_id: str | None = None) -> str:
-    """The explorer's view of round `number` of `arm` (and of one of its problems), where `NOISY_STUDENT_EXPLORER_URL` says
-    the explorer serves."""
+    """The explorer's view of round `number` of `arm` (and of one of its problems), where
+    `NOISY_STUDENT_EXPLORER_URL` says the explorer serves."""
     named = dict(zip(LINK_PARAMETERS, (arm, number, problem_id), strict=True))
-    return f"{environment.explorer_url()}/?{urlencode({name: value for name, value in named.items() if value is not None})}"
+    query = urlencode({name: value for name, value in named.items() if value is not None})
+    return f"{environment.explorer_url()}/?{query}"
 
 
 def linked_view(query: Mapping[str, str]) -> tuple[str | None, int | None, str | None]:

@@ -20,7 +20,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
-from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
+from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
 
 ARM_EVAL_ASSETS = (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
 ROUND_EVAL_ASSETS = (

@@ -5,14 +5,18 @@ test-time arm, the same on its transductive and transfer problems apart, and TTR
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
+from noisy_student_assets.core.pseudo_labels.labels import (
+    AUDIT_BUCKETS_FILE,
+    FRONTIER_FILE,
+    SOURCES_FILE,
+    PublishedAudit,
+)
 from noisy_student_assets.core.reporting import plots, test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
 from noisy_student_assets.core.training.compute import compute_comparison
@@ -60,9 +64,12 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
     )
     lead += (
         f"\n\n**Flips from the teacher.** {flipped['wrong_to_right']} problems went from wrong to right and "
-        f"{flipped['right_to_wrong']} from right to wrong, of {flipped['problems']} ({flipped['difference']:+.3f} greedy accuracy)."
+        f"{flipped['right_to_wrong']} from right to wrong, of {flipped['problems']} "
+        f"({flipped['difference']:+.3f} greedy accuracy)."
     )
-    audit = json.loads(evidence.label_files[AUDIT_FILE])
+    audit = PublishedAudit.from_files(
+        evidence.label_files, f"{layout.round_prefix(number)} pseudo-labels of arm {evidence.arm}"
+    )
     buckets = pl.read_json(evidence.label_files[AUDIT_BUCKETS_FILE].encode())
     extra_metrics = {
         "flips/right_to_wrong": float(flipped["right_to_wrong"]),
@@ -72,9 +79,10 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
     if sets.height:
         counts = dict(sets["eval_set"].value_counts().iter_rows())
         lead += (
-            f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {evidence.eval_problems.height} eval problems are this arm's "
-            f"unlabeled problems: the **transductive** set, whose prompts the teacher sampled and the student trained on (their "
-            f"gold stayed hidden). The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
+            f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {evidence.eval_problems.height} eval "
+            "problems are this arm's unlabeled problems: the **transductive** set, whose prompts the teacher sampled "
+            "and the student trained on (their gold stayed hidden). "
+            f"The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
             "**transfer**. The verdict above is over the whole set, both halves together."
         )
         for eval_set, own in by_set.items():
@@ -96,7 +104,7 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
     figures = {
         "accuracy_by_round": plots.accuracy_by_round(accuracy),
         "agreement_histogram": plots.agreement_histogram(
-            labels["agreement"].to_list(), audit["tau"], int(labels["k"].max())
+            labels["agreement"].to_list(), audit.tau, int(labels["k"].max())
         ),
         "label_accuracy_vs_agreement": plots.label_accuracy_vs_agreement(buckets),
     }
@@ -105,7 +113,7 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
         FLIPS_TABLE: flips,
         "Compute since the base model": compute_table,
         "Pseudo-label calibration": buckets,  # label accuracy against the hidden gold by agreement
-        "Pseudo-label audit": pl.DataFrame([{k: v for k, v in audit.items() if k != "floor_failure"}]),
+        "Pseudo-label audit": pl.DataFrame([audit.model_dump(exclude={"floor_failure"})]),
     }
     if FRONTIER_FILE in evidence.label_files:  # labels published before label sources have none
         curve = pl.read_json(evidence.label_files[FRONTIER_FILE].encode())

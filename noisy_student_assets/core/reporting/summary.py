@@ -2,8 +2,8 @@
 
 For every round of every arm: the student's greedy accuracy and each control's, and the difference
 student minus control with a paired interval (`noisy_student_assets.core.reporting.verdict`): over eval problems on
-one seed; arms of one experiment that differ only by seed are pooled, with an interval over seeds and problems. The summary
-leads with one plain sentence per arm group: the last round against its labeled-only control.
+one seed; arms of one experiment that differ only by seed are pooled, with an interval over seeds and problems. The
+summary leads with one plain sentence per arm group: the last round against its labeled-only control.
 
 `python -m noisy_student_assets.summary` (run by `make run` after the grid) prints it and writes it to
 `<data lake>/run_summary.md`; the `verdict` asset publishes the same tables with the comparison plot.
@@ -11,7 +11,6 @@ leads with one plain sentence per arm group: the last round against its labeled-
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,13 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
 from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
+from noisy_student_assets.core.pseudo_labels.labels import (
+    AUDIT_BUCKETS_FILE,
+    AUDIT_FILE,
+    FRONTIER_FILE,
+    SOURCES_FILE,
+    PublishedAudit,
+)
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_published_eval
@@ -30,7 +35,7 @@ from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.reporting.verdict import direction, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
-from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE, verifier_metrics
+from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, verifier_metrics
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
@@ -54,8 +59,8 @@ AUDIT_COLUMNS = (
     "teacher_pass_at_1",
     "teacher_maj_at_k",
     "teacher_pass_at_k",
-    "verifier_validation_auroc",
 )
+"""The audit's figures in the summary's audit table, and the verifier's validation AUROC (on arms with one)."""
 
 
 def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
@@ -173,7 +178,6 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         ]
         for number in range(1, rounds + 1):
             labels_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name)
-            audit_path = labels_dir / AUDIT_FILE
             if (labels_dir / AUDIT_BUCKETS_FILE).exists():
                 calibration.append(
                     pl.read_json(labels_dir / AUDIT_BUCKETS_FILE).select(
@@ -207,13 +211,14 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                         pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()
                     )
                 )
-            if audit_path.exists():
-                audit = json.loads(audit_path.read_text())
+            if (labels_dir / AUDIT_FILE).exists():
+                audit = PublishedAudit.read(labels_dir)
                 transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
                 audits.append(
                     row
                     | {"round": number}
-                    | {column: audit.get(column) for column in AUDIT_COLUMNS}
+                    | {column: getattr(audit, column) for column in AUDIT_COLUMNS}
+                    | {"verifier_validation_auroc": audit.verifier.get("validation_auroc")}
                     | {"student_transductive_greedy": transductive}
                 )
         asked = arm.stopping_rule.max_rounds
@@ -391,7 +396,8 @@ def summary_markdown(results: ExperimentResults) -> str:
         )
         lines += [
             "",
-            "## Student minus control, per round (paired 95% intervals: over seeds and problems, or over problems on one seed)",
+            "## Student minus control, per round "
+            "(paired 95% intervals: over seeds and problems, or over problems on one seed)",
             "",
             markdown_table(shown),
         ]
@@ -420,7 +426,8 @@ def summary_markdown(results: ExperimentResults) -> str:
     if over_seeds.height:
         lines += [
             "",
-            "## Label sources against majority at matched coverage, over seeds (the direct effect: interval over seeds, at least each seed's binomial width)",
+            "## Label sources against majority at matched coverage, over seeds "
+            "(the direct effect: interval over seeds, at least each seed's binomial width)",
             "",
             markdown_table(over_seeds.drop("experiment"), max_rows=None),
         ]
@@ -444,7 +451,8 @@ def summary_markdown(results: ExperimentResults) -> str:
         )
         lines += [
             "",
-            "## TTRL's yardstick on the transductive problems (test-time arms; per arm, then the mean over each group's seeds)",
+            "## TTRL's yardstick on the transductive problems "
+            "(test-time arms; per arm, then the mean over each group's seeds)",
             "",
             markdown_table(results.yardsticks, max_rows=None),
             "",
@@ -520,7 +528,8 @@ def main(
     if export:
         copied = export_results(lake, [arm.name for arm in arms], export)
         print(
-            f"Results of {len(arms)} arms: {len(copied)} files copied into {export} (python -m noisy_student_assets.summary --lake {export})"
+            f"Results of {len(arms)} arms: {len(copied)} files copied into {export} "
+            f"(python -m noisy_student_assets.summary --lake {export})"
         )
     print(f"Eval reports: {lake}/round_*/eval_report/<arm>/report.md")
     print(f"\nMLflow store: {mlflow_store}\n  compare runs: mlflow ui --backend-store-uri '{mlflow_store}'")

@@ -14,10 +14,15 @@ rising toward the teacher's maj@K.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from noisy_student_assets.core.problems import eval_halves
 from noisy_student_assets.core.reporting.verdict import Difference, paired_difference, paired_scores
+
+if TYPE_CHECKING:
+    from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 
 ALL_EVAL, TRANSDUCTIVE, TRANSFER = "all", "transductive", "transfer"
 EVAL_SETS = (ALL_EVAL, TRANSDUCTIVE, TRANSFER)
@@ -73,7 +78,7 @@ def scores_in(scores: pl.DataFrame, sets: pl.DataFrame, eval_set: str) -> pl.Dat
 
 
 def yardstick(
-    audit: dict,
+    audit: PublishedAudit,
     teacher_scores: pl.DataFrame,
     student_scores: pl.DataFrame,
     control_scores: pl.DataFrame,
@@ -88,9 +93,9 @@ def yardstick(
             {
                 "problems": int((sets["eval_set"] == TRANSDUCTIVE).sum()),
                 "teacher_greedy": greedy_accuracy_in(teacher_scores, sets, TRANSDUCTIVE),
-                "teacher_maj_at_k": audit["teacher_maj_at_k"],
-                "teacher_pass_at_k": audit["teacher_pass_at_k"],
-                "teacher_sampled_pass_at_1": audit["teacher_pass_at_1"],
+                "teacher_maj_at_k": audit.teacher_maj_at_k,
+                "teacher_pass_at_k": audit.teacher_pass_at_k,
+                "teacher_sampled_pass_at_1": audit.teacher_pass_at_1,
                 "student_greedy": greedy_accuracy_in(student_scores, sets, TRANSDUCTIVE),
                 "labeled_only_greedy": greedy_accuracy_in(control_scores, sets, TRANSDUCTIVE),
             }
