@@ -34,6 +34,7 @@ from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.reporting.headroom import grid_task, load_tasks, task_home, task_lake, task_row
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
+from noisy_student_assets.defs.grid import add_arm_selection
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
@@ -122,18 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--task", action="append", default=[], help="run, summary: this task only (repeatable; default: every task)"
     )
-    parser.add_argument(
-        "--arm",
-        action="append",
-        default=[],
-        help="run: this arm (seed) only, e.g. headroom-s0 (repeatable; default: every arm)",
-    )
-    parser.add_argument(
-        "--through",
-        action="append",
-        default=[],
-        help="run: each arm only up to this asset (the grid's --through; repeatable), e.g. round_001/pseudo_labels",
-    )
+    add_arm_selection(parser)  # passed on to each task's grid
     parser.add_argument(
         "--experiment",
         type=Path,
@@ -144,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lake",
         type=Path,
         default=None,
-        help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data lake",
+        help="summary, table: read the tasks' lakes under this directory (a results directory) instead of the data"
+        " lake",
     )
     parser.add_argument(
         "--to", type=Path, default=Path("results"), help="export: the results directory (default: results/)"

@@ -561,6 +561,23 @@ def _load_dotenv() -> None:
     load_dotenv(Path.cwd() / ".env", override=False)
 
 
+def add_arm_selection(parser: argparse.ArgumentParser) -> None:
+    """`run`'s `--arm` and `--through` on `parser`: the grid's, and those of a command that passes them on to it."""
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="run: this arm only (repeatable; default: every arm of the experiment)",
+    )
+    parser.add_argument(
+        "--through",
+        action="append",
+        default=[],
+        help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
+        " round_001/pseudo_labels: the labels' direct effect without the students)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["register", "plan", "run", "checks"])
@@ -584,19 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="run: arms materialized at once (their heavy steps overlap only on Ray)",
     )
-    parser.add_argument(
-        "--arm",
-        action="append",
-        default=[],
-        help="run: this arm only (repeatable; default: every arm of the experiment)",
-    )
-    parser.add_argument(
-        "--through",
-        action="append",
-        default=[],
-        help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
-        " round_001/pseudo_labels: the labels' direct effect without the students)",
-    )
+    add_arm_selection(parser)
     parser.add_argument(
         "--ray-gpus",
         type=int,

@@ -34,25 +34,25 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
                 selection=dg.AssetSelection.groups(group) - verifier - validation,
                 partitions_def=ARMS,
                 tags=RUN_TAGS,
-                description=f"Round {number} of an arm: sample, pseudo-label, train the student and the controls its experiment "
-                f"lists, evaluate; a control it does not list skips. An arm whose label source reads a verifier runs {group}_verifier_job "
-                f"first; an arm with a patience runs {group}_validation_job after.",
+                description=f"Round {number} of an arm: sample, pseudo-label, train the student and the controls its "
+                "experiment lists, evaluate; a control it does not list skips. An arm whose label source reads a "
+                f"verifier runs {group}_verifier_job first; an arm with a patience runs {group}_validation_job after.",
             ),
             dg.define_asset_job(
                 f"{group}_verifier_job",
                 selection=verifier,
                 partitions_def=ARMS,
                 tags=RUN_TAGS,
-                description=f"Round {number}'s outcome verifier and its scores of the round's samples: before {group}_job, for an "
-                "arm whose label source reads them.",
+                description=f"Round {number}'s outcome verifier and its scores of the round's samples: before "
+                f"{group}_job, for an arm whose label source reads them.",
             ),
             dg.define_asset_job(
                 f"{group}_validation_job",
                 selection=validation,
                 partitions_def=ARMS,
                 tags=RUN_TAGS,
-                description=f"Round {number}'s student on the arm's validation problems: after {group}_job, for an arm whose "
-                "stopping rule reads it (a patience).",
+                description=f"Round {number}'s student on the arm's validation problems: after {group}_job, for an arm "
+                "whose stopping rule reads it (a patience).",
             ),
         ]
     defined = [
@@ -60,14 +60,16 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
             "shared_inputs_job",
             selection=shared - dg.AssetSelection.groups(VERDICT_GROUP),
             tags=RUN_TAGS,
-            description="What every arm shares: the problem pool, the held-out eval set, the base model and its evaluation.",
+            description="What every arm shares: the problem pool, the held-out eval set, the base model and its "
+            "evaluation.",
         ),
         dg.define_asset_job(
             ARM_JOB,
             selection=dg.AssetSelection.all() - shared,
             partitions_def=ARMS,
             tags=RUN_TAGS,
-            description="Everything of one arm: its split, labeled RL, every round and every control, with their evaluations.",
+            description="Everything of one arm: its split, labeled RL, every round and every control, with their "
+            "evaluations.",
         ),
         *round_jobs,
         dg.define_asset_job(

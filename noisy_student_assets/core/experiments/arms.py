@@ -128,6 +128,11 @@ def _ks_for(samples: int) -> list[int]:
     return sorted({1, samples}) if samples else []
 
 
+def _settings_of(stage: str, *names: str) -> dict[str, ArmField]:
+    """Arm fields that each set the setting of `stage` they are named after."""
+    return {name: ArmField(((stage, name),)) for name in names}
+
+
 ARM_FIELDS: dict[str, ArmField] = {
     "seed": ArmField(
         (
@@ -141,15 +146,11 @@ ARM_FIELDS: dict[str, ArmField] = {
         ),
         "labeled/unlabeled split, every GRPO run, the verifier, the teacher's and the eval's samples",
     ),
-    "n_labeled": ArmField(((PROBLEM_SPLIT, "n_labeled"),)),
-    "n_unlabeled": ArmField(((PROBLEM_SPLIT, "n_unlabeled"),)),
-    "test_time": ArmField(((PROBLEM_SPLIT, "test_time"),)),
-    "tau": ArmField(((PSEUDO_LABELS, "tau"),)),
-    "label_source": ArmField(((PSEUDO_LABELS, "label_source"),)),
-    "drop_least_confident": ArmField(((PSEUDO_LABELS, "drop_least_confident"),)),
+    **_settings_of(PROBLEM_SPLIT, "n_labeled", "n_unlabeled", "test_time"),
+    **_settings_of(PSEUDO_LABELS, "tau", "label_source", "drop_least_confident"),
     "k": ArmField(((SAMPLING, "k"),), "teacher samples per unlabeled problem"),
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
-    "student_init": ArmField(((STUDENT, "student_init"),)),
+    **_settings_of(STUDENT, "student_init"),
     "labeled_rl_steps": ArmField(((LABELED_RL, "grpo.max_steps"),), "GRPO steps of labeled RL"),
     "labeled_rl_lora": ArmField(
         ((LABELED_RL, "grpo.use_lora"),), "labeled RL with LoRA adapters; false: it fine-tunes every weight"
@@ -163,24 +164,17 @@ ARM_FIELDS: dict[str, ArmField] = {
         ((STUDENT, "grpo.prompts_per_step"), (LABELED_ONLY, "grpo.prompts_per_step")),
         "prompts per GRPO step of each round's student and of each control",
     ),
-    "pseudo_only": ArmField(((STUDENT, "pseudo_only"),)),
+    **_settings_of(STUDENT, "pseudo_only"),
     "eval_samples": ArmField(
         ((EVAL, "samples"), (EVAL, "ks", _ks_for)),
         "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)",
     ),
-    "mode": ArmField(((STUDENT, "mode"),)),
-    "reward": ArmField(((STUDENT, "reward"),)),
-    "agreement_low": ArmField(((STUDENT, "agreement_low"),)),
-    "agreement_high": ArmField(((STUDENT, "agreement_high"),)),
-    "prompt_noise": ArmField(((STUDENT, "prompt_noise"),)),
+    **_settings_of(STUDENT, "mode", "reward", "agreement_low", "agreement_high", "prompt_noise"),
     "dropout": ArmField(
         ((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"
     ),
-    "sft_samples_per_problem": ArmField(((STUDENT, "sft_samples_per_problem"),)),
-    "dpo_beta": ArmField(((STUDENT, "dpo_beta"),)),
-    "max_rounds": ArmField(((ROUNDS, "max_rounds"),)),
-    "patience": ArmField(((ROUNDS, "patience"),)),
-    "min_improvement": ArmField(((ROUNDS, "min_improvement"),)),
+    **_settings_of(STUDENT, "sft_samples_per_problem", "dpo_beta"),
+    **_settings_of(ROUNDS, "max_rounds", "patience", "min_improvement"),
 }
 """The experiment vocabulary: each arm field and the stage settings it overrides (the one place they are mapped)."""
 
@@ -216,7 +210,10 @@ class _ArmSpec(BaseModel):
     def test_time_conflict(self) -> str | None:
         """Why this spec's data fields contradict each other, or None."""
         if self.test_time and self.n_unlabeled is not None:
-            return f"a test-time arm's unlabeled problems are the whole transductive half of the held-out set: n_unlabeled={self.n_unlabeled} would not be read"
+            return (
+                "a test-time arm's unlabeled problems are the whole transductive half of the held-out set: "
+                f"n_unlabeled={self.n_unlabeled} would not be read"
+            )
         return None
 
     def without_seed(self) -> ArmSpec:
@@ -276,12 +273,14 @@ class Experiment(BaseModel):
     )
     launcher: LauncherSettings | None = Field(
         default=None,
-        description="where the grid runs this experiment's heavy stages: a kind (inprocess, subprocess, ray) or the launcher's "
+        description="where the grid runs this experiment's heavy stages: a kind (inprocess, subprocess, ray) or the "
+        "launcher's "
         "fields (null: the launcher resource's)",
     )
     compute: ComputeSettings | None = Field(
         default=None,
-        description="the compute the grid runs this experiment's heavy stages with: the compute resource's fields (null: the resource's)",
+        description="the compute the grid runs this experiment's heavy stages with: the compute resource's fields "
+        "(null: the resource's)",
     )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
@@ -291,7 +290,8 @@ class Experiment(BaseModel):
     def _rounds_is_an_arm_field(cls, document):
         if isinstance(document, dict) and "rounds" in document:
             raise ValueError(
-                f"`rounds: {document['rounds']}` is the arm field `max_rounds` now: write `defaults: {{max_rounds: {document['rounds']}}}`"
+                f"`rounds: {document['rounds']}` is the arm field `max_rounds` now: write "
+                f"`defaults: {{max_rounds: {document['rounds']}}}`"
             )
         return document
 
@@ -336,12 +336,14 @@ class Experiment(BaseModel):
         test_time = [name for name, spec in merged.items() if spec.test_time]
         if test_time and GOLD_LABEL_CONTROL in self.controls:
             raise ValueError(
-                f"test-time arms {test_time} draw their unlabeled problems from the held-out set, so the {GOLD_LABEL_CONTROL!r} "
+                f"test-time arms {test_time} draw their unlabeled problems from the held-out set, so the "
+                f"{GOLD_LABEL_CONTROL!r} "
                 "control would train on eval answers: put these arms in an experiment without it"
             )
         if test_time and not self.held_out_eval:
             raise ValueError(
-                f"test-time arms {test_time} train on held-out prompts, which a tuning experiment (held_out_eval: false) must not see"
+                f"test-time arms {test_time} train on held-out prompts, which a tuning experiment "
+                "(held_out_eval: false) must not see"
             )
         return self
 

@@ -75,7 +75,8 @@ def stop_reason(rule: RoundsSettings, done: int, validation: Sequence[float] = (
         return None
     if len(validation) != done + 1:
         raise ValueError(
-            f"a patience reads the validation accuracy of labeled RL and of rounds 1..{done}: got {len(validation)} values"
+            f"a patience reads the validation accuracy of labeled RL and of rounds 1..{done}: got {len(validation)} "
+            "values"
         )
     best, best_round = validation[0], 0
     for number, accuracy in enumerate(validation[1:], start=1):
