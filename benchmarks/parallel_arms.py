@@ -4,7 +4,8 @@ instance and lake. Both runs give every heavy stage one thread (the experiment's
 arm at a time leaves a core idle, two at once can use both. The runs are shortened alike (the run config below: 60
 eval candidates, 16 unlabeled problems; the experiment's 1-step trainings): a timing, not a result.
 
-    .venv/bin/python benchmarks/parallel_arms.py          # writes benchmarks/results/parallel_arms.json and docs/parallel-arms.png
+    .venv/bin/python benchmarks/parallel_arms.py          # writes benchmarks/results/parallel_arms.json and
+                                                          # docs/parallel-arms.png
     .venv/bin/python benchmarks/parallel_arms.py --plot   # draws the figure again from the saved results
 """
 
@@ -74,7 +75,8 @@ def plot(results: dict) -> None:
     for row, name in enumerate(names):
         axis.text(seconds[name] / 60, row, f" {seconds[name] / 60:.1f} min", va="center")
     axis.set_xlabel(
-        "wall minutes: 2 arms x 1 round, every heavy stage on 1 thread\n(SmolLM2-135M, cpu profile, shortened: a timing, not a result)"
+        "wall minutes: 2 arms x 1 round, every heavy stage on 1 thread\n"
+        "(SmolLM2-135M, cpu profile, shortened: a timing, not a result)"
     )
     axis.set_title(
         f"{results['cores']}-core CPU machine, no GPU; {results['date']}, commit {results['commit']}", fontsize=9

@@ -461,7 +461,8 @@ def markdown(results: dict) -> str:
         + (f", {m['gpu']}" if m["gpu"] else ", no GPU")
         + f"); torch {m['torch']}, vLLM {m['vllm']}.",
         f"Generation: {results['settings']['problems']} problems x {results['settings']['sampling']['n']} samples, "
-        f"<= {results['settings']['sampling']['max_new_tokens']} new tokens, temperature {results['settings']['sampling']['temperature']}.",
+        f"<= {results['settings']['sampling']['max_new_tokens']} new tokens, "
+        f"temperature {results['settings']['sampling']['temperature']}.",
         "",
         "| stage | wall s | throughput | peak memory GiB |",
         "|---|---|---|---|",
@@ -471,7 +472,8 @@ def markdown(results: dict) -> str:
             continue
         g = s[f"generation_{backend}"]
         lines.append(
-            f"| generation, {backend} | {g['seconds']:.1f} | {g['tokens_per_second']:.0f} tokens/s ({g['generated_tokens']} tokens) | {g['peak_memory_gib']:.2f} |"
+            f"| generation, {backend} | {g['seconds']:.1f} | {g['tokens_per_second']:.0f} tokens/s "
+            f"({g['generated_tokens']} tokens) | {g['peak_memory_gib']:.2f} |"
         )
     c = s["consensus_grading"]
     lines.append(
@@ -520,13 +522,15 @@ def markdown(results: dict) -> str:
     for name, stage in launcher["stage_seconds"].items():
         extra = stage["subprocess"] - stage["inprocess"]
         lines.append(
-            f"| {name} | {stage['inprocess']:.1f} | {stage['subprocess']:.1f} | {extra:+.1f} ({100 * extra / stage['inprocess']:+.1f}%) "
+            f"| {name} | {stage['inprocess']:.1f} | {stage['subprocess']:.1f} | "
+            f"{extra:+.1f} ({100 * extra / stage['inprocess']:+.1f}%) "
             f"| {stage['payload_overhead']:.1f} |"
         )
     rounds = launcher["round_seconds"]
     extra = rounds["subprocess"] - rounds["inprocess"]
     lines.append(
-        f"| round | {rounds['inprocess']:.0f} | {rounds['subprocess']:.0f} | {extra:+.1f} ({100 * extra / rounds['inprocess']:+.1f}% of the round) "
+        f"| round | {rounds['inprocess']:.0f} | {rounds['subprocess']:.0f} | "
+        f"{extra:+.1f} ({100 * extra / rounds['inprocess']:+.1f}% of the round) "
         f"| {overhead:.1f} ({100 * overhead / rounds['inprocess']:.1f}% of the round) |"
     )
     return "\n".join(lines) + "\n"
@@ -560,7 +564,8 @@ def framework_cost_lines(cost: dict) -> list[str]:
     for name in COUNTS:
         c = cost[name]
         lines.append(
-            f"| {name} | {c['plain_seconds']:.1f} | {c['stage_seconds']:.1f} | {c['stage_ratio']:.3f} | {c['step_seconds']:.1f} | {c['step_ratio']:.3f} |"
+            f"| {name} | {c['plain_seconds']:.1f} | {c['stage_seconds']:.1f} | {c['stage_ratio']:.3f} | "
+            f"{c['step_seconds']:.1f} | {c['step_ratio']:.3f} |"
         )
     lines += ["", "What each side did:", "", "| stage | count | project | plain |", "|---|---|---|---|"]
     for name, counts in COUNTS.items():
@@ -571,12 +576,14 @@ def framework_cost_lines(cost: dict) -> list[str]:
     if "seconds_per_step" in cost["training"]["plain"]:
         lines += [
             "",
-            f"A GRPO step by TRL's own timer (mean): {cost['training']['project_seconds_per_step']:.2f} s in the project's stage, "
+            "A GRPO step by TRL's own timer (mean): "
+            f"{cost['training']['project_seconds_per_step']:.2f} s in the project's stage, "
             f"{cost['training']['plain']['seconds_per_step']:.2f} s in the plain script.",
         ]
     lines += [
         "",
-        f"Hashing one checkpoint's weights (the training step hashes two): {cost['training']['checkpoint_hash_seconds']:.2f} s.",
+        "Hashing one checkpoint's weights (the training step hashes two): "
+        f"{cost['training']['checkpoint_hash_seconds']:.2f} s.",
     ]
     return lines
 

@@ -42,8 +42,14 @@ def report_html(title: str, markdown_text: str) -> str:
     import markdown
 
     body = markdown.markdown(markdown_text, extensions=["tables"])
-    style = "body{font-family:sans-serif;max-width:60em;margin:1em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{body}</body></html>\n"
+    style = (
+        "body{font-family:sans-serif;max-width:60em;margin:1em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{body}</body></html>\n"
+    )
 
 
 def write_report(directory: Path, name: str, title: str, text: str, figures: Mapping[str, bytes]) -> str:

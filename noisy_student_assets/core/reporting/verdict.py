@@ -9,10 +9,11 @@ Both checkpoints are scored on the same eval problems, so the difference is pair
   Owen 2007, "The pigeonhole bootstrap"): (MS_seed + MS_problem - MS_residual) / (seeds x problems), from the
   two-way ANOVA mean squares (each factor's at least the residual's), with Satterthwaite's degrees of freedom
   (Satterthwaite 1946), and a Student t interval. It is never narrower than the t-interval over the per-seed mean
-  differences (seeds - 1 degrees of freedom), which it becomes when the seeds' spread dominates. The pooled percentile bootstrap it replaced
-  resampled three seeds as if they were many: its replicate that draws one seed three times has probability 1/27,
-  more than the 2.5% tail, so its interval was about the range of the seeds, and with no true effect it said
-  "better" or "worse" in 12% of 3-seed grids against a nominal 5% (tests/unit/test_verdict.py simulates it).
+  differences (seeds - 1 degrees of freedom), which it becomes when the seeds' spread dominates. The pooled
+  percentile bootstrap it replaced resampled three seeds as if they were many: its replicate that draws one seed
+  three times has probability 1/27, more than the 2.5% tail, so its interval was about the range of the seeds, and
+  with no true effect it said "better" or "worse" in 12% of 3-seed grids against a nominal 5%
+  (tests/unit/test_verdict.py simulates it).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
     """The t-interval of the mean of a [seeds, problems] array (seeds >= 2), seeds and problems crossed random
     factors: variance (MS_seed + MS_problem - MS_residual) / (seeds x problems), each factor's mean square at least the
     residual's (so the variance is never below MS_residual / (seeds x problems)), with Satterthwaite's degrees of
-    freedom; its half-width is at least that of the t-interval over the per-seed means (seeds - 1 degrees of freedom)."""
+    freedom; its half-width is at least that of the t-interval over the per-seed means (seeds - 1 degrees of
+    freedom)."""
     n_seeds, n_problems = differences.shape
     mean = differences.mean()
     by_seed = differences.mean(axis=1)

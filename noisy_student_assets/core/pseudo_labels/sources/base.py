@@ -37,13 +37,17 @@ class LabelSource(ABC):
     def missing_input(self, generations: pl.DataFrame, scores: pl.DataFrame | None) -> str | None:
         """Why this source cannot judge these samples, or None."""
         if self.reads_verifier and scores is None:
-            return f"label source {self.name!r} weighs samples by the round's verifier scores, and there are none: materialize round_00N/verifier_scores (round_00N_verifier_job)"
+            return (
+                f"label source {self.name!r} weighs samples by the round's verifier scores, and there are none: "
+                "materialize round_00N/verifier_scores (round_00N_verifier_job)"
+            )
         return None
 
     def weighted(
         self, generations: pl.DataFrame, settings: PseudoLabelSettings, scores: pl.DataFrame | None = None
     ) -> pl.DataFrame:
-        """The samples as the vote reads them (`VOTE_COLUMNS`); a ValueError saying why when the source cannot judge them."""
+        """The samples as the vote reads them (`VOTE_COLUMNS`); a ValueError saying why when the source cannot judge
+        them."""
         if missing := self.missing_input(generations, scores):
             raise ValueError(missing)
         samples = generations
@@ -54,7 +58,8 @@ class LabelSource(ABC):
             unscored = samples.filter(pl.col("score").is_null()).height
             if unscored:
                 raise ValueError(
-                    f"the verifier scored {samples.height - unscored} of the round's {samples.height} samples: its scores are of other samples"
+                    f"the verifier scored {samples.height - unscored} of the round's {samples.height} samples: "
+                    "its scores are of other samples"
                 )
             if not samples["score"].is_finite().all():
                 raise ValueError("the verifier gave a sample a non-finite score: it cannot weigh a vote")

@@ -17,11 +17,17 @@ if TYPE_CHECKING:
 
 class ConfidenceSource(LabelSource):
     name = "confidence"
-    description = "each sample weighs exp(mean token log-probability); drop_least_confident leaves out that share of a problem's samples"
+    description = (
+        "each sample weighs exp(mean token log-probability); drop_least_confident leaves out that share of a problem's "
+        "samples"
+    )
 
     def missing_input(self, generations: pl.DataFrame, scores: pl.DataFrame | None) -> str | None:
         if "mean_logprob" not in generations.columns or generations["mean_logprob"].null_count() == generations.height:
-            return "label source 'confidence' reads each sample's token log-probabilities, and these generations have none: re-materialize them"
+            return (
+                "label source 'confidence' reads each sample's token log-probabilities, and these generations have "
+                "none: re-materialize them"
+            )
         return None
 
     def sample_weights(self, settings: PseudoLabelSettings) -> pl.Expr:

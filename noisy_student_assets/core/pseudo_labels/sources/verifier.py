@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
 class VerifierSource(LabelSource):
     name = "verifier"
-    description = "each sample weighs the round's verifier's probability that it is right (round_00N/verifier, trained on labeled problems)"
+    description = (
+        "each sample weighs the round's verifier's probability that it is right (round_00N/verifier, trained on "
+        "labeled problems)"
+    )
     reads_verifier = True
 
     def sample_weights(self, settings: PseudoLabelSettings) -> pl.Expr:
