@@ -44,6 +44,7 @@ from IPython.display import Image, display
 from noisy_student_assets.core import grading
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import ComputeSettings, StudentSettings
+from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.compute import grpo_compute
 from noisy_student_assets.core.training.grpo import answer_reward, logged_completions, train_grpo
 from noisy_student_assets.core.training.modes.base import StudentData
@@ -111,9 +112,7 @@ with tempfile.TemporaryDirectory() as scratch:
         dataset,
         GRPO,
         Path(scratch) / "trained",
-        work_dir=work_dir,
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
+        TrainingRun(work_dir, device=compute.resolved_device(), dtype=compute.dtype),
         log_completions=True,
     )
     groups = logged_completions(work_dir)

@@ -196,32 +196,11 @@ def generate_sample_sets(
         tokenizer(render_prompt(tokenizer, problem, system_prompt), add_special_tokens=False).input_ids
         for problem in problems["prompt"].to_list()
     ]
+    work = _Work(checkpoint_dir, prompt_ids, jobs, settings_list, device, dtype, shard_size, shard_done)
     if backend == "vllm":
-        sample_sets = _sample_with_vllm(
-            checkpoint_dir,
-            problem_ids,
-            prompt_ids,
-            jobs,
-            settings_list,
-            device,
-            dtype,
-            shard_size,
-            shard_done,
-            gpu_memory_utilization,
-        )
+        sample_sets = _sample_with_vllm(work, problem_ids, gpu_memory_utilization)
     else:
-        sample_sets = _sample_with_transformers(
-            checkpoint_dir,
-            tokenizer,
-            prompt_ids,
-            jobs,
-            settings_list,
-            device,
-            dtype,
-            shard_size,
-            batch_size,
-            shard_done,
-        )
+        sample_sets = _sample_with_transformers(work, tokenizer, batch_size)
     return [table(set_index, jobs[set_index], samples) for set_index, samples in enumerate(sample_sets)]
 
 
@@ -417,23 +396,32 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
+@dataclass(frozen=True)
+class _Work:
+    """What either backend samples: from the checkpoint, each set of settings over its problems (`jobs`: indices
+    into `prompt_ids`, each problem's token ids), `shard_size` problems at a time, each shard reported to
+    `shard_done`."""
+
+    checkpoint_dir: Path
+    prompt_ids: list[list[int]]
+    jobs: list[list[int]]
+    settings_list: Sequence[SamplingSettings]
+    device: str
+    dtype: str
+    shard_size: int
+    shard_done: ShardDone
+
+
 def _sample_with_transformers(
-    checkpoint_dir: Path,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: list[list[int]],
-    jobs: list[list[int]],
-    settings_list: Sequence[SamplingSettings],
-    device: str,
-    dtype: str,
-    shard_size: int,
-    batch_size: int,
-    shard_done: ShardDone,
+    work: _Work, tokenizer: PreTrainedTokenizerBase, batch_size: int
 ) -> list[list[list[Sample]]]:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=getattr(torch, dtype), use_safetensors=True)
-    model.to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(work.checkpoint_dir), dtype=getattr(torch, work.dtype), use_safetensors=True
+    )
+    model.to(work.device).eval()
     stop_ids = _stop_token_ids(model.generation_config.eos_token_id, tokenizer)
     if tokenizer.pad_token_id is None:
         # Batches are left-padded; the pad positions are masked out, so any id serves (a base model's
@@ -445,15 +433,15 @@ def _sample_with_transformers(
     model.generation_config = GenerationConfig(eos_token_id=sorted(stop_ids), pad_token_id=pad_id)
     sample_sets: list[list[list[Sample]]] = []
     with torch.inference_mode():
-        for set_index, settings in enumerate(settings_list):
+        for set_index, settings in enumerate(work.settings_list):
             torch.manual_seed(settings.seed)
             samples: list[list[Sample]] = []
-            for shard in _chunks(jobs[set_index], shard_size):
+            for shard in _chunks(work.jobs[set_index], work.shard_size):
                 shard_samples: list[list[Sample]] = []
-                for batch in _chunks([prompt_ids[index] for index in shard], batch_size):
+                for batch in _chunks([work.prompt_ids[index] for index in shard], batch_size):
                     inputs = tokenizer.pad(
                         {"input_ids": batch}, padding=True, padding_side="left", return_tensors="pt"
-                    ).to(device)  # left: generation continues from the right end of every row
+                    ).to(work.device)  # left: generation continues from the right end of every row
                     output = model.generate(
                         **inputs,
                         **_transformers_sampling_kwargs(settings),
@@ -468,7 +456,7 @@ def _sample_with_transformers(
                         for ids, row_logprobs in zip(generated, logprobs, strict=True)
                     ]
                     shard_samples.extend(_chunks(decoded, settings.n))  # rows come grouped by prompt
-                shard_done(set_index, shard, shard_samples)
+                work.shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
     return sample_sets
@@ -526,44 +514,33 @@ def _decode_generated(
     )
 
 
-def _sample_with_vllm(
-    checkpoint_dir: Path,
-    problem_ids: list[str],
-    prompt_ids: list[list[int]],
-    jobs: list[list[int]],
-    settings_list: Sequence[SamplingSettings],
-    device: str,
-    dtype: str,
-    shard_size: int,
-    shard_done: ShardDone,
-    gpu_memory_utilization: float,
-) -> list[list[list[Sample]]]:
-    on_cpu = device == "cpu"
+def _sample_with_vllm(work: _Work, problem_ids: list[str], gpu_memory_utilization: float) -> list[list[list[Sample]]]:
+    on_cpu = work.device == "cpu"
     if on_cpu:
         for name, value in VLLM_CPU_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
     from vllm import LLM  # imported here: slow, and only this backend needs it
 
-    max_model_len = max(map(len, prompt_ids)) + max(settings.max_new_tokens for settings in settings_list)
+    max_model_len = max(map(len, work.prompt_ids)) + max(settings.max_new_tokens for settings in work.settings_list)
     # The engine takes its seed, but every request below carries its own, so the samples do not depend on it.
     llm = LLM(
-        model=str(checkpoint_dir),
-        dtype=dtype,
-        seed=settings_list[0].seed,
+        model=str(work.checkpoint_dir),
+        dtype=work.dtype,
+        seed=work.settings_list[0].seed,
         max_model_len=max_model_len,
         logprobs_mode="raw_logprobs",  # vLLM's default, named: the logprobs must be untempered and unfiltered
         **(_vllm_cpu_engine_args(max_model_len) if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
     )
     sample_sets: list[list[list[Sample]]] = []
     try:
-        for set_index, settings in enumerate(settings_list):
+        for set_index, settings in enumerate(work.settings_list):
             samples: list[list[Sample]] = []
-            for shard in _chunks(jobs[set_index], shard_size):
-                prompts = [{"prompt_token_ids": prompt_ids[index]} for index in shard]
+            for shard in _chunks(work.jobs[set_index], work.shard_size):
+                prompts = [{"prompt_token_ids": work.prompt_ids[index]} for index in shard]
                 params = [_vllm_sampling_params(settings, problem_ids[index]) for index in shard]
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 shard_samples = [[_vllm_sample(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outputs]
-                shard_done(set_index, shard, shard_samples)
+                work.shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
     finally:
@@ -574,7 +551,8 @@ def _sample_with_vllm(
 
 
 def _vllm_sample(completion: CompletionOutput) -> Sample:
-    """One of vLLM's ``CompletionOutput``s; its ``logprobs`` hold, for each generated token, the chosen token's alone."""
+    """One of vLLM's ``CompletionOutput``s; its ``logprobs`` hold, for each generated token, the chosen token's
+    alone."""
     logprobs = tuple(
         position[token].logprob for token, position in zip(completion.token_ids, completion.logprobs, strict=True)
     )

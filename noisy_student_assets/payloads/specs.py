@@ -80,7 +80,8 @@ class TrainSpec(_Spec):
 
 
 class EvalSpec(_Spec):
-    """An evaluation's greedy and sampled completions, written into `output_dir` (`greedy.parquet`, `sampled.parquet`)."""
+    """An evaluation's greedy and sampled completions, written into `output_dir` (`greedy.parquet`,
+    `sampled.parquet`)."""
 
     stage: Literal["evaluate"] = "evaluate"
     checkpoint_dir: str

@@ -7,18 +7,23 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import polars as pl
 
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
+from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, ScoreSpec, TrainSpec, VerifierSpec
+
+if TYPE_CHECKING:
+    from noisy_student_assets.core.settings import ComputeSettings
 
 ERROR, RESULT, STEP = "error", "result", "step"
 """The keys of the custom messages a payload sends through Pipes: its failure, its result, one step's logs."""
 TIMING = "timing"
 """In a payload's result: seconds from the interpreter's start to `main` (`startup_seconds`) and in the stage
-(`stage_seconds`), when the stage began and ended (`started_at`, `finished_at`), the host and its CUDA_VISIBLE_DEVICES."""
+(`stage_seconds`), when the stage began and ended (`started_at`, `finished_at`), the host and its
+CUDA_VISIBLE_DEVICES."""
 
 
 class Reporter(Protocol):
@@ -69,23 +74,27 @@ def sample(spec: SampleSpec, reporter: Reporter) -> dict:
     return {"resumed_problems": resumed}
 
 
+def _training_run(work_dir: str, compute: ComputeSettings, reporter: Reporter) -> TrainingRun:
+    """A training stage's trainer: checkpointing into `work_dir`, on `compute`'s device and precision, its step logs
+    and warnings to `reporter`."""
+    return TrainingRun(
+        Path(work_dir),
+        device=compute.resolved_device(),
+        dtype=compute.dtype,
+        report_to=tuple(reporter.report_to),
+        callbacks=(_step_callback(reporter),),
+        warn=reporter.warning,
+    )
+
+
 def train(spec: TrainSpec, reporter: Reporter) -> dict:
     import datasets
 
     from noisy_student_assets.core.training.student import train_student
 
     dataset = datasets.Dataset.from_list(json.loads(Path(spec.dataset).read_text()))
-    result, spent = train_student(
-        spec.settings,
-        Path(spec.init_dir),
-        dataset,
-        Path(spec.output_dir),
-        work_dir=Path(spec.work_dir),
-        compute=spec.compute,
-        report_to=list(reporter.report_to),
-        callbacks=[_step_callback(reporter)],
-        warn=reporter.warning,
-    )
+    run = _training_run(spec.work_dir, spec.compute, reporter)
+    result, spent = train_student(spec.settings, Path(spec.init_dir), dataset, Path(spec.output_dir), run)
     return {"metrics": result.metrics, "compute": spent.as_dict()}
 
 
@@ -107,7 +116,7 @@ def evaluate(spec: EvalSpec, reporter: Reporter) -> dict:
 
 
 def verifier(spec: VerifierSpec, reporter: Reporter) -> dict:
-    from noisy_student_assets.core.verifier import build_verifier
+    from noisy_student_assets.core.training.verifier import build_verifier
 
     metrics = build_verifier(
         Path(spec.teacher_dir),
@@ -116,16 +125,14 @@ def verifier(spec: VerifierSpec, reporter: Reporter) -> dict:
         spec.settings,
         spec.compute,
         Path(spec.output_dir),
-        work_dir=Path(spec.work_dir),
-        report_to=list(reporter.report_to),
-        callbacks=[_step_callback(reporter)],
+        _training_run(spec.work_dir, spec.compute, reporter),
         progress=reporter.info,
     )
     return {"metrics": metrics}
 
 
 def score(spec: ScoreSpec, reporter: Reporter) -> dict:
-    from noisy_student_assets.core.verifier import score_round
+    from noisy_student_assets.core.training.verifier import score_round
 
     scores = score_round(Path(spec.verifier_dir), pl.read_parquet(spec.samples), spec.compute)
     scores.write_parquet(spec.output)

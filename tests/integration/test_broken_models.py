@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import replace
 
 import dagster as dg
 import mlflow
@@ -63,8 +64,9 @@ def test_training_that_only_diverges_fails_and_publishes_nothing(lake_copy, monk
     """Every step's gradients are NaN (the asset's GRPO runs with a poisoning callback added)."""
     train_grpo = grpo_mode.train_grpo
 
-    def poisoned_train_grpo(*args, callbacks=None, **kwargs):
-        return train_grpo(*args, callbacks=[*(callbacks or []), PoisonGradients({1, 2, 3, 4})], **kwargs)
+    def poisoned_train_grpo(init_dir, dataset, settings, out_dir, run, **kwargs):
+        poisoned = replace(run, callbacks=(*run.callbacks, PoisonGradients({1, 2, 3, 4})))
+        return train_grpo(init_dir, dataset, settings, out_dir, poisoned, **kwargs)
 
     monkeypatch.setattr(grpo_mode, "train_grpo", poisoned_train_grpo)
     lake = lake_copy()

@@ -15,7 +15,7 @@ from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
-from noisy_student_assets.core.verifier import TRAINING_PAIRS_FILE, VERIFIER_METRICS_FILE
+from noisy_student_assets.core.training.verifier import TRAINING_PAIRS_FILE, VERIFIER_METRICS_FILE
 from noisy_student_assets.defs.checks import VERIFIER_INFORMATIVE
 from resources.data_lake import DataLake
 from tests.lakes import answerable_by_sevens, arms_instance, materialize

@@ -40,35 +40,25 @@ TEMPERED = SamplingSettings(n=3, temperature=0.5, top_p=0.9, max_new_tokens=6, s
 LOGPROB_COLUMNS = ("token_logprobs", "mean_logprob")
 
 
+def reported_samples(model_dir: Path, **options) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
+    """`SAMPLING`'s samples of `PROBLEMS`, and the progress reports sampling made."""
+    reports: list[tuple[int, int]] = []
+    samples = generate_samples(
+        model_dir, PROBLEMS, SAMPLING, progress=lambda done, total: reports.append((done, total)), **options
+    )
+    return samples, reports
+
+
 @pytest.fixture(scope="module")
 def transformers_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
     """Samples from the transformers backend in shards (and batches) of 2, and the progress reports it made."""
-    reports: list[tuple[int, int]] = []
-    samples = generate_samples(
-        tiny_model_dir,
-        PROBLEMS,
-        SAMPLING,
-        backend="transformers",
-        batch_size=2,
-        shard_size=2,
-        progress=lambda done, total: reports.append((done, total)),
-    )
-    return samples, reports
+    return reported_samples(tiny_model_dir, backend="transformers", batch_size=2, shard_size=2)
 
 
 @pytest.fixture(scope="module")
 def vllm_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
     """Samples from the vLLM backend on the CPU, in shards of 4 problems, and the progress reports it made."""
-    reports: list[tuple[int, int]] = []
-    samples = generate_samples(
-        tiny_model_dir,
-        PROBLEMS,
-        SAMPLING,
-        backend="vllm",
-        shard_size=4,
-        progress=lambda done, total: reports.append((done, total)),
-    )
-    return samples, reports
+    return reported_samples(tiny_model_dir, backend="vllm", shard_size=4)
 
 
 def assert_k_rows_per_problem_in_order(samples: pl.DataFrame, k: int) -> None:

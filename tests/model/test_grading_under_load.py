@@ -28,6 +28,7 @@ import itertools, sys, tempfile
 from pathlib import Path
 import polars as pl
 from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
+from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
 
@@ -36,10 +37,12 @@ problems = pl.DataFrame({"problem_id": ["a", "b"], "prompt": ["What is 3 + 4?", 
 dataset = build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT)
 for step in itertools.count():
     print("sampling", flush=True)
-    generate_samples(model, problems, SamplingSettings(n=4, temperature=1.0, max_new_tokens=32, seed=step), backend="transformers")
+    decoding = SamplingSettings(n=4, temperature=1.0, max_new_tokens=32, seed=step)
+    generate_samples(model, problems, decoding, backend="transformers")
     print("training", flush=True)
     with tempfile.TemporaryDirectory() as work:
-        train_grpo(model, dataset, TINY_RUN.model_copy(update={"max_steps": 1}), Path(work) / "out", work_dir=Path(work) / "work")
+        one_step = TINY_RUN.model_copy(update={"max_steps": 1})
+        train_grpo(model, dataset, one_step, Path(work) / "out", TrainingRun(Path(work) / "work"))
 """
 
 
@@ -90,7 +93,8 @@ def test_reference_solutions_grade_right_on_a_loaded_machine(
         reader.join()
     run_summary(
         f"grading under load: MATH-500 and GSM8K right per pass {passes} (of {len(math500)}, {len(gsm8k)}), "
-        f"{len(passes)} passes in {time.monotonic() - started:.0f} s beside sampling, a GRPO step and {HOGS} busy loops, "
+        f"{len(passes)} passes in {time.monotonic() - started:.0f} s beside sampling, a GRPO step and {HOGS} busy "
+        "loops, "
         f"1-min load average {min(load_averages):.1f} to {max(load_averages):.1f}"
     )
     assert passes and set(passes) == {(500, 1319)}

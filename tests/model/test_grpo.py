@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import GRPOSettings
-from noisy_student_assets.core.training.grpo import build_training_dataset, grpo_config, logged_completions, train_grpo
+from noisy_student_assets.core.training import grpo
+from noisy_student_assets.core.training.base import TrainerSetup, TrainingRun
+from noisy_student_assets.core.training.grpo import build_training_dataset, logged_completions, train_grpo
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
 
 
@@ -26,7 +28,7 @@ def training_set():
 def lora_run(sevens_model_dir: Path, training_set, tmp_path_factory: pytest.TempPathFactory):
     """Two LoRA steps, checkpointed every step; the resume test continues from its work dir."""
     root = tmp_path_factory.mktemp("lora_run")
-    result = train_grpo(sevens_model_dir, training_set, TINY_RUN, root / "merged", work_dir=root / "work")
+    result = train_grpo(sevens_model_dir, training_set, TINY_RUN, root / "merged", TrainingRun(root / "work"))
     return result, root / "work"
 
 
@@ -63,7 +65,7 @@ def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir:
         training_set,
         TINY_RUN.model_copy(update=dict(max_steps=3)),
         tmp_path / "merged",
-        work_dir=work_dir,
+        TrainingRun(work_dir),
     )
     assert result.metrics["resumed_from_step"] == 2 and result.metrics["steps"] == 3
     assert [entry["step"] for entry in result.log_history if "reward" in entry] == [1, 2, 3]
@@ -72,7 +74,7 @@ def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir:
 
 def test_full_fine_tune_changes_untargeted_weights(sevens_model_dir: Path, training_set, tmp_path: Path):
     settings = TINY_RUN.model_copy(update=dict(max_steps=1, use_lora=False, save_steps=0))
-    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", work_dir=tmp_path / "work")
+    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", TrainingRun(tmp_path / "work"))
     initial = load_file(sevens_model_dir / "model.safetensors")
     trained = load_file(result.checkpoint_dir / "model.safetensors")
     assert not torch.equal(initial["lm_head.weight"], trained["lm_head.weight"])  # LoRA would not touch it
@@ -86,21 +88,20 @@ def test_grpo_trains_on_the_vote_share_reward(sevens_model_dir: Path, tmp_path: 
     dataset = build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT, vote_shares=shares)
     settings = TINY_RUN.model_copy(update=dict(max_steps=1, save_steps=0))
     result = train_grpo(
-        sevens_model_dir, dataset, settings, tmp_path / "merged", work_dir=tmp_path / "work", reward="vote_share"
+        sevens_model_dir, dataset, settings, tmp_path / "merged", TrainingRun(tmp_path / "work"), reward="vote_share"
     )
     (step,) = [entry for entry in result.log_history if "reward" in entry]
     assert "rewards/vote_share_reward/mean" in step and 0.0 <= step["rewards/vote_share_reward/mean"] <= 1.0
     with pytest.raises(ValueError, match="reward 'soft'"):
-        train_grpo(sevens_model_dir, dataset, settings, tmp_path / "other", work_dir=tmp_path / "w", reward="soft")
+        train_grpo(sevens_model_dir, dataset, settings, tmp_path / "other", TrainingRun(tmp_path / "w"), reward="soft")
 
 
 def test_the_logged_groups_are_the_step_s_completions_with_their_rewards_and_advantages(
     sevens_model_dir: Path, training_set, tmp_path: Path
 ):
     settings = TINY_RUN.model_copy(update=dict(max_steps=1, save_steps=0))
-    result = train_grpo(
-        sevens_model_dir, training_set, settings, tmp_path / "merged", work_dir=tmp_path / "work", log_completions=True
-    )
+    run = TrainingRun(tmp_path / "work")
+    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", run, log_completions=True)
     logged = logged_completions(tmp_path / "work")
     assert logged.height == settings.completions_per_step and set(logged["step"]) == {1}
     assert logged.group_by("question").len()["len"].to_list() == [settings.num_generations] * settings.prompts_per_step
@@ -116,7 +117,9 @@ def test_each_step_trains_on_prompts_per_step_groups(tmp_path: Path):
     settings = GRPOSettings(
         num_generations=4, prompts_per_step=3, gradient_accumulation_steps=2, format_reward_weight=0.5, save_steps=0
     )
-    config = grpo_config(settings, tmp_path, device="cpu", dtype="float32", report_to=["none"])
+    config = TrainerSetup.for_student(settings).config(
+        grpo.grpo_loss(settings), grpo.grpo_rows(settings), TrainingRun(tmp_path)
+    )
     assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 12
     assert config.generation_batch_size == 12 and config.steps_per_generation == 2
     assert config.reward_weights == [1.0, 0.5]
@@ -127,4 +130,4 @@ def test_each_step_trains_on_prompts_per_step_groups(tmp_path: Path):
 def test_too_small_a_dataset_is_rejected_before_loading(tmp_path: Path, training_set, n_rows: int, message: str):
     too_small = training_set.select(range(n_rows))
     with pytest.raises(ValueError, match=message):
-        train_grpo(tmp_path / "no-model", too_small, TINY_RUN, tmp_path / "out", work_dir=tmp_path / "work")
+        train_grpo(tmp_path / "no-model", too_small, TINY_RUN, tmp_path / "out", TrainingRun(tmp_path / "work"))

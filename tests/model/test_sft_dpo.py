@@ -12,16 +12,18 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.dpo import train_dpo
 from noisy_student_assets.core.training.guards import non_finite_tensors
 from noisy_student_assets.core.training.sft import train_sft
 from tests.training_data import TINY_SUPERVISED
 
 
-def train(mode: str, model_dir: Path, dataset, settings: GRPOSettings, root: Path, **kwargs):
+def train(mode: str, model_dir: Path, dataset, settings: GRPOSettings, root: Path, callbacks=(), **kwargs):
+    run = TrainingRun(root / "work", callbacks=callbacks)
     if mode == "sft":
-        return train_sft(model_dir, dataset, settings, root / "merged", work_dir=root / "work", **kwargs)
-    return train_dpo(model_dir, dataset, settings, root / "merged", beta=0.1, work_dir=root / "work", **kwargs)
+        return train_sft(model_dir, dataset, settings, root / "merged", run, **kwargs)
+    return train_dpo(model_dir, dataset, settings, root / "merged", run, beta=0.1, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def test_model_dropout_is_on_while_training_and_off_in_the_checkpoint(
         TINY_SUPERVISED.model_copy(update=dict(max_steps=1, save_steps=0)),
         tmp_path,
         model_dropout=0.1,
-        callbacks=[seen],
+        callbacks=(seen,),
     )
     assert seen.seen == [0.1]
     assert json.loads((result.checkpoint_dir / "config.json").read_text())["attention_dropout"] == 0.0

@@ -11,10 +11,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from noisy_student_assets.core import verifier
 from noisy_student_assets.core.prompts import build_messages
 from noisy_student_assets.core.settings import VerifierSettings
-from noisy_student_assets.core.verifier import (
+from noisy_student_assets.core.training import verifier
+from noisy_student_assets.core.training.base import TrainingRun
+from noisy_student_assets.core.training.verifier import (
     auroc,
     graded_samples,
     preference_pairs,
@@ -74,7 +75,9 @@ def training_pairs():
 def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """A verifier trained `TINY_VERIFIER.max_steps` steps, checkpointed into the `work` dir beside it."""
     root = tmp_path_factory.mktemp("verifier")
-    metrics = train_verifier(tiny_model_dir, training_pairs(), TINY_VERIFIER, root / "verifier", work_dir=root / "work")
+    metrics = train_verifier(
+        tiny_model_dir, training_pairs(), TINY_VERIFIER, root / "verifier", TrainingRun(root / "work")
+    )
     return metrics, root / "verifier"
 
 
@@ -129,7 +132,7 @@ def test_training_resumes_from_its_latest_checkpoint_head_included(
     shutil.copytree(verifier_dir.parent / "work", tmp_path / "work")
     more_steps = TINY_VERIFIER.model_copy(update=dict(max_steps=TINY_VERIFIER.max_steps + 1))
     metrics = train_verifier(
-        tiny_model_dir, training_pairs(), more_steps, tmp_path / "verifier", work_dir=tmp_path / "work"
+        tiny_model_dir, training_pairs(), more_steps, tmp_path / "verifier", TrainingRun(tmp_path / "work")
     )
     assert metrics["resumed_from_step"] == TINY_VERIFIER.max_steps and metrics["steps"] == TINY_VERIFIER.max_steps + 1
     scores, correct = held_out_scores(tmp_path / "verifier")
@@ -202,7 +205,10 @@ def test_no_pairs_say_why_and_what_to_change() -> None:
     graded = graded_frame({"all-right": [True, True], "all-wrong": [False]})
     with pytest.raises(
         ValueError,
-        match=r"no labeled problem has both a right and a wrong.*1 problems have only right.*1 only wrong.*higher temperature",
+        match=(
+            r"no labeled problem has both a right and a wrong.*1 problems have only right.*1 only wrong"
+            r".*higher temperature"
+        ),
     ):
         preference_pairs(graded, max_pairs_per_problem=4, seed=0)
 

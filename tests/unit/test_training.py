@@ -1,16 +1,18 @@
-"""GRPO training without a model: the training set's construction, the reward functions and the TRL config
-(tests/model/test_grpo.py trains a tiny model)."""
+"""GRPO training without a model: the training set's construction, the reward functions, and the setup every
+trainer shares (tests/model/test_grpo.py trains a tiny model)."""
 
 from __future__ import annotations
 
 import json
 
+import datasets
 import polars as pl
 import pytest
 
 from noisy_student_assets.core.prompts import NOISY_TEMPLATES, build_messages, prompt_template
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.training.base import GOLD, PSEUDO, Lora, Rows, TrainerSetup
 from noisy_student_assets.core.training.grpo import (
     answer_reward,
     build_training_dataset,
@@ -96,6 +98,53 @@ def test_missing_target_names_the_row():
 def test_invalid_settings_are_rejected(change):
     with pytest.raises(ValueError):
         GRPOSettings(**change)
+
+
+def test_a_student_s_setup_is_its_grpo_settings_with_its_dropout_noise():
+    settings = GRPOSettings(
+        max_steps=7,
+        learning_rate=3e-4,
+        seed=5,
+        save_steps=2,
+        gradient_checkpointing=True,
+        max_consecutive_skipped_steps=4,
+        gradient_accumulation_steps=2,
+        processes=2,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        lora_target_modules=["q_proj"],
+        use_lora=True,
+    )
+    assert TrainerSetup.for_student(settings, model_dropout=0.2) == TrainerSetup(
+        max_steps=7,
+        learning_rate=3e-4,
+        seed=5,
+        save_steps=2,
+        gradient_checkpointing=True,
+        max_consecutive_skipped_steps=4,
+        lora=Lora(r=4, alpha=8, dropout=0.1, target_modules=["q_proj"]),
+        gradient_accumulation_steps=2,
+        processes=2,
+        model_dropout=0.2,
+    )
+    assert TrainerSetup.for_student(settings.model_copy(update={"use_lora": False})).lora is None
+
+
+@pytest.mark.parametrize(
+    ("rows", "n_rows", "message"),
+    [
+        (Rows(6, "pairs", PSEUDO), 12, "6 rows a step cannot be split over 4 micro-batches"),
+        (Rows(8, "completions", PSEUDO), 7, "7 training rows cannot fill a step of 8 completions"),
+        (Rows(8, "prompts", None, needed=2), 1, "1 training rows cannot fill a step of 2 prompts"),
+        (Rows(8, "pairs", GOLD, needed=1), 0, "no training rows"),
+    ],
+)
+def test_the_step_budget_is_checked_before_any_model_loads(rows: Rows, n_rows: int, message: str):
+    setup = TrainerSetup.for_student(GRPOSettings(gradient_accumulation_steps=2, processes=2))
+    with pytest.raises(ValueError, match=message):
+        setup.check_budget(rows, datasets.Dataset.from_list([{"row": index} for index in range(n_rows)]))
+    setup.check_budget(Rows(8, "pairs", GOLD, needed=1), datasets.Dataset.from_list([{"row": 0}]))
 
 
 # --- rewards --------------------------------------------------------------------------------------

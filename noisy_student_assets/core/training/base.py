@@ -1,6 +1,11 @@
-"""What every trainer of the project shares (no Dagster here): loading the policy, TRL's training arguments,
-LoRA, the guarded and resumable fit, and the merged, checked checkpoint it saves. GRPO (`grpo.py`), SFT
-(`sft.py`) and DPO (`dpo.py`) are TRL trainers beside it, as TRL's own `{method}_trainer.py` sit beside its base.
+"""The one setup every trainer of the project shares (no Dagster here), as TRL's `base_config.py` with its
+`get_peft_config` is for its trainers: the training arguments, the LoRA, the step budget, the non-finite step guard,
+resuming from the latest checkpoint, and the merged checkpoint it saves, checked finite (`TrainerSetup.train`).
+
+A method is its loss (`Loss`: TRL's trainer and config classes and the config's own fields) and its rows (`Rows`:
+what a dataset row is and how many a step trains), nothing else: GRPO (`grpo.py`), SFT (`sft.py`), DPO (`dpo.py`)
+and the verifier's reward model (`verifier.py`) sit beside this module, as TRL's `{method}_trainer.py` beside its
+base. Where a training runs and whom it tells is the stage's (`TrainingRun`).
 
 The ML libraries are imported inside the functions that use them, so that loading the code location (which
 imports the settings) does not wait for torch, peft and TRL.
@@ -10,16 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
 
 if TYPE_CHECKING:
     import datasets
     from peft import LoraConfig, PeftModel
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
     from noisy_student_assets.core.settings import GRPOSettings
 
@@ -41,12 +46,192 @@ class TrainingResult:
     """Final metrics: train_loss, train_runtime, steps (the global step reached), resumed_from_step,
     skipped_steps (optimizer steps of this call skipped for a non-finite loss or gradient norm),
     seconds_per_step (NaN when the checkpoint resumed from had already reached max_steps), and the first- and
-    last-quarter means of the trainer's logged metrics (`fit`'s `logged`)."""
+    last-quarter means of the trainer's logged metrics (`Loss.logged`)."""
     log_history: list[dict]
     """`trainer.state.log_history`, including the steps of a checkpoint resumed from."""
     n_train_rows: int
     n_gold_rows: int
     n_pseudo_rows: int
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """Where one training runs and whom it tells: what the stage gives a trainer beside its settings."""
+
+    work_dir: Path
+    """TRL's resumable checkpoints: a training resumes from the latest one there, so it belongs to this training
+    alone."""
+    device: str = "cpu"
+    dtype: str = "float32"
+    """The compute precision: mixed precision over float32 weights unless float32."""
+    report_to: tuple[str, ...] = ("none",)
+    """transformers' logging integrations: "mlflow" logs the trainer's arguments as params and the step logs as
+    metrics into the active MLflow run, leaving it open (or into a run of its own, ended after training, when none
+    is active)."""
+    callbacks: tuple = ()
+    """TrainerCallbacks beside the step guard."""
+    warn: Callable[[str], None] | None = None
+    """Told of each skipped step."""
+
+
+@dataclass(frozen=True)
+class Lora:
+    """LoRA adapters (Hu et al. 2021), merged into the weights after training."""
+
+    r: int
+    alpha: int
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+    """Module names, or peft's "all-linear" (every linear layer but the output head)."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """What a method trains for: TRL's trainer and config classes, the config's own fields, and the trainer's own
+    arguments (GRPO's reward functions). The model it trains is a causal LM, the policy (`load`)."""
+
+    name: str
+    """Names the method in errors: "GRPO", "SFT", "DPO", "verifier"."""
+    trainer_class: type
+    config_class: type
+    config: dict
+    logged: tuple[tuple[str, str], ...]
+    """TRL's step-log keys whose first- and last-quarter means `TrainingResult.metrics` reports, under a name each."""
+    trainer_options: dict = field(default_factory=dict)
+    task_type: ClassVar[str] = "CAUSAL_LM"
+    """peft's name for the model's head, the task its LoRA adapts."""
+
+    def load(self, init_checkpoint: Path, setup: TrainerSetup) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """The model to train and its tokenizer."""
+        return load_policy(init_checkpoint, setup.model_dropout)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What a method's dataset holds and how an optimizer step reads it: the step budget."""
+
+    batch: int
+    """Rows of TRL's batch one optimizer step trains (completions, pairs), split over micro-batches and processes."""
+    unit: str
+    """What one dataset row is ("completions", "pairs", "prompts")."""
+    label_source: str | None
+    """Where every row's target comes from (`GOLD`, `PSEUDO`); None: each row says, in its `label_source` column."""
+    needed: int | None = None
+    """Dataset rows one step needs at least, where not `batch` (GRPO: the prompts whose groups fill the batch)."""
+    in_order: bool = False
+    """Read the rows in order (`grouped_by_problem` holds each step's groups in order), dropping an epoch's last,
+    partial batch, so that every step trains on whole groups."""
+
+
+@dataclass(frozen=True)
+class TrainerSetup:
+    """How any method trains: `max_steps` optimizer steps at `learning_rate`, decaying linearly to 0 without warmup;
+    a resumable checkpoint every `save_steps` (0: none); a step whose loss or gradient norm is not finite skipped,
+    `max_consecutive_skipped_steps` of them in a row stopping training; LoRA adapters, or every weight when `lora`
+    is None."""
+
+    max_steps: int
+    learning_rate: float
+    seed: int
+    save_steps: int
+    gradient_checkpointing: bool
+    max_consecutive_skipped_steps: int
+    lora: Lora | None
+    gradient_accumulation_steps: int = 1
+    processes: int = 1
+    model_dropout: float = 0.0
+    """The student's dropout noise (`load_policy`)."""
+
+    @classmethod
+    def for_student(cls, settings: GRPOSettings, model_dropout: float = 0.0) -> TrainerSetup:
+        """A policy's setup in any student mode (labeled RL and the controls included), from its GRPO settings, which
+        name the setup's fields alike."""
+        lora = Lora(settings.lora_r, settings.lora_alpha, settings.lora_dropout, list(settings.lora_target_modules))
+        named_alike = {setting.name for setting in fields(cls)} - {"lora", "model_dropout"}
+        return cls(
+            lora=lora if settings.use_lora else None,
+            model_dropout=model_dropout,
+            **settings.model_dump(include=named_alike),
+        )
+
+    def check_budget(self, rows: Rows, dataset: datasets.Dataset) -> None:
+        """Raise ValueError when a step's batch cannot be split evenly over the micro-batches and processes, or
+        `dataset` cannot fill one step."""
+        split = self.gradient_accumulation_steps * self.processes
+        if rows.batch % split:
+            raise ValueError(f"{rows.batch} rows a step cannot be split over {split} micro-batches")
+        check_step_fits(dataset, rows.needed or rows.batch, rows.unit)
+
+    def config(self, loss: Loss, rows: Rows, run: TrainingRun) -> TrainingArguments:
+        """The method's TRL config: the arguments every trainer shares, then the loss's own fields. A step trains
+        `rows.batch` rows, split over the accumulation steps and the processes, so that a step trains the same rows on
+        any number of them; only the latest checkpoint is kept (resuming needs no other, and a full fine-tune's holds
+        optimiser state)."""
+        shared = dict(
+            output_dir=str(run.work_dir),
+            max_steps=self.max_steps,
+            per_device_train_batch_size=rows.batch // (self.gradient_accumulation_steps * self.processes),
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            learning_rate=self.learning_rate,
+            lr_scheduler_type="linear",
+            seed=self.seed,
+            save_strategy="steps" if self.save_steps > 0 else "no",
+            save_steps=self.save_steps,
+            save_total_limit=1,
+            bf16=run.dtype == "bfloat16",  # explicit: TRL turns bf16 on when it is left unset
+            fp16=run.dtype == "float16",
+            gradient_checkpointing=self.gradient_checkpointing,
+            logging_steps=LOGGING_STEPS,
+            report_to=list(run.report_to),
+            use_cpu=run.device == "cpu",
+        )
+        in_order = {"train_sampling_strategy": "sequential", "dataloader_drop_last": True} if rows.in_order else {}
+        return loss.config_class(**shared | in_order | loss.config)
+
+    def peft_config(self, task_type: str) -> LoraConfig | None:
+        if self.lora is None:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            task_type=task_type,
+            r=self.lora.r,
+            lora_alpha=self.lora.alpha,
+            lora_dropout=self.lora.dropout,
+            target_modules=self.lora.target_modules,
+        )
+
+    def train(
+        self, loss: Loss, rows: Rows, init_checkpoint: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
+    ) -> TrainingResult:
+        """Train `loss` from `init_checkpoint` on `dataset` (checked against the budget before the model loads),
+        resuming from the latest checkpoint in `run.work_dir`, and save the trained, merged model with its tokenizer
+        into `out_dir` (`fit`)."""
+        self.check_budget(rows, dataset)
+        model, tokenizer = loss.load(init_checkpoint, self)
+        trainer_kwargs = dict(
+            model=model,
+            args=self.config(loss, rows, run),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=self.peft_config(loss.task_type),
+            **loss.trainer_options,
+        )
+        label_sources = dataset["label_source"] if rows.label_source is None else [rows.label_source] * len(dataset)
+        return fit(
+            loss.trainer_class,
+            trainer_kwargs,
+            tokenizer,
+            self.max_consecutive_skipped_steps,
+            init_checkpoint,
+            out_dir,
+            work_dir=run.work_dir,
+            callbacks=list(run.callbacks),
+            warn=run.warn,
+            what=loss.name,
+            label_sources=list(label_sources),
+            logged=loss.logged,
+        )
 
 
 def check_step_fits(dataset: datasets.Dataset, per_step: int, what: str) -> None:
@@ -58,58 +243,11 @@ def check_step_fits(dataset: datasets.Dataset, per_step: int, what: str) -> None
         raise ValueError(f"{len(dataset)} training rows cannot fill a step of {per_step} {what}")
 
 
-def trainer_args(
-    settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str]
-) -> dict:
-    """The TrainingArguments every trainer's TRL config shares: `per_step` rows an optimizer step (split over the
-    accumulation steps and the processes, so that a step trains the same rows on any number), mixed precision when `dtype` (the compute precision) is bfloat16 or float16 over float32
-    weights, checkpoints into `work_dir` every `save_steps` (only the latest is kept: resuming needs no other, and
-    full fine-tune checkpoints hold optimiser state)."""
-    return dict(
-        output_dir=str(work_dir),
-        max_steps=settings.max_steps,
-        per_device_train_batch_size=per_step // (settings.gradient_accumulation_steps * settings.processes),
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
-        learning_rate=settings.learning_rate,
-        seed=settings.seed,
-        save_strategy="steps" if settings.save_steps > 0 else "no",
-        save_steps=settings.save_steps,
-        save_total_limit=1,
-        bf16=dtype == "bfloat16",  # explicit: TRL turns bf16 on when it is left unset
-        fp16=dtype == "float16",
-        gradient_checkpointing=settings.gradient_checkpointing,
-        logging_steps=LOGGING_STEPS,
-        report_to=report_to,
-        use_cpu=device == "cpu",
-    )
-
-
-def in_order_args(
-    settings: GRPOSettings, per_step: int, work_dir: Path, device: str, dtype: str, report_to: list[str] | None
-) -> dict:
-    """`trainer_args`, reading the rows in order (`grouped_by_problem` holds each step's groups in order) and
-    dropping an epoch's last, partial batch, so that every step trains on whole groups."""
-    in_order = {"train_sampling_strategy": "sequential", "dataloader_drop_last": True}
-    return trainer_args(settings, per_step, work_dir, device, dtype, report_to or ["none"]) | in_order
-
-
 def grouped_by_problem(frame: pl.DataFrame, seed: int) -> pl.DataFrame:
     """`frame`'s rows with each problem's rows kept together, the problems in an order shuffled by `seed`."""
     problems = frame.select("problem_id").unique(maintain_order=True).sample(fraction=1.0, shuffle=True, seed=seed)
     order = problems.with_row_index("group")
     return frame.with_row_index("row").join(order, on="problem_id").sort("group", "row").drop("group", "row")
-
-
-def lora_config(settings: GRPOSettings) -> LoraConfig:
-    from peft import LoraConfig
-
-    return LoraConfig(
-        task_type="CAUSAL_LM",
-        r=settings.lora_r,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=settings.lora_dropout,
-        target_modules=list(settings.lora_target_modules),
-    )
 
 
 def load_policy(init_checkpoint: Path, model_dropout: float = 0.0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -154,9 +292,11 @@ def fit(
 ) -> TrainingResult:
     """Train a TRL trainer (`trainer_class(**trainer_kwargs)`, its args checkpointing into `work_dir`) from
     `init_checkpoint` with the non-finite step guard (failing after `max_consecutive_skipped_steps` in a row), resuming
-    from the latest checkpoint in `work_dir`;
-    save the merged model into `out_dir` and check its weights are finite. `logged` maps log keys to the names
-    whose first- and last-quarter means the metrics report."""
+    from the latest checkpoint in `work_dir`; save the merged model into `out_dir` and check its weights are finite.
+    `logged` maps log keys to the names whose first- and last-quarter means the metrics report.
+
+    `TrainerSetup.train` is its one caller; the payload fault tests (`tests/payload_faults`) wrap it where the
+    trainer class and the callbacks meet."""
     from transformers import AutoConfig
     from transformers.trainer_utils import get_last_checkpoint
 

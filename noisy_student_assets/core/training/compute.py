@@ -35,7 +35,10 @@ RECIPE_FIELDS = (
 )
 """The GRPO settings a control shares with its student. The learning rate decays linearly to 0 over the run's steps in
 every run (TRL's default schedule, no warmup), so equal steps and learning rates are an equal schedule."""
-UNRECORDED_RECIPE = "training recipe not compared: not recorded in a checkpoint trained before recipes were (materialize it again to compare)"
+UNRECORDED_RECIPE = (
+    "training recipe not compared: not recorded in a checkpoint trained before recipes were "
+    "(materialize it again to compare)"
+)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ pseudo-labeled ones, graded against the teacher's majority-vote answer.  The opt
 (Shao et al. 2024, "DeepSeekMath", section 4.1): for each prompt a group of completions is sampled,
 and each completion's advantage is its reward relative to the group's mean (optionally over its
 standard deviation), so no value model is needed.  The loss, sampling and LoRA adapters are TRL's
-``GRPOTrainer`` and peft's; this module maps the settings onto them, and `base.fit` trains, guards and
-saves a merged checkpoint that vLLM and plain transformers can load.
+``GRPOTrainer`` and peft's; this module maps the settings onto them, and the setup every trainer shares
+(`base.TrainerSetup`) trains, guards and saves a merged checkpoint that vLLM and plain transformers can load.
 """
 
 from __future__ import annotations
@@ -23,22 +23,13 @@ from noisy_student_assets.core import grading
 from noisy_student_assets.core.prompts import student_messages
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
 from noisy_student_assets.core.settings import HARD_REWARD, VOTE_SHARE_REWARD
-from noisy_student_assets.core.training.base import (
-    GOLD,
-    PSEUDO,
-    TrainingResult,
-    check_step_fits,
-    fit,
-    load_policy,
-    lora_config,
-    trainer_args,
-)
+from noisy_student_assets.core.training.base import GOLD, PSEUDO, Loss, Rows, TrainerSetup, check_step_fits
 
 if TYPE_CHECKING:
-    import datasets
-    from trl import GRPOConfig
+    from datasets import Dataset
 
     from noisy_student_assets.core.settings import GRPOSettings
+    from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
 
 REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD)
 """GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), or the vote share
@@ -63,7 +54,7 @@ def build_training_dataset(
     seed: int = 0,
     prompt_noise: bool = False,
     vote_shares: pl.DataFrame | None = None,
-) -> datasets.Dataset:
+) -> Dataset:
     """All labeled problems (target: gold answer) and all pseudo-labeled ones (target: pseudo-label),
     shuffled by `seed`, as TRL rows: "prompt" (chat messages), "target", "label_source", "problem_id".
 
@@ -111,7 +102,7 @@ def _training_rows(frame: pl.DataFrame, target_column: str, label_source: str) -
     )
 
 
-def validate_training_dataset(dataset: datasets.Dataset) -> None:
+def validate_training_dataset(dataset: Dataset) -> None:
     """Raise ValueError unless `dataset` has rows and every row has a non-empty target."""
     check_step_fits(dataset, 1, "rows")
     for row in dataset.select_columns(["problem_id", "label_source", "target"]):
@@ -175,40 +166,43 @@ def format_reward_fn(completions, **kwargs) -> list[float]:
     return [grading.format_reward(completion_text(c)) for c in completions]
 
 
-def grpo_config(
-    settings: GRPOSettings,
-    work_dir: Path,
-    *,
-    device: str,
-    dtype: str,
-    report_to: list[str],
-    log_completions: bool = False,
-) -> GRPOConfig:
-    """TRL's GRPOConfig for `settings`, checkpointing into `work_dir`.
+GRPO_CONFIG_FIELDS = (
+    "num_generations",
+    "max_completion_length",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "scale_rewards",
+    "temperature",
+    "use_vllm",
+    "cast_lm_head_to_fp32",
+)
+"""The settings that are TRL's GRPOConfig fields of the same name."""
 
-    With one process, TRL generates `per_device_train_batch_size * gradient_accumulation_steps`
-    completions per optimiser step (its `generation_batch_size`), which must be whole groups; so the
-    per-device batch is the step's completions over the accumulation steps. `log_completions` has TRL write each
-    step's completions with their rewards and advantages into `work_dir` (`logged_completions` reads them).
-    """
-    from trl import GRPOConfig
 
-    return GRPOConfig(
-        **trainer_args(settings, settings.completions_per_step, work_dir, device, dtype, report_to),
-        num_generations=settings.num_generations,
-        max_completion_length=settings.max_completion_length,
-        beta=settings.beta,
-        epsilon=settings.epsilon,
-        loss_type=settings.loss_type,
-        scale_rewards=settings.scale_rewards,
-        temperature=settings.temperature,
-        reward_weights=[1.0, settings.format_reward_weight] if settings.format_reward_weight > 0 else None,
-        use_vllm=settings.use_vllm,
-        vllm_mode="colocate",
-        cast_lm_head_to_fp32=settings.cast_lm_head_to_fp32,
-        log_completions=log_completions,
-        num_completions_to_print=0,  # the logged table is read back from work_dir, not printed
-    )
+def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completions: bool = False) -> Loss:
+    """TRL's GRPO for `settings`: its config's own fields and the reward functions (`reward`'s, and the format
+    reward where it weighs). `log_completions` has TRL write each step's completions with their rewards and
+    advantages into the work dir (`logged_completions` reads them)."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    answer = vote_share_reward if reward == VOTE_SHARE_REWARD else answer_reward
+    with_format = settings.format_reward_weight > 0
+    config = {name: getattr(settings, name) for name in GRPO_CONFIG_FIELDS} | {
+        "reward_weights": [1.0, settings.format_reward_weight] if with_format else None,
+        "vllm_mode": "colocate",
+        "log_completions": log_completions,
+        "num_completions_to_print": 0,  # the logged table is read back from the work dir, not printed
+    }
+    reward_funcs = [answer] + ([format_reward_fn] if with_format else [])
+    return Loss("GRPO", GRPOTrainer, GRPOConfig, config, GRPO_LOGGED, {"reward_funcs": reward_funcs})
+
+
+def grpo_rows(settings: GRPOSettings) -> Rows:
+    """A GRPO step: `prompts_per_step` prompts, each sampled `num_generations` times. With one process, TRL generates
+    `per_device_train_batch_size * gradient_accumulation_steps` completions per optimiser step (its
+    `generation_batch_size`), which must be whole groups; so the batch is the step's completions."""
+    return Rows(settings.completions_per_step, "prompts", None, needed=settings.prompts_per_step)
 
 
 def logged_completions(work_dir: Path) -> pl.DataFrame:
@@ -235,69 +229,30 @@ def logged_completions(work_dir: Path) -> pl.DataFrame:
 
 def train_grpo(
     init_checkpoint: Path,
-    dataset: datasets.Dataset,
+    dataset: Dataset,
     settings: GRPOSettings,
     out_dir: Path,
+    run: TrainingRun,
     *,
-    work_dir: Path,
-    device: str = "cpu",
-    dtype: str = "float32",
-    report_to: list[str] | None = None,
-    callbacks: list | None = None,
-    warn: Callable[[str], None] | None = None,
-    model_dropout: float = 0.0,
     reward: str = HARD_REWARD,
+    model_dropout: float = 0.0,
     log_completions: bool = False,
 ) -> TrainingResult:
     """GRPO-train the checkpoint at `init_checkpoint` on `dataset` (see `build_training_dataset`) and save
-    the trained, merged model with its tokenizer to `out_dir`.
+    the trained, merged model with its tokenizer to `out_dir`, over the one setup (`base.TrainerSetup`).
 
-    Resumes from the latest ``checkpoint-*`` in `work_dir` if there is one, so `work_dir` must belong to
-    this training alone.  `dtype` is the compute precision (mixed precision over float32 weights unless
-    float32). `report_to` names transformers' logging integrations (default none): "mlflow" logs the
-    trainer's arguments as params and the step logs as metrics into the active MLflow run, leaving it open
-    (or into a run of its own, ended after training, when none is active). `model_dropout` is the student's
-    dropout noise (see `base.load_policy`); `reward` is one of `REWARDS`; `log_completions` keeps each step's groups with
-    their rewards and advantages in `work_dir` (`logged_completions`).
+    Resumes from the latest ``checkpoint-*`` in `run.work_dir` if there is one. `reward` is one of `REWARDS`;
+    `model_dropout` is the student's dropout noise (see `base.load_policy`); `log_completions` keeps each step's
+    groups with their rewards and advantages in `run.work_dir` (`logged_completions`).
 
     Every optimizer step is guarded (`guards.NonFiniteStepGuard`): a step with a non-finite loss or
-    gradient norm is skipped and reported through `warn`; `settings.max_consecutive_skipped_steps` in a
+    gradient norm is skipped and reported through `run.warn`; `settings.max_consecutive_skipped_steps` in a
     row raise `NonFiniteTrainingError`. The merged checkpoint is checked for non-finite weights before
     this returns (`NonFiniteWeightsError`), so a broken model never leaves `out_dir` for the lake.
     """
-    from trl import GRPOTrainer
-
     if reward not in REWARDS:
         raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
-    check_step_fits(dataset, settings.prompts_per_step, "prompts")
-    model, tokenizer = load_policy(init_checkpoint, model_dropout)
-    answer = vote_share_reward if reward == VOTE_SHARE_REWARD else answer_reward
-    return fit(
-        GRPOTrainer,
-        dict(
-            model=model,
-            reward_funcs=[answer] + ([format_reward_fn] if settings.format_reward_weight > 0 else []),
-            args=grpo_config(
-                settings,
-                work_dir,
-                device=device,
-                dtype=dtype,
-                report_to=report_to or ["none"],
-                log_completions=log_completions,
-            ),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=lora_config(settings) if settings.use_lora else None,
-        ),
-        tokenizer,
-        settings.max_consecutive_skipped_steps,
-        init_checkpoint,
-        out_dir,
-        work_dir=work_dir,
-        callbacks=callbacks,
-        warn=warn,
-        what="GRPO",
-        label_sources=list(dataset["label_source"]),
-        logged=GRPO_LOGGED,
-    )
+    loss = grpo_loss(settings, reward=reward, log_completions=log_completions)
+    setup = TrainerSetup.for_student(settings, model_dropout)
+    return setup.train(loss, grpo_rows(settings), init_checkpoint, dataset, out_dir, run)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     import datasets
 
     from noisy_student_assets.core.settings import ComputeSettings, StudentSettings
-    from noisy_student_assets.core.training.base import TrainingResult
+    from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
 
 
 def training_set(settings: StudentSettings, data: StudentData) -> datasets.Dataset:
@@ -51,30 +50,10 @@ def training_fingerprint(
 
 
 def train_student(
-    settings: StudentSettings,
-    init_dir: Path,
-    dataset: datasets.Dataset,
-    out_dir: Path,
-    *,
-    work_dir: Path,
-    compute: ComputeSettings,
-    report_to: list[str] | None = None,
-    callbacks: list | None = None,
-    warn: Callable[[str], None] | None = None,
+    settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
 ) -> tuple[TrainingResult, TrainingCompute]:
     """Train `dataset` (`training_set`) from `init_dir` in the settings' mode into `out_dir`, resuming from the
-    TRL checkpoints in `work_dir`; the result and the compute it spent."""
+    TRL checkpoints in `run.work_dir`; the result and the compute it spent."""
     mode = student_mode_for(settings)
-    result = mode.train(
-        settings,
-        init_dir,
-        dataset,
-        out_dir,
-        work_dir=work_dir,
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
-        report_to=report_to,
-        callbacks=callbacks,
-        warn=warn,
-    )
+    result = mode.train(settings, init_dir, dataset, out_dir, run)
     return result, mode.compute(result, settings.grpo)

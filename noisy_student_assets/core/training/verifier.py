@@ -6,7 +6,8 @@ backbone with a scalar head (`AutoModelForSequenceClassification`, one label), t
 `RewardTrainer` on (right, wrong) pairs of the teacher's samples of the labeled problems: the Bradley-Terry loss
 -log sigmoid(score(right) - score(wrong)) only asks that a right sample outscores a wrong one of the same
 problem, so the verifier learns what tells them apart rather than how hard each problem is. Its score of a
-sample of an unlabeled problem then weighs that sample's vote (`pseudo_labels/sources/verifier.py`).
+sample of an unlabeled problem then weighs that sample's vote (`pseudo_labels/sources/verifier.py`). It trains
+over the setup every trainer shares (`base.TrainerSetup`), its loss a scalar head's (`RewardModelLoss`).
 
 The training chat and the scored chat are the same messages (`verifier_messages`: the problem's prompt as every
 stage renders it, then the sample as the assistant's turn) through the tokenizer's chat template, so the
@@ -22,18 +23,20 @@ import itertools
 import json
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import polars as pl
 
 from noisy_student_assets.core.grading import answers_equivalent
 from noisy_student_assets.core.prompts import build_messages
-from noisy_student_assets.core.training.base import GOLD, LOGGING_STEPS, fit
+from noisy_student_assets.core.training.base import GOLD, Lora, Loss, Rows, TrainerSetup, TrainingRun
 
 if TYPE_CHECKING:
     import datasets
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from noisy_student_assets.core.settings import ComputeSettings, VerifierSettings
 
@@ -72,7 +75,8 @@ def graded_samples(generations: pl.DataFrame, problems: pl.DataFrame) -> pl.Data
     orphans = samples.filter(pl.col("prompt").is_null())
     if orphans.height:
         raise ValueError(
-            f"{orphans.height} samples are of problems missing from the problem table (e.g. {orphans['problem_id'][0]!r})"
+            f"{orphans.height} samples are of problems missing from the problem table "
+            f"(e.g. {orphans['problem_id'][0]!r})"
         )
     verdicts = [
         answers_equivalent(gold, answer) for gold, answer in samples.select("gold_answer", "answer").iter_rows()
@@ -119,18 +123,35 @@ def preference_pairs(graded: pl.DataFrame, max_pairs_per_problem: int, seed: int
     return datasets.Dataset.from_list(rows)
 
 
+def load_reward_model(init_dir: Path, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The checkpoint's float32 backbone with a new scalar head (one label), initialised at random from `seed`, and
+    its tokenizer. RewardTrainer sets the tokenizer's pad token (its eos when it has none) and the model config's
+    pad_token_id, which the head reads to find each sequence's last token, and which the saved config keeps for
+    scoring."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
+
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    set_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        init_dir, num_labels=1, dtype=torch.float32, use_safetensors=True
+    )
+    return model, tokenizer
+
+
+@dataclass(frozen=True)
+class RewardModelLoss(Loss):
+    """TRL's reward-model (Bradley-Terry) loss, trained on a scalar head over the backbone: with LoRA, peft's
+    sequence-classification task saves the `score` head whole."""
+
+    task_type: ClassVar[str] = "SEQ_CLS"
+
+    def load(self, init_checkpoint: Path, setup: TrainerSetup) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        return load_reward_model(init_checkpoint, setup.seed)
+
+
 def train_verifier(
-    init_dir: Path,
-    pairs: datasets.Dataset,
-    settings: VerifierSettings,
-    out_dir: Path,
-    *,
-    work_dir: Path,
-    device: str = "cpu",
-    dtype: str = "float32",
-    report_to: list[str] | None = None,
-    callbacks: list | None = None,
-    warn: Callable[[str], None] | None = None,
+    init_dir: Path, pairs: datasets.Dataset, settings: VerifierSettings, out_dir: Path, run: TrainingRun
 ) -> dict[str, float]:
     """Train a verifier from the checkpoint `init_dir` (its backbone, a new scalar head) on `pairs`
     (`preference_pairs`) with TRL's `RewardTrainer`, and save it merged (safetensors and tokenizer, no adapters)
@@ -139,69 +160,30 @@ def train_verifier(
 
     `settings.max_steps` steps of `settings.pairs_per_step` pairs at `settings.learning_rate` decaying linearly;
     a pair longer than `settings.max_length` tokens is left out (TRL's filter). With `settings.use_lora`, LoRA
-    adapters on every linear layer of the backbone and the whole head trained (peft's sequence-classification
-    task saves the `score` head whole); otherwise every weight. `dtype` is the compute precision (mixed precision
-    over float32 weights unless float32). As the other trainers (`base.fit`), it resumes from the latest
-    checkpoint in `work_dir`, skips steps with a non-finite loss or gradient norm (reported through `warn`), and
-    checks the saved weights are finite.
+    adapters on every linear layer of the backbone and the whole head trained; otherwise every weight. Over the
+    setup every trainer shares (`base.TrainerSetup`), it resumes from the latest checkpoint in `run.work_dir`,
+    skips steps with a non-finite loss or gradient norm (reported through `run.warn`), and checks the saved weights
+    are finite.
     """
-    import torch
-    from peft import LoraConfig
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
     from trl import RewardConfig, RewardTrainer
 
-    tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    set_seed(settings.seed)  # the head is initialised at random: the seed fixes it
-    model = AutoModelForSequenceClassification.from_pretrained(
-        init_dir, num_labels=1, dtype=torch.float32, use_safetensors=True
-    )
-    # RewardTrainer sets the tokenizer's pad token (its eos when it has none) and the model config's pad_token_id,
-    # which the head reads to find each sequence's last token, and which the saved config keeps for scoring.
-    args = RewardConfig(
-        output_dir=str(work_dir),
+    setup = TrainerSetup(
         max_steps=settings.max_steps,
-        per_device_train_batch_size=settings.pairs_per_step,
         learning_rate=settings.learning_rate,
-        lr_scheduler_type="linear",
         seed=settings.seed,
-        save_strategy="steps",
         save_steps=max(1, settings.max_steps // CHECKPOINTS_PER_RUN),
-        save_total_limit=1,
-        bf16=dtype == "bfloat16",  # explicit: TRL turns bf16 on when it is left unset
-        fp16=dtype == "float16",
         # A step holds 2 x pairs_per_step chats of up to max_length tokens: too many activations for a GPU, and on
         # the CPU (short chats) recomputing them would only slow the step.
-        gradient_checkpointing=device != "cpu",
-        logging_steps=LOGGING_STEPS,
-        report_to=report_to or ["none"],
-        use_cpu=device == "cpu",
-        max_length=settings.max_length,
+        gradient_checkpointing=run.device != "cpu",
+        max_consecutive_skipped_steps=MAX_CONSECUTIVE_SKIPPED_STEPS,
+        lora=Lora(settings.lora_r, settings.lora_alpha) if settings.use_lora else None,
     )
-    lora = LoraConfig(
-        task_type="SEQ_CLS", r=settings.lora_r, lora_alpha=settings.lora_alpha, target_modules="all-linear"
+    loss = RewardModelLoss(
+        "verifier", RewardTrainer, RewardConfig, {"max_length": settings.max_length}, VERIFIER_LOGGED
     )
-    trainer_kwargs = dict(
-        model=model,
-        args=args,
-        train_dataset=pairs,
-        processing_class=tokenizer,
-        peft_config=lora if settings.use_lora else None,
-    )
-    result = fit(
-        RewardTrainer,
-        trainer_kwargs,
-        tokenizer,
-        MAX_CONSECUTIVE_SKIPPED_STEPS,
-        init_dir,
-        out_dir,
-        work_dir=work_dir,
-        callbacks=callbacks,
-        warn=warn,
-        what="verifier",
-        label_sources=[GOLD] * len(pairs),
-        logged=VERIFIER_LOGGED,
-    )
-    return result.metrics | {"pairs": float(len(pairs))}
+    # TRL's reward trainer keeps an epoch's last, partial batch: a single pair makes a step.
+    rows = Rows(settings.pairs_per_step, "pairs", GOLD, needed=1)
+    return setup.train(loss, rows, init_dir, pairs, out_dir, run).metrics | {"pairs": float(len(pairs))}
 
 
 def score_samples(
@@ -229,8 +211,8 @@ def score_samples(
     )
     if model.config.num_labels != 1 or model.config.pad_token_id != tokenizer.pad_token_id:
         raise ValueError(
-            f"{verifier_dir} is not a verifier: it has {model.config.num_labels} labels (a verifier 1) and pad token id "
-            f"{model.config.pad_token_id} against its tokenizer's {tokenizer.pad_token_id} (a verifier the same)"
+            f"{verifier_dir} is not a verifier: it has {model.config.num_labels} labels (a verifier 1) and pad token "
+            f"id {model.config.pad_token_id} against its tokenizer's {tokenizer.pad_token_id} (a verifier the same)"
         )
     model.to(device).eval()
     ids = [
@@ -282,7 +264,10 @@ def score_failure(scores: Sequence[float]) -> str | None:
     if non_finite:
         return f"{non_finite} of {values.size} verifier scores are NaN or infinite"
     if values.max() - values.min() <= CONSTANT_TOLERANCE:
-        return f"all {values.size} verifier scores are {values[0]:.6g} (within {CONSTANT_TOLERANCE:g}): the verifier tells no sample from another"
+        return (
+            f"all {values.size} verifier scores are {values[0]:.6g} (within {CONSTANT_TOLERANCE:g}): the verifier "
+            "tells no sample from another"
+        )
     return None
 
 
@@ -293,16 +278,15 @@ def build_verifier(
     settings: VerifierSettings,
     compute: ComputeSettings,
     out_dir: Path,
+    run: TrainingRun,
     *,
-    work_dir: Path,
-    report_to: list[str] | None = None,
-    callbacks: list | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, float | None]:
     """The verifier stage: the teacher's `settings.k` samples of every labeled and validation problem (one model
-    load, saved shard by shard in `work_dir` and resumed from there), a verifier trained on pairs of the labeled
-    problems' samples, and its measure on the validation problems' samples. Writes into `out_dir` the verifier,
-    `VERIFIER_METRICS_FILE`, the validation samples with their scores and the training pairs; returns the metrics.
+    load, saved shard by shard in `run.work_dir` and resumed from there), a verifier trained on pairs of the labeled
+    problems' samples (its checkpoints beside them), and its measure on the validation problems' samples. Writes
+    into `out_dir` the verifier, `VERIFIER_METRICS_FILE`, the validation samples with their scores and the training
+    pairs; returns the metrics.
 
     Only the labeled problems' gold trains it; the validation problems' gold measures it. No unlabeled problem is
     read here."""
@@ -317,7 +301,7 @@ def build_verifier(
         teacher_dir,
         problems.select("problem_id", "prompt"),
         decoding,
-        SampleShards(work_dir / "samples"),
+        SampleShards(run.work_dir / "samples"),
         backend=settings.backend,
         progress=lambda done, total: say(f"verifier: sampled {done}/{total} problems"),
         **compute.generation_options(),
@@ -326,32 +310,12 @@ def build_verifier(
     on_labeled = graded.filter(pl.col("problem_id").is_in(labeled["problem_id"].implode()))
     pairs = preference_pairs(on_labeled, settings.max_pairs_per_problem, settings.seed)
     say(
-        f"verifier: {len(pairs)} (right, wrong) pairs from the {len(set(pairs['problem_id']))} of {labeled.height} labeled problems "
-        "with both a right and a wrong sample"
+        f"verifier: {len(pairs)} (right, wrong) pairs from the {len(set(pairs['problem_id']))} of {labeled.height} "
+        "labeled problems with both a right and a wrong sample"
     )
-    training = train_verifier(
-        teacher_dir,
-        pairs,
-        settings,
-        out_dir,
-        work_dir=work_dir / "trainer",
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
-        report_to=report_to,
-        callbacks=callbacks,
-        warn=say,
-    )
+    training = train_verifier(teacher_dir, pairs, settings, out_dir, replace(run, work_dir=run.work_dir / "trainer"))
     on_validation = graded.filter(pl.col("problem_id").is_in(validation["problem_id"].implode()))
-    scores = score_samples(
-        out_dir,
-        on_validation["prompt"].to_list(),
-        on_validation["completion"].to_list(),
-        batch_size=settings.score_batch_size,
-        max_length=settings.max_length,
-        device=compute.resolved_device(),
-        dtype=compute.dtype,
-    )
-    scored = on_validation.with_columns(pl.Series("score", scores, dtype=pl.Float64))
+    scored = _scored(out_dir, on_validation, settings, compute)
     metrics = (
         training
         | validation_metrics(scored, validation)
@@ -410,6 +374,14 @@ def score_round(verifier_dir: Path, samples: pl.DataFrame, compute: ComputeSetti
     settings = VerifierSettings.model_validate(
         json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["settings"]
     )
+    scored = _scored(verifier_dir, samples, settings, compute)
+    return scored.select("problem_id", "sample_index", "score").match_to_schema(SCORE_SCHEMA)
+
+
+def _scored(
+    verifier_dir: Path, samples: pl.DataFrame, settings: VerifierSettings, compute: ComputeSettings
+) -> pl.DataFrame:
+    """`samples` (with `prompt` and `completion`) with the verifier's `score` of each."""
     scores = score_samples(
         verifier_dir,
         samples["prompt"].to_list(),
@@ -419,9 +391,7 @@ def score_round(verifier_dir: Path, samples: pl.DataFrame, compute: ComputeSetti
         device=compute.resolved_device(),
         dtype=compute.dtype,
     )
-    return samples.select("problem_id", "sample_index", pl.Series("score", scores, dtype=pl.Float64)).match_to_schema(
-        SCORE_SCHEMA
-    )
+    return samples.with_columns(pl.Series("score", scores, dtype=pl.Float64))
 
 
 def verifier_metrics(verifier_dir: Path) -> dict[str, float | None]:

@@ -412,7 +412,7 @@ def _train_verifier(
 ) -> tuple[Path, dg.AssetCheckResult]:
     """The verifier stage (`core.verifier.build_verifier`) through the launcher, its validation figures as metadata
     and MLflow metrics, and the `verifier_informative` check."""
-    from noisy_student_assets.core.verifier import read_verifier_metrics
+    from noisy_student_assets.core.training.verifier import read_verifier_metrics
     from noisy_student_assets.payloads.specs import VerifierSpec
 
     context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
@@ -451,7 +451,7 @@ def _train_verifier(
 def _score_samples(current: StageRun, verifier: Path, generations: pl.DataFrame, unlabeled: pl.DataFrame) -> LakeTable:
     """The verifier's score of every sample of the round (`core.verifier.score_round`) through the launcher; its
     validation figures travel beside the table, for the vote's report."""
-    from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
+    from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
     from noisy_student_assets.payloads.specs import ScoreSpec
 
     context, lake, compute = current.context, current.lake, current.resources.compute
@@ -495,7 +495,7 @@ def _pseudo_label(
     import mlflow
 
     from noisy_student_assets.core.pseudo_labels.labels import pseudo_label
-    from noisy_student_assets.core.verifier import VERIFIER_METRICS_FILE
+    from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
 
     settings = current.settings
     scores = verifier_scores.frame if verifier_scores is not None else None

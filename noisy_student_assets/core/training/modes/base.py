@@ -18,12 +18,13 @@ import polars as pl
 
 from noisy_student_assets.core.layout import LABELED_ONLY
 from noisy_student_assets.core.settings import HARD_REWARD
+from noisy_student_assets.core.training.compute import supervised_compute
 
 if TYPE_CHECKING:
     import datasets
 
     from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
-    from noisy_student_assets.core.training.base import TrainingResult
+    from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
     from noisy_student_assets.core.training.compute import TrainingCompute
 
 
@@ -56,14 +57,15 @@ class StudentMode(ABC):
 
     @abstractmethod
     def train(
-        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
     ) -> TrainingResult:
-        """Train from `init_dir` into `out_dir`; `run`: work_dir, device, dtype, report_to, callbacks, warn (see
-        `grpo.train_grpo`)."""
+        """Train from `init_dir` into `out_dir`, with the student's dropout noise (`settings.model_dropout`), over the
+        one setup (`base.TrainerSetup`)."""
 
-    @abstractmethod
     def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
-        """What a finished run spent (see `training.compute`)."""
+        """What a finished run spent (see `training.compute`): a mode that samples nothing while it trains (it trains
+        on the teacher's samples) spends a GRPO step's prompts and completions a step."""
+        return supervised_compute(int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)
 
     def admits(self, control: str, settings: StudentSettings) -> bool:
         """Whether a round of this student can run beside `control`: the gold- and random-label controls train GRPO

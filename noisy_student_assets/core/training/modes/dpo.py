@@ -8,16 +8,14 @@ from typing import TYPE_CHECKING
 
 from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT
 from noisy_student_assets.core.pseudo_labels.student_data import dpo_pairs
-from noisy_student_assets.core.training.compute import supervised_compute
 from noisy_student_assets.core.training.dpo import build_dpo_dataset, train_dpo
 from noisy_student_assets.core.training.modes.base import StudentData, StudentMode
 
 if TYPE_CHECKING:
     import datasets
 
-    from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
-    from noisy_student_assets.core.training.base import TrainingResult
-    from noisy_student_assets.core.training.compute import TrainingCompute
+    from noisy_student_assets.core.settings import StudentSettings
+    from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
 
 
 class DPOMode(StudentMode):
@@ -35,17 +33,8 @@ class DPOMode(StudentMode):
         )
 
     def train(
-        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
     ) -> TrainingResult:
         return train_dpo(
-            init_dir,
-            dataset,
-            settings.grpo,
-            out_dir,
-            beta=settings.dpo_beta,
-            model_dropout=settings.model_dropout,
-            **run,
+            init_dir, dataset, settings.grpo, out_dir, run, beta=settings.dpo_beta, model_dropout=settings.model_dropout
         )
-
-    def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
-        return supervised_compute(int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)

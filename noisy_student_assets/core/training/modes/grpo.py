@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import datasets
 
     from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
-    from noisy_student_assets.core.training.base import TrainingResult
+    from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
     from noisy_student_assets.core.training.compute import TrainingCompute
 
 
@@ -40,16 +40,10 @@ class GRPOMode(StudentMode):
         )
 
     def train(
-        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
     ) -> TrainingResult:
         return train_grpo(
-            init_dir,
-            dataset,
-            settings.grpo,
-            out_dir,
-            model_dropout=settings.model_dropout,
-            reward=settings.reward,
-            **run,
+            init_dir, dataset, settings.grpo, out_dir, run, reward=settings.reward, model_dropout=settings.model_dropout
         )
 
     def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:

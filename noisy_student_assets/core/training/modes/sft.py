@@ -8,21 +8,22 @@ from typing import TYPE_CHECKING
 
 from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT
 from noisy_student_assets.core.pseudo_labels.student_data import sft_rows
-from noisy_student_assets.core.training.compute import supervised_compute
 from noisy_student_assets.core.training.modes.base import StudentData, StudentMode
 from noisy_student_assets.core.training.sft import build_sft_dataset, train_sft
 
 if TYPE_CHECKING:
     import datasets
 
-    from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
-    from noisy_student_assets.core.training.base import TrainingResult
-    from noisy_student_assets.core.training.compute import TrainingCompute
+    from noisy_student_assets.core.settings import StudentSettings
+    from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
 
 
 class SFTMode(StudentMode):
     name = "sft"
-    description = "fine-tune (TRL SFTTrainer) on the teacher's samples that agree with the kept pseudo-labels (RFT); pseudo-labeled problems only"
+    description = (
+        "fine-tune (TRL SFTTrainer) on the teacher's samples that agree with the kept pseudo-labels (RFT); "
+        "pseudo-labeled problems only"
+    )
 
     def training_set(self, settings: StudentSettings, data: StudentData) -> datasets.Dataset:
         rows = sft_rows(
@@ -36,9 +37,6 @@ class SFTMode(StudentMode):
         )
 
     def train(
-        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, **run
+        self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
     ) -> TrainingResult:
-        return train_sft(init_dir, dataset, settings.grpo, out_dir, model_dropout=settings.model_dropout, **run)
-
-    def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
-        return supervised_compute(int(result.metrics["steps"]), settings.prompts_per_step, settings.num_generations)
+        return train_sft(init_dir, dataset, settings.grpo, out_dir, run, model_dropout=settings.model_dropout)
