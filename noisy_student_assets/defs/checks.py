@@ -26,66 +26,52 @@ COMPUTE_MATCHED = "compute_matched"
 VERIFIER_INFORMATIVE = "verifier_informative"
 
 
-def pseudo_label_quality_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+REPORTED_CHECKS = {
+    # the student also refuses labels whose audit records a failed floor
+    PSEUDO_LABEL_QUALITY: "Blocking: coverage at tau and mean agreement are above their configured floors; below them "
+    "the round's student is not trained.",
+    NO_EVAL_REGRESSION: "Warns when greedy accuracy dropped more than the tolerance below the previous round (or "
+    "labeled RL).",
+    EVAL_NOT_DEGENERATE: "Blocking: greedy completions have answers, mostly end by themselves and differ between "
+    "problems (a broken model scores 0.0 by running every completion to the token limit).",
+    VERIFIER_INFORMATIVE: "Blocking: the verifier's scores of the validation problems' samples are finite and not all "
+    "the same; otherwise its votes would be noise (or no votes at all) and nothing downstream runs.",
+}
+"""The checks an asset evaluates itself and reports with its output, by name, with their descriptions; those that
+say "Blocking:" are."""
+
+
+def reported_check(name: str, asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    """The spec of the check `name` (`REPORTED_CHECKS`) that `asset_key`'s asset reports."""
+    description = REPORTED_CHECKS[name]
     return dg.AssetCheckSpec(
-        PSEUDO_LABEL_QUALITY,
-        asset=asset_key,
-        blocking=True,  # the student also refuses labels whose audit records a failed floor
-        description="Blocking: coverage at tau and mean agreement are above their configured floors; below them "
-        "the round's student is not trained.",
+        name, asset=asset_key, blocking=description.startswith("Blocking:"), description=description
     )
 
 
-def no_eval_regression_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
-    return dg.AssetCheckSpec(
-        NO_EVAL_REGRESSION,
-        asset=asset_key,
-        description="Warns when greedy accuracy dropped more than the tolerance below the previous round (or labeled RL).",
-    )
-
-
-def eval_not_degenerate_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
-    """The check every eval asset reports: its greedy outputs are not degenerate (thresholds in EvalConfig)."""
-    return dg.AssetCheckSpec(
-        EVAL_NOT_DEGENERATE,
-        asset=asset_key,
-        blocking=True,
-        description="Blocking: greedy completions have answers, mostly end by themselves and differ between problems "
-        "(a broken model scores 0.0 by running every completion to the token limit).",
+def _error_unless_passed(
+    name: str, asset_key: dg.AssetKey, failure: str | None, metadata: dict[str, float]
+) -> dg.AssetCheckResult:
+    """A reported check's result at ERROR severity: failed with `failure` (why), or passed where it is None."""
+    return dg.AssetCheckResult(
+        check_name=name,
+        asset_key=asset_key,
+        passed=failure is None,
+        description=failure,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata=metadata,
     )
 
 
 def eval_not_degenerate(asset_key: dg.AssetKey, health: OutputHealth, failure: str | None) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        check_name=EVAL_NOT_DEGENERATE,
-        asset_key=asset_key,
-        passed=failure is None,
-        description=failure,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata=health.as_dict(),
-    )
-
-
-def verifier_informative_spec(asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
-    return dg.AssetCheckSpec(
-        VERIFIER_INFORMATIVE,
-        asset=asset_key,
-        blocking=True,
-        description="Blocking: the verifier's scores of the validation problems' samples are finite and not all the same; "
-        "otherwise its votes would be noise (or no votes at all) and nothing downstream runs.",
-    )
+    """ERROR when an eval's greedy outputs are degenerate (`failure`: why; thresholds in EvalConfig)."""
+    return _error_unless_passed(EVAL_NOT_DEGENERATE, asset_key, failure, health.as_dict())
 
 
 def verifier_informative(asset_key: dg.AssetKey, failure: str | None, metrics: dict[str, float]) -> dg.AssetCheckResult:
     """ERROR when the verifier cannot tell samples apart (`failure`: why, from `verifier.score_failure`)."""
-    return dg.AssetCheckResult(
-        check_name=VERIFIER_INFORMATIVE,
-        asset_key=asset_key,
-        passed=failure is None,
-        description=failure,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={name: float(value) for name, value in metrics.items() if value is not None},
-    )
+    measured = {name: float(value) for name, value in metrics.items() if value is not None}
+    return _error_unless_passed(VERIFIER_INFORMATIVE, asset_key, failure, measured)
 
 
 def pseudo_label_quality(
@@ -98,19 +84,13 @@ def pseudo_label_quality(
 ) -> dg.AssetCheckResult:
     """ERROR when too few labels survive tau, or the teacher agrees with itself too rarely to trust them
     (`failure`: why, from `pseudo_labels.label_floor_failure`)."""
-    return dg.AssetCheckResult(
-        check_name=PSEUDO_LABEL_QUALITY,
-        asset_key=asset_key,
-        passed=failure is None,
-        description=failure,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "coverage": coverage,
-            "min_coverage": min_coverage,
-            "mean_agreement": mean_agreement,
-            "min_agreement": min_agreement,
-        },
-    )
+    floors = {
+        "coverage": coverage,
+        "min_coverage": min_coverage,
+        "mean_agreement": mean_agreement,
+        "min_agreement": min_agreement,
+    }
+    return _error_unless_passed(PSEUDO_LABEL_QUALITY, asset_key, failure, floors)
 
 
 def no_eval_regression(
@@ -173,7 +153,8 @@ def checkpoint_checks(
         partitions_def=partitions_def,
         pool=DEVICE_POOL,
         additional_ins={"eval_problems": dg.AssetIn(EVAL_PROBLEMS)},
-        description="Blocking: greedy completions of the first eval prompts are not empty and do not all run to the token limit.",
+        description="Blocking: greedy completions of the first eval prompts are not empty and do not all run to the "
+        "token limit.",
     )
     def smoke_generation(
         context: dg.AssetCheckExecutionContext,
@@ -216,15 +197,18 @@ def compute_matched_check(
         partitions_def=partitions_def,
         additional_deps=[student_key],
         blocking=True,  # a control eval at other compute would answer a different question than the verdict asks
-        description="Blocking: since the base model, this control spent the same optimizer steps, prompts and completions as "
-        "the round's student, and its run trained with the same recipe (LoRA, learning rate, completion length, K, "
-        "temperature); compute.json of both checkpoints.",
+        description="Blocking: since the base model, this control spent the same optimizer steps, prompts and "
+        "completions as the round's student, and its run trained with the same recipe (LoRA, learning rate, "
+        "completion length, K, temperature); compute.json of both checkpoints.",
     )
     def compute_matched(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
         control = read_compute(data_lake.artifact_dir(control_key, context.partition_key))
         student = read_compute(data_lake.artifact_dir(student_key, context.partition_key))
         mismatches = control.total.mismatches(student.total) + recipe_mismatches(control.recipe, student.recipe)
-        tokens = f"completion tokens generated since the base model: control {control.total.generated_tokens}, student {student.total.generated_tokens}"
+        tokens = (
+            "completion tokens generated since the base model: "
+            f"control {control.total.generated_tokens}, student {student.total.generated_tokens}"
+        )
         if not (control.recipe and student.recipe):
             tokens += f"; {UNRECORDED_RECIPE}"
         return dg.AssetCheckResult(

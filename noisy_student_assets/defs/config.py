@@ -48,18 +48,18 @@ def stage_config(settings: type[Settings]) -> type[StageConfig]:
     return config
 
 
-ProblemPoolConfig = stage_config(ProblemPoolSettings)
-EvalProblemsConfig = stage_config(EvalProblemsSettings)
-ProblemSplitConfig = stage_config(ProblemSplitSettings)
-BaseModelConfig = stage_config(BaseModelSettings)
-LabeledRLConfig = stage_config(LabeledRLSettings)
-SamplingConfig = stage_config(TeacherSamplingSettings)
-PseudoLabelConfig = stage_config(PseudoLabelSettings)
-VerifierConfig = stage_config(VerifierSettings)
-StudentConfig = stage_config(StudentSettings)
-LabeledOnlyConfig = stage_config(LabeledOnlySettings)
-EvalConfig = stage_config(EvalSettings)
-SmokeConfig = stage_config(SmokeSettings)
+# The problem tables' (assets/problems.py)
+ProblemPoolConfig, EvalProblemsConfig, ProblemSplitConfig = map(
+    stage_config, (ProblemPoolSettings, EvalProblemsSettings, ProblemSplitSettings)
+)
+# The checkpoints', their evaluations' and checks' (assets/models.py, checks.py)
+BaseModelConfig, LabeledRLConfig, EvalConfig, SmokeConfig = map(
+    stage_config, (BaseModelSettings, LabeledRLSettings, EvalSettings, SmokeSettings)
+)
+# A round's and its controls' (assets/rounds.py, assets/controls.py)
+SamplingConfig, VerifierConfig, PseudoLabelConfig, StudentConfig, LabeledOnlyConfig = map(
+    stage_config, (TeacherSamplingSettings, VerifierSettings, PseudoLabelSettings, StudentSettings, LabeledOnlySettings)
+)
 
 
 def with_arm(config: StageConfig, arm) -> tuple[Settings, list[str]]:

@@ -9,7 +9,7 @@ model it has spent exactly what the round's student spent (the `compute_matched`
   does label correctness matter at all?
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -19,12 +19,11 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.control_data import gold_revealed, shuffled_pseudo_labels
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
-from noisy_student_assets.core.settings import StudentSettings
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.core.training.modes.registry import student_mode
 from noisy_student_assets.defs.assets.models import checkpoint_eval
 from noisy_student_assets.defs.assets.rounds import BASE_MODEL_INPUT, kept_pseudo_labels, train_from_student_init
-from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, not_asked_for, stage, train_checkpoint
+from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, not_asked_for, stage, train_on_labeled
 from noisy_student_assets.defs.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.defs.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.defs.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
@@ -69,12 +68,7 @@ def round_controls(number: int) -> dg.Definitions:
             context.log.info(skipped)
             return
         with stage(context, config, stage_resources) as current:
-            staged = train_checkpoint(
-                current,
-                init_dir=init,
-                data=StudentData(labeled_problems),
-                settings=StudentSettings(grpo=current.settings.grpo),
-            )
+            staged = train_on_labeled(current, init, labeled_problems)
         yield current.output(staged)
 
     @dg.asset(
@@ -87,8 +81,8 @@ def round_controls(number: int) -> dg.Definitions:
             "base_model": BASE_MODEL_INPUT,
         },
         description="Control: the round's GRPO from the student's init on the labeled problems and every unlabeled "
-        "problem with its true answer (the upper bound; the only asset trained on the hidden gold). Refused on a test-time "
-        "arm, whose hidden gold is the held-out set's.",
+        "problem with its true answer (the upper bound; the only asset trained on the hidden gold). Refused on a "
+        "test-time arm, whose hidden gold is the held-out set's.",
         **heavy,
     )
     def gold_label_checkpoint(
@@ -101,24 +95,21 @@ def round_controls(number: int) -> dg.Definitions:
         base_model: Path,
         stage_resources: StageResources,
     ) -> Iterator[dg.Output[Path]]:
-        if skipped := not_asked_for(context, stage_resources):
-            context.log.info(skipped)
-            return
-        with stage(context, config, stage_resources) as current:
-            _refuse_unmatched_training(current, layout.GOLD_LABEL)
+        def revealed(current: StageRun) -> StudentData:
             held_out = unlabeled_problems.join(eval_problems, on="problem_id", how="semi").height
             if held_out:
                 raise dg.Failure(
-                    f"{held_out} of arm {current.partition}'s unlabeled problems are held-out eval problems (a test-time arm): "
-                    "the gold-label control would train on their eval answers",
+                    f"{held_out} of arm {current.partition}'s unlabeled problems are held-out eval problems (a "
+                    "test-time arm): the gold-label control would train on their eval answers",
                     allow_retries=False,
                 )
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
-            revealed = pl.concat(
-                [labeled.select("problem_id", "prompt", "gold_answer"), gold_revealed(unlabeled_problems)]
-            )
-            staged = train_from_student_init(current, teacher, base_model, StudentData(revealed))
-        yield current.output(staged)
+            gold = labeled.select("problem_id", "prompt", "gold_answer")
+            return StudentData(pl.concat([gold, gold_revealed(unlabeled_problems)]))
+
+        yield from _student_control(
+            context, config, stage_resources, layout.GOLD_LABEL, (teacher, base_model), revealed
+        )
 
     @dg.asset(
         key=checkpoint_key[layout.RANDOM_LABEL],
@@ -141,18 +132,16 @@ def round_controls(number: int) -> dg.Definitions:
         base_model: Path,
         stage_resources: StageResources,
     ) -> Iterator[dg.Output[Path]]:
-        if skipped := not_asked_for(context, stage_resources):
-            context.log.info(skipped)
-            return
-        with stage(context, config, stage_resources) as current:
-            _refuse_unmatched_training(current, layout.RANDOM_LABEL)
+        def shuffled(current: StageRun) -> StudentData:
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
-            shuffled = shuffled_pseudo_labels(kept, seed=current.settings.grpo.seed)
-            moved = int((shuffled["pseudo_label"] != kept["pseudo_label"]).sum())
-            current.metadata |= {"shuffled_labels": shuffled.height, "labels_changed_by_shuffle": moved}
-            labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
-            staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, shuffled))
-        yield current.output(staged)
+            labels = shuffled_pseudo_labels(kept, seed=current.settings.grpo.seed)
+            moved = int((labels["pseudo_label"] != kept["pseudo_label"]).sum())
+            current.metadata |= {"shuffled_labels": labels.height, "labels_changed_by_shuffle": moved}
+            return StudentData(labeled_rows(labeled_problems, current.settings.pseudo_only), labels)
+
+        yield from _student_control(
+            context, config, stage_resources, layout.RANDOM_LABEL, (teacher, base_model), shuffled
+        )
 
     checks = []
     for control_key in checkpoint_key.values():
@@ -169,13 +158,33 @@ def round_controls(number: int) -> dg.Definitions:
     )
 
 
+def _student_control(
+    context: dg.AssetExecutionContext,
+    config: StudentConfig,
+    stage_resources: StageResources,
+    control: str,
+    inits: tuple[Path, Path],
+    training_data: Callable[[StageRun], StudentData],
+) -> Iterator[dg.Output[Path]]:
+    """A control trained as the round's student is, from its init (`inits`: the teacher, the base model), on other
+    data (`training_data`, in the stage); nothing where the arm's experiment does not ask for it."""
+    if skipped := not_asked_for(context, stage_resources):
+        context.log.info(skipped)
+        return
+    with stage(context, config, stage_resources) as current:
+        _refuse_unmatched_training(current, control)
+        staged = train_from_student_init(current, *inits, training_data(current))
+    yield current.output(staged)
+
+
 def _refuse_unmatched_training(current: StageRun, control: str) -> None:
     """A control the arm's student mode does not admit (`StudentMode.admits`) would not be the student's training on
     other labels: it is refused."""
     settings = current.settings
     if not student_mode(settings.mode).admits(control, settings):
         raise dg.Failure(
-            f"{'/'.join(current.context.asset_key.path)} trains GRPO with the hard reward on its own labels, no counterpart of "
-            f"mode={settings.mode}, reward={settings.reward}: list only labeled_only under the experiment's controls",
+            f"{'/'.join(current.context.asset_key.path)} trains GRPO with the hard reward on its own labels, no "
+            f"counterpart of mode={settings.mode}, reward={settings.reward}: list only labeled_only under the "
+            "experiment's controls",
             allow_retries=False,
         )

@@ -9,10 +9,8 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import materialize_checkpoint
-from noisy_student_assets.core.settings import StudentSettings
-from noisy_student_assets.core.training.modes.base import StudentData
-from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, stage, train_checkpoint
-from noisy_student_assets.defs.checks import checkpoint_checks, eval_not_degenerate_spec
+from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, stage, train_on_labeled
+from noisy_student_assets.defs.checks import EVAL_NOT_DEGENERATE, checkpoint_checks, reported_check
 from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
 from noisy_student_assets.defs.partitions import ARMS
 from resources.stage_resources import StageResources
@@ -28,7 +26,8 @@ def base_model(
     config: BaseModelConfig,
     stage_resources: StageResources,
 ) -> dg.Output[Path]:
-    """The starting checkpoint of every arm, as a self-contained float32 safetensors directory with tokenizer and chat template."""
+    """The starting checkpoint of every arm, as a self-contained float32 safetensors directory with tokenizer and chat
+    template."""
     staged = stage_resources.lake.staging_dir()
     with stage(context, config, stage_resources) as current:
         settings = current.settings
@@ -66,12 +65,7 @@ def labeled_rl_checkpoint(
 ) -> dg.Output[Path]:
     """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
     with stage(context, config, stage_resources) as current:
-        staged = train_checkpoint(
-            current,
-            init_dir=base_model,
-            data=StudentData(labeled_problems),
-            settings=StudentSettings(grpo=current.settings.grpo),
-        )
+        staged = train_on_labeled(current, base_model, labeled_problems)
     return current.output(staged)
 
 
@@ -95,8 +89,9 @@ def checkpoint_eval(
             "checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager"),
             "problems": dg.AssetIn(problems),
         },
-        check_specs=[eval_not_degenerate_spec(key)],
-        description=f"`{checkpoint.to_user_string()}` evaluated on {problems} (greedy accuracy, maj@k, pass@k, format rate).",
+        check_specs=[reported_check(EVAL_NOT_DEGENERATE, key)],
+        description=f"`{checkpoint.to_user_string()}` evaluated on {problems} (greedy accuracy, maj@k, pass@k, "
+        "format rate).",
         **HEAVY,
     )
     def _eval(

@@ -71,8 +71,8 @@ def eval_problems(
             group_name=GROUP,
         ),
         layout.UNLABELED_PROBLEMS: dg.AssetOut(
-            description=f"Problems to pseudo-label (a test-time arm's come from the held-out set); their gold answer is kept only "
-            f"in `{HIDDEN_GOLD_COLUMN}`, for audits.",
+            description="Problems to pseudo-label (a test-time arm's come from the held-out set); their gold answer is "
+            f"kept only in `{HIDDEN_GOLD_COLUMN}`, for audits.",
             group_name=GROUP,
         ),
         layout.VALIDATION_PROBLEMS: dg.AssetOut(

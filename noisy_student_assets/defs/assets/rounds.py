@@ -1,18 +1,25 @@
-"""One Noisy Student round per arm, as one asset per artifact (made by `round_definitions(n)`):
+"""One Noisy Student round per arm, as one asset per artifact (made by `round_definitions(n)`; every asset named
+below is under `round_00n/`):
 
-    teacher ──► round_00n/generations ──► round_00n/pseudo_labels ──► round_00n/student_checkpoint ──► round_00n/eval_report
-    (labeled RL, or round n-1's student)                                ▲ teacher, generations,  │         ▲ pseudo-labels, labeled-only
-                                                                        labeled problems,        │           eval, earlier evals
-                                                                        base model               └─► round_00n/student_validation
+    teacher ──► generations ──► pseudo_labels ──► student_checkpoint ──► eval_report
+    (labeled RL, or round                          ▲ teacher,         │    ▲ pseudo-labels, labeled-only
+    n-1's student)                                 generations,       │      eval, earlier evals
+                                                   labeled problems,  │
+                                                   base model         └─► student_validation
 
 Every read is a declared input, so the UI draws what fed what, and re-materializing `round_002/pseudo_labels*`
 with a new tau re-runs only the vote, the student and what is downstream: the generations are not an input of
-the vote's settings. Samples are also reused across arms: a sampling run with the same content key (teacher
-weights, problems, settings, prompt format) is read back, not repeated. `student_validation` (the student on the
+the vote's settings. A round's heavy stages run through the one heavy step (`stages.run_heavy`), each supplying
+its part here (`Sampling`, `VerifierTraining`, `Scoring`), so they are also reused across arms: a run with the same
+content key (for the samples: teacher weights, problems, settings, prompt format; for the verifier: teacher
+weights, labeled and validation problems, settings; for its scores: the verifier and the samples) is read back, not
+repeated. `student_validation` (the student on the
 arm's validation problems) is what an arm's patience reads; only arms with one materialize it.
 """
 
-import shutil
+import hashlib
+import json
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -21,6 +28,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
@@ -29,16 +37,26 @@ from noisy_student_assets.core.reporting.round_report import RoundEvidence, roun
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.assets.models import checkpoint_eval
-from noisy_student_assets.defs.assets.stages import HEAVY, PROBLEMS_FILE, StageRun, evaluate, stage, train_checkpoint
+from noisy_student_assets.defs.assets.stages import (
+    HEAVY,
+    PROBLEMS_FILE,
+    HeavyStage,
+    StageRun,
+    evaluate,
+    run_heavy,
+    stage,
+    train_checkpoint,
+)
 from noisy_student_assets.defs.checks import (
+    EVAL_NOT_DEGENERATE,
+    NO_EVAL_REGRESSION,
+    PSEUDO_LABEL_QUALITY,
+    VERIFIER_INFORMATIVE,
     checkpoint_checks,
-    eval_not_degenerate_spec,
     no_eval_regression,
-    no_eval_regression_spec,
     pseudo_label_quality,
-    pseudo_label_quality_spec,
+    reported_check,
     verifier_informative,
-    verifier_informative_spec,
 )
 from noisy_student_assets.defs.config import (
     EvalConfig,
@@ -49,8 +67,10 @@ from noisy_student_assets.defs.config import (
 )
 from noisy_student_assets.defs.lineage import reuse_key
 from noisy_student_assets.defs.partitions import ARMS, round_group, round_key, teacher_key
+from noisy_student_assets.payloads.specs import SampleSpec, ScoreSpec, VerifierSpec
 from resources.data_lake import CONTENT_KEY_FILE, LakeTable
 from resources.io_managers import OPTIONAL
+from resources.launchers.base import StageResult
 from resources.stage_resources import StageResources
 
 BASE_MODEL_INPUT = dg.AssetIn(layout.BASE_MODEL, input_manager_key="checkpoint_io_manager")
@@ -101,10 +121,11 @@ def round_definitions(number: int) -> dg.Definitions:
             "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
             "validation_problems": dg.AssetIn(layout.VALIDATION_PROBLEMS),
         },
-        check_specs=[verifier_informative_spec(verifier_key)],
-        description="An outcome verifier (reward model: the teacher's backbone with a scalar head and LoRA, TRL's RewardTrainer) "
-        "trained on the teacher's right and wrong samples of the labeled problems, measured on its samples of the validation "
-        "problems (AUROC, label accuracy). Only arms whose label source reads it materialize it.",
+        check_specs=[reported_check(VERIFIER_INFORMATIVE, verifier_key)],
+        description="An outcome verifier (reward model: the teacher's backbone with a scalar head and LoRA, TRL's "
+        "RewardTrainer) trained on the teacher's right and wrong samples of the labeled problems, measured on its "
+        "samples of the validation problems (AUROC, label accuracy). Only arms whose label source reads it "
+        "materialize it.",
         **heavy,
     )
     def verifier(
@@ -127,7 +148,8 @@ def round_definitions(number: int) -> dg.Definitions:
             "generations": dg.AssetIn(generations_key),
             "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
         },
-        description="The verifier's score (a logit) of each of the round's samples: what a verifier-weighted vote reads.",
+        description="The verifier's score (a logit) of each of the round's samples: what a verifier-weighted vote "
+        "reads.",
         **heavy,
     )
     def verifier_scores(
@@ -150,10 +172,10 @@ def round_definitions(number: int) -> dg.Definitions:
             "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
             "verifier_scores": dg.AssetIn(scores_key, metadata={OPTIONAL: True}),
         },
-        check_specs=[pseudo_label_quality_spec(labels_key)],
-        description="The vote over the round's generations, each sample weighed by the arm's label source (majority: a head "
-        "count), with agreement; `kept` where >= tau. Audited against the hidden gold, with every source's label-quality "
-        "frontier. The verifier's scores are read where the arm materialized them.",
+        check_specs=[reported_check(PSEUDO_LABEL_QUALITY, labels_key)],
+        description="The vote over the round's generations, each sample weighed by the arm's label source (majority: "
+        "a head count), with agreement; `kept` where >= tau. Audited against the hidden gold, with every source's "
+        "label-quality frontier. The verifier's scores are read where the arm materialized them.",
     )
     def pseudo_labels(
         context: dg.AssetExecutionContext,
@@ -213,10 +235,10 @@ def round_definitions(number: int) -> dg.Definitions:
             "base_model": eval_input(layout.BASE_MODEL_EVAL),
             **earlier,
         },
-        check_specs=[no_eval_regression_spec(report_key), eval_not_degenerate_spec(report_key)],
+        check_specs=[reported_check(NO_EVAL_REGRESSION, report_key), reported_check(EVAL_NOT_DEGENERATE, report_key)],
         description="The round's student on eval_problems, and the verdict: its accuracy minus the labeled-only "
-        "control's (same compute), with a paired interval over seeds and problems; deltas vs the previous round, labeled RL and "
-        "the base model; pseudo-label calibration.",
+        "control's (same compute), with a paired interval over seeds and problems; deltas vs the previous round, "
+        "labeled RL and the base model; pseudo-label calibration.",
         **heavy,
     )
     def eval_report(
@@ -326,34 +348,29 @@ def kept_pseudo_labels(current: StageRun, labels: LakeTable, labels_key: dg.Asse
     return kept
 
 
-def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTable:
-    """The teacher's K samples per problem (the sampling stage, `core.sampling.sample_teacher`), read back from
-    any published sampling run with the same content key."""
-    from noisy_student_assets.core.sampling import decoding, problem_parts, teacher_cache_key
-    from noisy_student_assets.payloads.specs import SampleSpec
+@dataclass(frozen=True)
+class Sampling(HeavyStage[pl.DataFrame], seconds_name="sampling_seconds", publishes_staged=False):
+    """The sampling stage (`core.sampling.sample_teacher`): the teacher's K samples of each problem, in as many
+    parts as the launcher shards it into."""
 
-    context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
-    teacher_sha = weights_sha256(teacher)
-    cache_key = reuse_key(teacher_cache_key(teacher_sha, unlabeled, settings), settings)
-    published = lake.recall(cache_key)
-    stats = {}
-    teacher_label = f"{teacher} sha256:{teacher_sha[:12]}"
-    if published is not None:
-        context.log.info(f"Reusing the samples of {published}: same teacher weights, problems, sampling settings")
-        # Bit-identical weights sampled them: they are this teacher's samples, and say so.
-        generations = pl.read_parquet(published / layout.TABLE_FILE_NAME).with_columns(
-            pl.lit(teacher_label).alias("checkpoint")
+    identical = "the same teacher weights, problems and sampling settings"
+    teacher: Path
+    teacher_label: str
+    problems: pl.DataFrame
+    """Only the columns sampling reads: the hidden gold must not reach the payload."""
+
+    def stage(self, work_dir: Path, staged: Path) -> list:
+        from noisy_student_assets.core.sampling import problem_parts
+
+        settings, launcher = self.current.settings, self.current.resources.launcher
+        self.current.context.log.info(
+            f"Sampling {settings.k} answers for {self.problems.height} problems from {self.teacher}"
         )
-    else:
-        context.log.info(f"Sampling {settings.k} answers for {unlabeled.height} problems from {teacher}")
-        # Shards of an attempt killed midway (same cache key) are kept; this attempt samples the rest.
-        work_dir = lake.work_dir(context.asset_key, current.partition, cache_key[:16])
-        output = lake.staging_dir()
-        # Only the columns sampling reads: the hidden gold must not reach the payload.
-        parts = problem_parts(unlabeled.select("problem_id", "prompt"), current.resources.launcher.sampling_shards)
+        parts = problem_parts(self.problems, launcher.sampling_shards)
         if len(parts) > 1 and settings.backend != "vllm":
             raise dg.Failure(
-                f"launcher.sampling_shards={len(parts)} needs the vllm backend: transformers' samples depend on the batch a problem is in",
+                f"launcher.sampling_shards={len(parts)} needs the vllm backend: transformers' samples depend on the "
+                "batch a problem is in",
                 allow_retries=False,
             )
         specs = []
@@ -363,30 +380,115 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
             part.write_parquet(part_dir / PROBLEMS_FILE)
             specs.append(
                 SampleSpec(
-                    teacher_dir=str(teacher),
+                    teacher_dir=str(self.teacher),
                     problems=str(part_dir / PROBLEMS_FILE),
                     settings=settings,
-                    checkpoint_label=teacher_label,
-                    compute=compute.settings,
-                    work_dir=str(part_dir),
-                    output=str(output / f"part-{index:03d}.parquet"),
+                    checkpoint_label=self.teacher_label,
+                    **self.payload_fields(part_dir),
+                    output=str(staged / f"part-{index:03d}.parquet"),
                 )
             )
-        with current.resources.launcher.device_held(compute, context.log.info), current.timed("sampling_seconds"):
-            ran = current.resources.launcher.run_all(context, specs)
-        if len(ran) == 1:
-            current.metadata |= ran[0].metadata
-        else:
-            current.metadata["payload/parts"] = dg.MetadataValue.json([part.metadata for part in ran])
-        resumed = sum(part.result["resumed_problems"] for part in ran)
-        generations = pl.concat([pl.read_parquet(spec.output) for spec in specs])
-        shutil.rmtree(output, ignore_errors=True)
+        return specs
+
+    def read(self, staged: Path, results: list[StageResult]) -> pl.DataFrame:
+        return pl.concat([pl.read_parquet(staged / f"part-{index:03d}.parquet") for index in range(len(results))])
+
+    def recall(self, published: Path) -> pl.DataFrame:
+        # Bit-identical weights sampled them: they are this teacher's samples, and say so.
+        return pl.read_parquet(published / layout.TABLE_FILE_NAME).with_columns(
+            pl.lit(self.teacher_label).alias("checkpoint")
+        )
+
+
+@dataclass(frozen=True)
+class VerifierTraining(HeavyStage[Path], seconds_name="verifier_seconds", publishes_staged=True):
+    """The verifier stage (`core.training.verifier.build_verifier`): a reward model from the teacher, trained on its
+    samples of the labeled problems and measured on its samples of the validation problems."""
+
+    identical = "the same teacher weights, labeled and validation problems and verifier settings"
+    teacher: Path
+    labeled: pl.DataFrame
+    validation: pl.DataFrame
+
+    def stage(self, work_dir: Path, staged: Path) -> list:
+        labeled, validation = work_dir / "labeled.parquet", work_dir / "validation.parquet"
+        self.labeled.write_parquet(labeled)
+        self.validation.write_parquet(validation)
+        spec = VerifierSpec(
+            teacher_dir=str(self.teacher),
+            labeled=str(labeled),
+            validation=str(validation),
+            settings=self.current.settings,
+            output_dir=str(staged),
+            **self.payload_fields(work_dir),
+        )
+        return [spec]
+
+    def read(self, staged: Path, results: list[StageResult]) -> Path:
+        return staged
+
+    def recall(self, published: Path) -> Path:
+        return self.current.lake.stage_copy(published)
+
+
+@dataclass(frozen=True)
+class Scoring(HeavyStage[pl.DataFrame], seconds_name="scoring_seconds", publishes_staged=False):
+    """The verifier's scoring (`core.training.verifier.score_round`): its score of each sample."""
+
+    identical = "the same verifier and samples"
+    verifier: Path
+    samples: pl.DataFrame
+    """Only what the verifier reads: the prompt and the sample (the hidden gold must not reach it)."""
+
+    def stage(self, work_dir: Path, staged: Path) -> list:
+        samples = work_dir / "samples.parquet"
+        self.samples.write_parquet(samples)
+        fields = self.payload_fields(work_dir)
+        return [
+            ScoreSpec(verifier_dir=str(self.verifier), samples=str(samples), output=str(staged / SCORES_FILE), **fields)
+        ]
+
+    def read(self, staged: Path, results: list[StageResult]) -> pl.DataFrame:
+        return pl.read_parquet(staged / SCORES_FILE)
+
+    def recall(self, published: Path) -> pl.DataFrame:
+        return pl.read_parquet(published / layout.TABLE_FILE_NAME)
+
+
+SCORES_FILE = "scores.parquet"
+"""Where the scoring payload writes its table, in its staged directory."""
+VERIFIER_READS = ("problem_id", "prompt", "gold_answer")
+"""The columns of the labeled and validation problems the verifier stage reads, and its reuse is keyed by."""
+
+
+def _content_key(*identity) -> str:
+    """A sha256 of everything that shapes a stage's output (its first element names the stage, so that two stages'
+    keys never meet)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTable:
+    """The teacher's K samples per problem, read back from any published sampling run with the same content key."""
+    from noisy_student_assets.core.sampling import decoding, teacher_cache_key
+
+    settings = current.settings
+    teacher_sha = weights_sha256(teacher)
+    cache_key = reuse_key(teacher_cache_key(teacher_sha, unlabeled, settings), settings)
+    sampling = Sampling(
+        current, cache_key, teacher, f"{teacher} sha256:{teacher_sha[:12]}", unlabeled.select("problem_id", "prompt")
+    )
+    ran = run_heavy(current, sampling)
+    generations = ran.output
+    stats = {}
+    if ran.reused_from is None:
+        resumed = sum(part.result["resumed_problems"] for part in ran.results)
         stats["resumed_problems"] = float(resumed)
         if resumed:
-            context.log.info(f"Resumed {resumed}/{unlabeled.height} problems from the shards of an interrupted attempt")
+            current.context.log.info(
+                f"Resumed {resumed}/{unlabeled.height} problems from the shards of an interrupted attempt"
+            )
         else:  # tokens/s of an attempt that resumed would count tokens sampled by the one before
             stats["generated_tokens_per_second"] = generations["n_tokens"].sum() / current.metadata["sampling_seconds"]
-        shutil.rmtree(work_dir, ignore_errors=True)
     stats |= {
         "samples": generations.height,
         "answer_rate": generations["answer"].is_not_null().mean(),
@@ -396,8 +498,7 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
     }
     current.log_metrics(stats)
     current.metadata |= stats | {
-        "reused_cached_samples": published is not None,
-        **({"reused_from": dg.MetadataValue.path(str(published))} if published else {}),
+        "reused_cached_samples": ran.reused_from is not None,
         "cache_key": cache_key,
         "teacher": dg.MetadataValue.path(str(teacher)),
         "teacher_weights_sha256": teacher_sha,
@@ -410,33 +511,23 @@ def _sample(current: StageRun, teacher: Path, unlabeled: pl.DataFrame) -> LakeTa
 def _train_verifier(
     current: StageRun, teacher: Path, labeled: pl.DataFrame, validation: pl.DataFrame
 ) -> tuple[Path, dg.AssetCheckResult]:
-    """The verifier stage (`core.verifier.build_verifier`) through the launcher, its validation figures as metadata
-    and MLflow metrics, and the `verifier_informative` check."""
+    """The verifier, read back from an identical published one or trained, its validation figures as metadata and
+    MLflow metrics, and the `verifier_informative` check."""
     from noisy_student_assets.core.training.verifier import read_verifier_metrics
-    from noisy_student_assets.payloads.specs import VerifierSpec
 
-    context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
+    settings = current.settings
     teacher_sha = weights_sha256(teacher)
-    work_dir = lake.work_dir(context.asset_key, current.partition, teacher_sha[:16])
-    work_dir.mkdir(parents=True, exist_ok=True)
-    labeled.write_parquet(work_dir / "labeled.parquet")
-    validation.write_parquet(work_dir / "validation.parquet")
-    staged = lake.staging_dir()
-    spec = VerifierSpec(
-        teacher_dir=str(teacher),
-        labeled=str(work_dir / "labeled.parquet"),
-        validation=str(work_dir / "validation.parquet"),
-        settings=settings,
-        compute=compute.settings,
-        work_dir=str(work_dir),
-        output_dir=str(staged),
+    labeled, validation = labeled.select(VERIFIER_READS), validation.select(VERIFIER_READS)
+    content_key = _content_key(
+        "verifier",
+        teacher_sha,
+        problems_fingerprint(labeled),
+        problems_fingerprint(validation),
+        settings.model_dump(),
+        current.resources.compute.settings.dtype,
     )
-    with current.resources.launcher.device_held(compute, context.log.info), current.timed("verifier_seconds"):
-        ran = current.resources.launcher.run(context, spec)
-    current.metadata |= ran.metadata
-    for step, logs in ran.steps:
-        current.resources.tracking.log_metrics(logs, step=step)
-    shutil.rmtree(work_dir, ignore_errors=True)
+    verifier = VerifierTraining(current, reuse_key(content_key, settings), teacher, labeled, validation)
+    staged = run_heavy(current, verifier).output
     metrics, failure = read_verifier_metrics(staged)
     current.log_metrics({f"verifier/{name}": value for name, value in metrics.items() if value is not None})
     current.metadata |= {name: value for name, value in metrics.items() if value is not None} | {
@@ -444,45 +535,35 @@ def _train_verifier(
         "teacher_weights_sha256": teacher_sha,
     }
     if failure:
-        context.log.error(f"verifier_informative fails: {failure}")
-    return staged, verifier_informative(context.asset_key, failure, metrics)
+        current.context.log.error(f"verifier_informative fails: {failure}")
+    return staged, verifier_informative(current.context.asset_key, failure, metrics)
 
 
 def _score_samples(current: StageRun, verifier: Path, generations: pl.DataFrame, unlabeled: pl.DataFrame) -> LakeTable:
-    """The verifier's score of every sample of the round (`core.verifier.score_round`) through the launcher; its
-    validation figures travel beside the table, for the vote's report."""
+    """The verifier's score of every sample of the round, read back from an identical published scoring or computed;
+    its validation figures travel beside the table, for the vote's report. The scoring has no settings of its own
+    (the verifier's, in its measures file, are keyed with it), so no stage version: its key is its content key."""
     from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
-    from noisy_student_assets.payloads.specs import ScoreSpec
 
-    context, lake, compute = current.context, current.lake, current.resources.compute
-    work_dir = lake.work_dir(context.asset_key, current.partition, weights_sha256(verifier)[:16])
-    work_dir.mkdir(parents=True, exist_ok=True)
-    # Only what the verifier reads: the prompt and the sample (the hidden gold must not reach it).
+    measures = (verifier / VERIFIER_METRICS_FILE).read_text()
     samples = generations.select("problem_id", "sample_index", "completion").join(
         unlabeled.select("problem_id", "prompt"), on="problem_id", how="left"
     )
-    samples.write_parquet(work_dir / "samples.parquet")
-    output = lake.staging_dir() / "scores.parquet"
-    spec = ScoreSpec(
-        verifier_dir=str(verifier),
-        samples=str(work_dir / "samples.parquet"),
-        compute=compute.settings,
-        work_dir=str(work_dir),
-        output=str(output),
+    content_key = _content_key(
+        "verifier_scores",
+        weights_sha256(verifier),
+        measures,
+        problems_fingerprint(samples),
+        current.resources.compute.settings.dtype,
     )
-    with current.resources.launcher.device_held(compute, context.log.info), current.timed("scoring_seconds"):
-        ran = current.resources.launcher.run(context, spec)
-    current.metadata |= ran.metadata
-    scores = pl.read_parquet(output)
-    shutil.rmtree(output.parent, ignore_errors=True)
-    shutil.rmtree(work_dir, ignore_errors=True)
+    scores = run_heavy(current, Scoring(current, content_key, verifier, samples)).output
     current.metadata |= {
         "dagster/row_count": scores.height,
         "mean_score": scores["score"].mean(),
         "verifier": dg.MetadataValue.path(str(verifier)),
         "preview": markdown_table(scores),
     }
-    return LakeTable(scores, {VERIFIER_METRICS_FILE: (verifier / VERIFIER_METRICS_FILE).read_text()})
+    return LakeTable(scores, {VERIFIER_METRICS_FILE: measures, CONTENT_KEY_FILE: content_key})
 
 
 def _pseudo_label(

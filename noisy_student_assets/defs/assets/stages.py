@@ -1,19 +1,22 @@
 """What every asset body shares: `stage` (the arm's overrides applied to the run config, an MLflow run, timers
-and the metadata they fill), and the Dagster side of the two heavy stages, training and evaluation: reuse of an
-identical published run, the device lock, staging, metadata, MLflow. The stages themselves are core functions.
-The ML libraries and mlflow are imported inside the functions so that loading the code location (UI, CLI,
-`definitions validate`) stays fast."""
+and the metadata they fill), and `run_heavy`, the one step every heavy stage (sampling, the verifier's training and
+scoring, a checkpoint's training, an evaluation) runs through: reuse of an identical published run, the device lock,
+staging, timing, metadata, tracking, clean-up. Each stage supplies only its own part (a `HeavyStage`); training's and
+evaluation's are here, a round's own in `rounds.py`. The stages themselves are core functions. The ML libraries and
+mlflow are imported inside the functions so that loading the code location (UI, CLI, `definitions validate`) stays
+fast."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import dagster as dg
 import polars as pl
@@ -34,7 +37,7 @@ from noisy_student_assets.core.reporting.eval_report import (
 )
 from noisy_student_assets.core.settings import Settings, StudentSettings, resolved
 from noisy_student_assets.core.training.base import GOLD, PSEUDO
-from noisy_student_assets.core.training.compute import read_compute, record_compute, training_recipe
+from noisy_student_assets.core.training.compute import TrainingCompute, read_compute, record_compute, training_recipe
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.checks import eval_not_degenerate
@@ -48,8 +51,10 @@ from noisy_student_assets.defs.lineage import (
     reuse_key,
     stage_version,
 )
+from noisy_student_assets.payloads.specs import EvalSpec, TrainSpec
 from resources.compute import DEVICE_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
+from resources.launchers.base import StageResult
 from resources.stage_resources import StageResources
 
 RETRY_DELAY_S = environment.retry_delay_s()
@@ -175,18 +180,197 @@ def not_asked_for(context: dg.AssetExecutionContext, resources: StageResources) 
     experiment = resources.experiments.experiment(arm)
     if asks_for(experiment, arm, name):
         return None
-    return f"skipped: experiment {arm.experiment} does not ask for {name} for arm {arm.name} (its controls: {', '.join(experiment.controls)})"
+    return (
+        f"skipped: experiment {arm.experiment} does not ask for {name} for arm {arm.name} "
+        f"(its controls: {', '.join(experiment.controls)})"
+    )
 
 
 def _retryable(error: Exception) -> bool:
-    """Whether a heavy stage's error earns the retry: not a retry already, nor a failure that says it would fail again."""
+    """Whether a heavy stage's error earns the retry: not a retry already, nor a failure that says it would fail
+    again."""
     return not isinstance(error, dg.RetryRequested) and not (isinstance(error, dg.Failure) and not error.allow_retries)
+
+
+Output = TypeVar("Output")
+
+
+@dataclass(frozen=True)
+class HeavyStage(ABC, Generic[Output]):
+    """What a heavy stage supplies to `run_heavy`, the step every one of them runs through: what keys its reuse,
+    what it stages for its payloads, and how its output is read, from its own run or from an identical published
+    one. The rest (recall or launch, the device lock, timing, metadata, tracking, clean-up) is the step's."""
+
+    current: StageRun
+    reuse_key: str
+    """Everything that shapes its output (`lineage.reuse_key`): an identical published run is read back by it, and
+    its work dir (where an interrupted attempt left resumable state) is named after it."""
+    seconds_name: ClassVar[str]
+    """The metadata entry and MLflow metric its run's time goes under ("training_seconds")."""
+    publishes_staged: ClassVar[bool]
+    """Whether its staged directory is what its asset publishes (a checkpoint, a report: it carries the reuse key);
+    otherwise the directory only holds the payloads' output files until `read` has read them."""
+    identical: ClassVar[str]
+    """What a published run shares with this one to be reused, for the log."""
+
+    def __init_subclass__(cls, *, seconds_name: str, publishes_staged: bool, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.seconds_name, cls.publishes_staged = seconds_name, publishes_staged
+
+    @abstractmethod
+    def stage(self, work_dir: Path, staged: Path) -> list:
+        """Write its payloads' inputs into `work_dir`; their specs (`payloads.specs`), which write into `staged`."""
+
+    @abstractmethod
+    def read(self, staged: Path, results: list[StageResult]) -> Output:
+        """Its output, once its payloads have written `staged` and returned `results`."""
+
+    @abstractmethod
+    def recall(self, published: Path) -> Output:
+        """Its output, read back from `published`, an identical run's artifact."""
+
+    def payload_fields(self, work_dir: Path) -> dict:
+        """What every payload's spec carries: the compute settings and its work dir."""
+        return {"compute": self.current.resources.compute.settings, "work_dir": str(work_dir)}
+
+
+@dataclass(frozen=True)
+class Ran(Generic[Output]):
+    """A heavy stage's output, and where it came from."""
+
+    output: Output
+    reused_from: Path | None
+    """The identical published run read back (None: launched)."""
+    results: list[StageResult] = field(default_factory=list)
+    """What its payloads returned (none when reused)."""
+
+
+def run_heavy(current: StageRun, heavy: HeavyStage[Output]) -> Ran[Output]:
+    """Run a heavy stage: read back the identical published run its reuse key names, if there is one (its place goes
+    into `current.metadata` as `reused_from`); otherwise stage its payloads' inputs, launch them under the device lock,
+    timed, merge their metadata (a sharded stage's under `payload/parts`), log their trainers' steps through the
+    tracking resource and read the output. Then the work dir goes, and the staged directory is keyed for reuse (an
+    artifact) or removed (read into a table)."""
+    context, lake, resources = current.context, current.lake, current.resources
+    published = lake.recall(heavy.reuse_key)
+    if published is not None:
+        context.log.info(f"Reusing {published}: {heavy.identical}")
+        current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
+        return Ran(heavy.recall(published), published)
+    work_dir = lake.work_dir(context.asset_key, current.partition, heavy.reuse_key[:16])
+    work_dir.mkdir(parents=True, exist_ok=True)
+    staged = lake.staging_dir()
+    specs = heavy.stage(work_dir, staged)
+    with resources.launcher.device_held(resources.compute, context.log.info), current.timed(heavy.seconds_name):
+        results = resources.launcher.run_all(context, specs)
+    if len(results) == 1:
+        current.metadata |= results[0].metadata
+    else:
+        current.metadata["payload/parts"] = dg.MetadataValue.json([result.metadata for result in results])
+    for result in results:
+        for step, logs in result.steps:  # TRL's step logs of a payload, which writes to no tracking store itself
+            resources.tracking.log_metrics(logs, step=step)
+    output = heavy.read(staged, results)
+    if heavy.publishes_staged:
+        (staged / CONTENT_KEY_FILE).write_text(heavy.reuse_key)
+    else:
+        shutil.rmtree(staged, ignore_errors=True)
+    shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
+    return Ran(output, None, results)
+
+
+@dataclass(frozen=True)
+class Training(HeavyStage[Path], seconds_name="training_seconds", publishes_staged=True):
+    """The training stage (`core.training.student`): a checkpoint trained from `init_dir` on `dataset`, which records
+    its compute and its lineage's (`compute.json`); an identical run is reused by hard links."""
+
+    init_dir: Path
+    dataset: Any
+    """The training rows (a `datasets.Dataset`), as fingerprinted."""
+    settings: StudentSettings
+
+    @property
+    def identical(self) -> str:
+        return f"the same {self.settings.mode} run (init weights, training rows, settings) already published"
+
+    def stage(self, work_dir: Path, staged: Path) -> list:
+        (work_dir / DATASET_FILE).write_text(json.dumps(self.dataset.to_list()))
+        settings = self.settings
+        self.current.context.log.info(
+            f"{settings.mode} from {self.init_dir} on {len(self.dataset)} rows for {settings.grpo.max_steps} steps"
+        )
+        return [
+            TrainSpec(
+                init_dir=str(self.init_dir),
+                dataset=str(work_dir / DATASET_FILE),
+                settings=settings,
+                **self.payload_fields(work_dir),
+                output_dir=str(staged),
+            )
+        ]
+
+    def read(self, staged: Path, results: list[StageResult]) -> Path:
+        (result,) = results
+        return self._recorded(staged, TrainingCompute(**result.result["compute"]))
+
+    def recall(self, published: Path) -> Path:
+        return self._recorded(self.current.lake.stage_copy(published), read_compute(published).own)
+
+    def _recorded(self, checkpoint: Path, own: TrainingCompute) -> Path:
+        record_compute(checkpoint, own, self.init_dir, training_recipe(self.settings.grpo))
+        return checkpoint
+
+
+@dataclass(frozen=True)
+class Completions:
+    """An evaluation's greedy and sampled completions, and the staged directory its report goes into."""
+
+    staged: Path
+    greedy: pl.DataFrame
+    sampled: pl.DataFrame
+
+    @classmethod
+    def read(cls, directory: Path, *, into: Path) -> Completions:
+        """The completions written in `directory`, the report to go `into` a staged directory."""
+        return cls(into, pl.read_parquet(directory / GREEDY_FILE), pl.read_parquet(directory / SAMPLED_FILE))
+
+
+@dataclass(frozen=True)
+class Evaluation(HeavyStage[Completions], seconds_name="eval_seconds", publishes_staged=True):
+    """The evaluation stage's generation (`core.evaluation.eval_completions`): a checkpoint's completions of the eval
+    problems. Those of bit-identical weights on the same problems with the same settings (another arm's labeled RL,
+    say) are read back; the report around them is still the asset's own."""
+
+    identical = "the same weights, eval problems and settings"
+    checkpoint_dir: Path
+    """The checkpoint evaluated (its weights' sha256 is in the reuse key)."""
+    problems: pl.DataFrame
+
+    def stage(self, work_dir: Path, staged: Path) -> list:
+        self.problems.write_parquet(work_dir / PROBLEMS_FILE)
+        return [
+            EvalSpec(
+                checkpoint_dir=str(self.checkpoint_dir),
+                problems=str(work_dir / PROBLEMS_FILE),
+                settings=self.current.settings,
+                **self.payload_fields(work_dir),
+                output_dir=str(staged),
+            )
+        ]
+
+    def read(self, staged: Path, results: list[StageResult]) -> Completions:
+        return Completions.read(staged, into=staged)
+
+    def recall(self, published: Path) -> Completions:
+        staged = self.current.lake.staging_dir()
+        (staged / CONTENT_KEY_FILE).write_text(self.reuse_key)  # the report made here is as reusable as the one read
+        return Completions.read(published, into=staged)
 
 
 def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, settings: StudentSettings) -> Path:
     """Train from `init_dir` (the training stage, `core.training.student`) into a staged checkpoint directory,
     for the checkpoint IO manager to publish; metadata goes into `current.metadata`. Labeled RL and the
-    labeled-only control train `StudentSettings(grpo=...)`: GRPO on the labeled problems alone.
+    labeled-only control train GRPO on the labeled problems alone (`train_on_labeled`).
 
     The checkpoint records its compute and its lineage's (`compute.json`). A run identical to one already
     published (same init weights, training rows and settings, by any arm) is reused by hard links instead
@@ -194,56 +378,24 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
     fail the asset before anything is published.
     """
-    from noisy_student_assets.core.training.compute import TrainingCompute
     from noisy_student_assets.core.training.student import training_fingerprint, training_set
-    from noisy_student_assets.payloads.specs import TrainSpec
 
-    context, lake, compute = current.context, current.lake, current.resources.compute
     dataset = training_set(settings, data)
     init_sha = weights_sha256(init_dir)
-    run_fingerprint = reuse_key(training_fingerprint(settings, init_sha, dataset, compute.settings), settings)
-    reusable = lake.recall(run_fingerprint)
-    if reusable is not None:
-        context.log.info(
-            f"Reusing {reusable}: the same {settings.mode} run (init weights, training rows, settings) already published"
-        )
-        staged = lake.stage_copy(reusable)
-        record_compute(staged, read_compute(reusable).own, init_dir, training_recipe(settings.grpo))
-        result_metadata = {"reused_from": dg.MetadataValue.path(str(reusable))}
-    else:
-        work_dir = lake.work_dir(context.asset_key, current.partition, run_fingerprint[:16])
-        work_dir.mkdir(parents=True, exist_ok=True)
-        (work_dir / DATASET_FILE).write_text(json.dumps(dataset.to_list()))
-        staged = lake.staging_dir()
-        context.log.info(f"{settings.mode} from {init_dir} on {len(dataset)} rows for {settings.grpo.max_steps} steps")
-        spec = TrainSpec(
-            init_dir=str(init_dir),
-            dataset=str(work_dir / DATASET_FILE),
-            settings=settings,
-            compute=compute.settings,
-            work_dir=str(work_dir),
-            output_dir=str(staged),
-        )
-        with current.resources.launcher.device_held(compute, context.log.info), current.timed("training_seconds"):
-            ran = current.resources.launcher.run(context, spec)
-        current.metadata |= ran.metadata
-        for step, logs in ran.steps:  # TRL's step logs of a payload, which writes to no tracking store itself
-            current.resources.tracking.log_metrics(logs, step=step)
-        metrics = ran.result["metrics"]
-        record_compute(staged, TrainingCompute(**ran.result["compute"]), init_dir, training_recipe(settings.grpo))
-        (staged / CONTENT_KEY_FILE).write_text(run_fingerprint)
-        current.log_metrics({f"final/{k}": v for k, v in metrics.items()})
-        shutil.rmtree(work_dir, ignore_errors=True)  # resumable state is only for a crashed attempt
-        result_metadata = {k: float(v) for k, v in metrics.items()}
+    compute = current.resources.compute.settings
+    run_fingerprint = reuse_key(training_fingerprint(settings, init_sha, dataset, compute), settings)
+    ran = run_heavy(current, Training(current, run_fingerprint, init_dir, dataset, settings))
+    staged = ran.output
+    metrics = {name: float(value) for name, value in ran.results[0].result["metrics"].items()} if ran.results else {}
     sources = list(dataset["label_source"]) if "label_source" in dataset.column_names else [PSEUDO] * len(dataset)
     spent = read_compute(staged)
     compute_metrics = {f"compute/{k}": v for k, v in spent.own.as_dict().items()} | {
         f"compute/total_{k}": v for k, v in spent.total.as_dict().items()
     }
-    current.log_metrics(compute_metrics)
+    current.log_metrics({f"final/{name}": value for name, value in metrics.items()} | compute_metrics)
     options = settings.changed()
     current.metadata |= (
-        result_metadata
+        metrics
         | compute_metrics
         | {
             "training_mode": settings.mode,
@@ -259,6 +411,13 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
         }
     )
     return staged
+
+
+def train_on_labeled(current: StageRun, init_dir: Path, labeled_problems: pl.DataFrame) -> Path:
+    """GRPO (`current.settings.grpo`) from `init_dir` on the labeled problems alone, rewarded against their gold
+    answers: labeled RL, and the labeled-only control that continues it."""
+    grpo_only = StudentSettings(grpo=current.settings.grpo)
+    return train_checkpoint(current, init_dir=init_dir, data=StudentData(labeled_problems), settings=grpo_only)
 
 
 def evaluate(
@@ -281,44 +440,16 @@ def evaluate(
     import mlflow
 
     from noisy_student_assets.core.evaluation import eval_content_key, scored
-    from noisy_student_assets.core.reporting.eval_report import read_published_eval
     from noisy_student_assets.core.training.guards import degenerate_output_failure, output_health
-    from noisy_student_assets.payloads.specs import EvalSpec
 
-    context, settings, lake, compute = current.context, current.settings, current.lake, current.resources.compute
-    # An eval of bit-identical weights on the same problems with the same settings (another arm's labeled RL,
-    # say) is read back instead of generated again; the report around it is still this asset's own.
+    context, settings = current.context, current.settings
     eval_key = reuse_key(eval_content_key(weights_sha256(checkpoint_dir), eval_problems, settings), settings)
-    published = lake.recall(eval_key)
-    staged = lake.staging_dir()
-    if published is not None:
-        context.log.info(f"Reusing the completions of {published}: same weights, eval problems and settings")
-        greedy, sampled = read_published_eval(published).completions()
-        current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
-    else:
-        # Shards of an attempt killed midway (same eval key) are kept; this attempt generates the rest.
-        work_dir = lake.work_dir(context.asset_key, current.partition, eval_key[:16])
-        problems_file = work_dir / PROBLEMS_FILE
-        work_dir.mkdir(parents=True, exist_ok=True)
-        eval_problems.write_parquet(problems_file)
-        spec = EvalSpec(
-            checkpoint_dir=str(checkpoint_dir),
-            problems=str(problems_file),
-            settings=settings,
-            compute=compute.settings,
-            work_dir=str(work_dir),
-            output_dir=str(staged),
-        )
-        with current.resources.launcher.device_held(compute, context.log.info), current.timed("eval_seconds"):
-            ran = current.resources.launcher.run(context, spec)
-        current.metadata |= ran.metadata
-        if ran.result["resumed_passes"]:
-            context.log.info(
-                f"Resumed {ran.result['resumed_passes']} problem passes from the shards of an interrupted attempt"
-            )
-            current.metadata["resumed_problem_passes"] = float(ran.result["resumed_passes"])
-        greedy, sampled = pl.read_parquet(staged / GREEDY_FILE), pl.read_parquet(staged / SAMPLED_FILE)
-        shutil.rmtree(work_dir, ignore_errors=True)
+    ran = run_heavy(current, Evaluation(current, eval_key, checkpoint_dir, eval_problems))
+    resumed = sum(result.result["resumed_passes"] for result in ran.results)
+    if resumed:  # shards of an attempt killed midway (same eval key) are kept; this attempt generated the rest
+        context.log.info(f"Resumed {resumed} problem passes from the shards of an interrupted attempt")
+        current.metadata["resumed_problem_passes"] = float(resumed)
+    staged, greedy, sampled = ran.output.staged, ran.output.greedy, ran.output.sampled
     result = scored(eval_problems, greedy, sampled, settings)
     health = output_health(result.greedy)
     spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
@@ -332,7 +463,6 @@ def evaluate(
     added = extras(metrics, result.scores) if extras else ReportExtras()
     metrics |= added.metrics
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
-    (staged / CONTENT_KEY_FILE).write_text(eval_key)
     inline_report, _ = write_eval_artifact(
         staged,
         title=title,

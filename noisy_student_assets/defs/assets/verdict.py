@@ -1,5 +1,6 @@
 """The verdict across arms: every round of every arm against its compute-matched controls, arms that differ
-only by seed pooled (see `noisy_student_assets.core.reporting.summary`), with the comparison plot; shared by every arm."""
+only by seed pooled (see `noisy_student_assets.core.reporting.summary`), with the comparison plot; shared by every
+arm."""
 
 from pathlib import Path
 
@@ -34,8 +35,8 @@ VERDICT_NAME = "verdict"
         *(round_key(n, layout.PSEUDO_LABELS) for n in range(1, ROUNDS + 1)),  # their audits
     ],
     description="Every registered arm's rounds against their compute-matched controls: differences with paired "
-    "bootstrap intervals (over problems, and over seeds for arms that differ only by seed), accuracy by round, the flips, "
-    "and each arm's label-quality frontier of every source beside the oracle.",
+    "bootstrap intervals (over problems, and over seeds for arms that differ only by seed), accuracy by round, the "
+    "flips, and each arm's label-quality frontier of every source beside the oracle.",
 )
 def verdict(
     context: dg.AssetExecutionContext,
