@@ -1,4 +1,5 @@
-"""The code location (`dagster dev -w workspace.yaml`, `dagster asset materialize -m noisy_student_assets.definitions`)."""
+"""The code location (`dagster dev -w workspace.yaml`, `dagster asset materialize -m
+noisy_student_assets.definitions`)."""
 
 from noisy_student_assets.defs.code_location import defs
 

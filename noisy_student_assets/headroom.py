@@ -69,7 +69,8 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, t
         returncode = subprocess.run(command, cwd=home, env=env).returncode
         if returncode:
             print(
-                f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check stopped it)",
+                f"[headroom] {name}: the grid exited with {returncode} (`grid checks` in {home} says which check "
+                "stopped it)",
                 flush=True,
             )
             failed[name] = returncode

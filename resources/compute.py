@@ -14,8 +14,9 @@ from noisy_student_assets.core.settings import ComputeSettings
 from resources.derived import derived_class
 
 DEVICE_POOL = "device"
-"""The Dagster pool of the heavy steps (sampling, training, evaluation): one at a time across all runs, on this machine's
-device, a GPU or the CPU (dagster.yaml sets its limit); the grid raises the limit on Ray, which places them itself."""
+"""The Dagster pool of the heavy steps (sampling, training, evaluation): one at a time across all runs, on this
+machine's device, a GPU or the CPU (dagster.yaml sets its limit); the grid raises the limit on Ray, which places them
+itself."""
 DEVICE_LOCK_WAITING = "waiting for the device lock"
 DEVICE_LOCK_ACQUIRED = "acquired the device lock"
 DEVICE_LOCK_RELEASED = "released the device lock"

@@ -93,7 +93,8 @@ def local_ray_cluster(num_cpus: int, num_gpus: int) -> Iterator[RayHead]:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"the local Ray head at {address} did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}"
+                    f"the local Ray head at {address} did not answer within {START_TIMEOUT_S} s:\n"
+                    f"{log_path.read_text()[-3000:]}"
                 )
             time.sleep(1)
         yield RayHead(address, head.pid)

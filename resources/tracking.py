@@ -115,8 +115,8 @@ class MlflowTracking(dg.ConfigurableResource):
         tags = {
             "dagster.run_id": context.run_id,
             DAGSTER_RUN_URL_TAG: run_url,
-            NOTE_TAG: f"Made by Dagster run [{context.run_id[:8]}]({run_url}) materializing [{'/'.join(key_path)}]({asset_url})"
-            + (f", arm `{arm.name}`." if arm else "."),
+            NOTE_TAG: f"Made by Dagster run [{context.run_id[:8]}]({run_url}) "
+            f"materializing [{'/'.join(key_path)}]({asset_url})" + (f", arm `{arm.name}`." if arm else "."),
             "dagster.asset": "/".join(key_path),
             "dagster.partition": arm.name if arm else "",
             ROUND_TAG: round_name,
@@ -133,8 +133,9 @@ class MlflowTracking(dg.ConfigurableResource):
                 experiment.experiment_id
                 if experiment
                 else mlflow.create_experiment(
-                    # Artifacts beside the store, not in ./mlruns of whatever directory the run started in. The kind opens
-                    # the experiment in MLflow's model-training view, not its GenAI view (traces, prompts), which is empty here.
+                    # Artifacts beside the store, not in ./mlruns of whatever directory the run started in. The kind
+                    # opens the experiment in MLflow's model-training view, not its GenAI view (traces, prompts),
+                    # which is empty here.
                     self.experiment_name,
                     artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri(),
                     tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND},

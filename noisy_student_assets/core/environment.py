@@ -27,7 +27,8 @@ RETRY_DELAY_S = "NOISY_STUDENT_RETRY_DELAY_S"
 """Seconds before a failed heavy step's retry (default 10: a moment for a dead device or payload to be cleaned up;
 the tests set 0)."""
 DATABASE_URL = "NOISY_STUDENT_DATABASE_URL"
-"""A PostgreSQL database for the Dagster instance and MLflow's store (`resources/database.py`); unset: embedded SQLite."""
+"""A PostgreSQL database for the Dagster instance and MLflow's store (`resources/database.py`); unset: embedded
+SQLite."""
 ARM = "NOISY_STUDENT_ARM"
 """The arm the notebooks inspect (`notebooks/`; default `default`, the arm `make run` makes)."""
 RAY_ADDRESS = "RAY_ADDRESS"
@@ -83,7 +84,8 @@ def forwarded() -> dict[str, str]:
 
 def own_instance(dagster_home: Path, lake: Path) -> dict[str, str]:
     """The environment of a child process with a Dagster instance and a lake of its own: this process's, with
-    `DAGSTER_HOME` and the lake replaced and without the shared database, whose instance would hold every home's runs."""
+    `DAGSTER_HOME` and the lake replaced and without the shared database, whose instance would hold every home's
+    runs."""
     inherited = {name: value for name, value in os.environ.items() if name != DATABASE_URL}
     return inherited | {"DAGSTER_HOME": str(dagster_home), DATA_LAKE: str(lake)}
 

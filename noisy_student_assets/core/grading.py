@@ -156,9 +156,9 @@ def _bare(answer: str) -> str:
 
 
 def is_literal_arithmetic(answer: str | None) -> bool:
-    """Whether ``answer`` is arithmetic on numbers alone ("60 * 55", "7 - 2 + 9", "60(55)", "\\frac{1}{2} + \\frac{1}{4}"):
-    a question restated, which no question has as its final answer.  A number, a fraction, a power or a tuple
-    ("-3", "3/4", "2^{10}", "(3,-4)") is not; a range written "1-2" counts as arithmetic.
+    """Whether ``answer`` is arithmetic on numbers alone ("60 * 55", "7 - 2 + 9", "60(55)",
+    "\\frac{1}{2} + \\frac{1}{4}"): a question restated, which no question has as its final answer.  A number, a
+    fraction, a power or a tuple ("-3", "3/4", "2^{10}", "(3,-4)") is not; a range written "1-2" counts as arithmetic.
     """
     if not isinstance(answer, str):
         return False

@@ -46,8 +46,8 @@ Backend = Literal["vllm", "transformers"]
 DTYPES = ("float32", "bfloat16", "float16")
 Dtype = Literal["float32", "bfloat16", "float16"]
 Launcher = Literal["inprocess", "subprocess", "ray"]
-"""Where a heavy stage runs: in the Dagster step's process, as a payload process of its own, or as a payload submitted to a
-Ray cluster (one class per kind, found by name in `resources/launchers/registry.py`)."""
+"""Where a heavy stage runs: in the Dagster step's process, as a payload process of its own, or as a payload submitted
+to a Ray cluster (one class per kind, found by name in `resources/launchers/registry.py`)."""
 RUN_TIME_LIMIT_S = 7 * 24 * 3600
 """Dagster's run monitoring stops a run the daemon launched (a job's, the sensor's, a backfill's) past this
 (`dagster/max_runtime`; mirrored in dagster.yaml for asset backfills, whose runs carry no job tags): a backstop above
@@ -192,9 +192,9 @@ class ProblemSplitSettings(Settings):
     seed: int = Field(default=0, description="seed of the draw (arm field `seed`)")
     test_time: bool = Field(
         default=False,
-        description="test-time (transductive) arm: the unlabeled problems are the whole transductive half of the held-out set, gold "
-        "hidden, not a draw from the pool (n_unlabeled is not read; the labeled and validation draws are unchanged); the other half "
-        "measures transfer",
+        description="test-time (transductive) arm: the unlabeled problems are the whole transductive half of the "
+        "held-out set, gold hidden, not a draw from the pool (n_unlabeled is not read; the labeled and validation "
+        "draws are unchanged); the other half measures transfer",
     )
 
 
@@ -219,7 +219,8 @@ class ComputeSettings(Settings):
     )
     dtype: Dtype = Field(
         default=by_profile(cpu="float32", gpu="bfloat16"),
-        description="compute precision of generation and training (bfloat16/float16: mixed precision over float32 weights)",
+        description="compute precision of generation and training (bfloat16/float16: mixed precision over float32 "
+        "weights)",
     )
     memory_share: float = Field(
         default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)"
@@ -261,8 +262,9 @@ class LauncherSettings(Settings):
 
     kind: Launcher = Field(
         default=by_profile(cpu="inprocess", gpu="inprocess"),
-        description="inprocess: in the Dagster step's process | subprocess: a payload process per stage, through Dagster Pipes "
-        "(needed for a training stage's grpo.processes > 1) | ray: a payload per stage submitted to a Ray cluster",
+        description="inprocess: in the Dagster step's process | subprocess: a payload process per stage, through "
+        "Dagster Pipes (needed for a training stage's grpo.processes > 1) | ray: a payload per stage submitted to a "
+        "Ray cluster",
     )
     ray_address: str = Field(
         default="", description="kind=ray: the cluster's dashboard address, http://<head>:8265 (empty: RAY_ADDRESS)"
@@ -270,13 +272,15 @@ class LauncherSettings(Settings):
     gpus_per_process: float = Field(
         default=by_profile(cpu=0.0, gpu=1.0),
         ge=0,
-        description="kind=ray: GPUs a payload asks of Ray per process (a training stage on N processes asks N times as many)",
+        description="kind=ray: GPUs a payload asks of Ray per process (a training stage on N processes asks N times "
+        "as many)",
     )
     cpus_per_process: float = Field(default=1.0, ge=0, description="kind=ray: CPUs a payload asks of Ray per process")
     sampling_shards: int = Field(
         default=1,
         ge=1,
-        description="payloads a round's K-sample generation is split into (at once on Ray); vllm backend only: the samples do not depend on it",
+        description="payloads a round's K-sample generation is split into (at once on Ray); vllm backend only: the "
+        "samples do not depend on it",
     )
     # A heavy stage's run-time limit: the base, plus so much per optimizer step it trains and per sample it generates
     # (its problems x (k | 1 greedy + eval samples)). A stage past it is stopped and fails, and is retried like any
@@ -343,7 +347,8 @@ class GRPOSettings(Settings):
     processes: int = Field(
         default=1,
         ge=1,
-        description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's completions",
+        description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's "
+        "completions",
     )
     # LoRA (Hu et al. 2021), merged into the weights after training
     use_lora: bool = Field(
@@ -383,7 +388,8 @@ class GRPOSettings(Settings):
     def _valid_grpo(self) -> GRPOSettings:
         if self.num_generations < 2:
             raise ValueError(
-                f"num_generations is {self.num_generations}; GRPO needs a group of at least 2 (its baseline is the group's mean reward)"
+                f"num_generations is {self.num_generations}; GRPO needs a group of at least 2 (its baseline is the "
+                "group's mean reward)"
             )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
@@ -391,8 +397,9 @@ class GRPOSettings(Settings):
             raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
         if self.completions_per_step % (self.gradient_accumulation_steps * self.processes):
             raise ValueError(
-                f"gradient_accumulation_steps x processes ({self.gradient_accumulation_steps} x {self.processes}) must divide the "
-                f"{self.completions_per_step} completions of a step (prompts_per_step * num_generations)"
+                f"gradient_accumulation_steps x processes ({self.gradient_accumulation_steps} x {self.processes}) "
+                f"must divide the {self.completions_per_step} completions of a step (prompts_per_step * "
+                "num_generations)"
             )
         return self
 
@@ -451,8 +458,8 @@ class StudentSettings(Settings):
     )
     pseudo_only: bool = Field(
         default=False,
-        description="grpo: train on the kept pseudo-labeled problems alone, without the labeled ones (the gold- and random-label "
-        "controls likewise: the unlabeled problems alone); the labeled-only control is unchanged",
+        description="grpo: train on the kept pseudo-labeled problems alone, without the labeled ones (the gold- and "
+        "random-label controls likewise: the unlabeled problems alone); the labeled-only control is unchanged",
     )
     prompt_noise: bool = Field(
         default=False, description="render each student prompt through one of several templates (input noise)"
@@ -540,7 +547,8 @@ class PseudoLabelSettings(Settings):
         default=0.0,
         ge=0,
         lt=1,
-        description="label source confidence: share of each problem's samples, the least confident, left out of the vote",
+        description="label source confidence: share of each problem's samples, the least confident, left out of the "
+        "vote",
     )
     tau: float = Field(
         default=0.5,
@@ -553,9 +561,9 @@ class PseudoLabelSettings(Settings):
         default=0.2,
         ge=0,
         le=1,
-        description="floor on the mean vote agreement over every unlabeled problem: below it the winning answer holds under a fifth "
-        "of the vote on the average problem (of K = 8 samples, fewer than 2 agree): the teacher's answers are scattered and its "
-        "labels mostly noise (0: off)",
+        description="floor on the mean vote agreement over every unlabeled problem: below it the winning answer "
+        "holds under a fifth of the vote on the average problem (of K = 8 samples, fewer than 2 agree): the "
+        "teacher's answers are scattered and its labels mostly noise (0: off)",
     )
 
 
@@ -663,7 +671,8 @@ class EvalSettings(Settings):
         default=0.2,
         ge=0,
         le=1,
-        description="eval_not_degenerate fails above this share of greedy answers that are no final number against a numeric gold (60 * 55)",
+        description="eval_not_degenerate fails above this share of greedy answers that are no final number against a "
+        "numeric gold (60 * 55)",
     )
 
     GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("max_new_tokens", "samples", "temperature", "ks", "seed")
@@ -705,8 +714,8 @@ class RoundsSettings(Settings):
     patience: int | None = Field(
         default=None,
         ge=1,
-        description="stop once this many rounds in a row did not improve the best validation accuracy so far (labeled RL's "
-        "counts as round 0); null: run every round up to max_rounds",
+        description="stop once this many rounds in a row did not improve the best validation accuracy so far "
+        "(labeled RL's counts as round 0); null: run every round up to max_rounds",
     )
     min_improvement: float = Field(
         default=0.0,

@@ -121,11 +121,12 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `noisy_student_assets/core/settings.py` by `make docs` (`python -m noisy_student_assets.defs.reference`);",
-        "a test fails when this page and the code differ. Each setting is declared once there, with its default under each",
-        "profile (`NOISY_STUDENT_PROFILE=cpu|gpu`, `make ... PROFILE=gpu`). Set one in the launchpad or with",
-        '`--config-json \'{"ops": {"<op>": {"config": {...}}}}\'` (the grid takes the same JSON); an arm field (below) wins over',
-        "the run config for the settings it names.",
+        "Generated from `noisy_student_assets/core/settings.py` by `make docs`",
+        "(`python -m noisy_student_assets.defs.reference`); a test fails when this page and the code differ. Each",
+        "setting is declared once there, with its default under each profile (`NOISY_STUDENT_PROFILE=cpu|gpu`,",
+        "`make ... PROFILE=gpu`). Set one in the launchpad or with",
+        '`--config-json \'{"ops": {"<op>": {"config": {...}}}}\'` (the grid takes the same JSON); an arm field',
+        "(below) wins over the run config for the settings it names.",
         "",
         "## Settings of each op",
         "",
@@ -140,14 +141,15 @@ def render() -> str:
         ]
         for path, (default, help_text) in cpu["ops"][example]["fields"].items():
             lines.append(
-                f"| `{path}` | {_value(default)} | {_value(gpu['ops'][example]['fields'][path][0])} | {_cell(help_text)} |"
+                f"| `{path}` | {_value(default)} | {_value(gpu['ops'][example]['fields'][path][0])} | "
+                f"{_cell(help_text)} |"
             )
         lines.append("")
     lines += [
         "### `source` (of `problem_pool` and `eval_problems`)",
         "",
-        "A source is given whole: `null` is the profile's, and a source you give replaces it (fields its `kind` does not",
-        "read are rejected). Kinds and the fields each reads: "
+        "A source is given whole: `null` is the profile's, and a source you give replaces it (fields its `kind`",
+        "does not read are rejected). Kinds and the fields each reads: "
         + "; ".join(f"`{kind}`: {', '.join(fields)}" for kind, fields in SOURCE_KIND_FIELDS.items())
         + ".",
         "",

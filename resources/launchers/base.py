@@ -53,14 +53,15 @@ class Launcher(ABC):
 
     @abstractmethod
     def run_all(self, context: dg.AssetExecutionContext, specs: Sequence) -> list[StageResult]:
-        """Run the stages `specs` describe (a stage's shards); a failure raises `dg.Failure` naming the stage and its cause."""
+        """Run the stages `specs` describe (a stage's shards); a failure raises `dg.Failure` naming the stage and its
+        cause."""
 
 
 def time_limit_failure(spec, limit_s: float) -> dg.Failure:
     steps, samples = spec.work()
     return dg.Failure(
-        f"stage {spec.stage} failed: it ran past its time limit of {limit_s:.0f} s (launcher.time_limit_base_s + {steps} steps x "
-        f"time_limit_per_step_s + {samples} samples x time_limit_per_sample_s) and was stopped"
+        f"stage {spec.stage} failed: it ran past its time limit of {limit_s:.0f} s (launcher.time_limit_base_s + "
+        f"{steps} steps x time_limit_per_step_s + {samples} samples x time_limit_per_sample_s) and was stopped"
     )
 
 

@@ -62,7 +62,10 @@ class InProcessLauncher(Launcher):
 
     def refusal(self, spec) -> str | None:
         if spec.processes > 1:
-            return f"stage {spec.stage} asks for {spec.processes} processes: use the subprocess or ray launcher (launcher.kind)"
+            return (
+                f"stage {spec.stage} asks for {spec.processes} processes: use the subprocess or ray launcher "
+                "(launcher.kind)"
+            )
         return None
 
     def run_all(self, context: dg.AssetExecutionContext, specs: Sequence) -> list[StageResult]:

@@ -69,9 +69,9 @@ class RayLauncher(Launcher):
             for resource, amount in self.asks(spec).items():
                 if amount > available.get(resource, 0.0):
                     raise dg.Failure(
-                        f"stage {spec.stage} failed: it asks Ray for {amount:g} {resource} and the cluster at {address} has "
-                        f"{available.get(resource, 0.0):g} in all, so Ray would queue it forever (launcher.gpus_per_process, "
-                        "launcher.cpus_per_process, grpo.processes)",
+                        f"stage {spec.stage} failed: it asks Ray for {amount:g} {resource} and the cluster at "
+                        f"{address} has {available.get(resource, 0.0):g} in all, so Ray would queue it forever "
+                        "(launcher.gpus_per_process, launcher.cpus_per_process, grpo.processes)",
                         allow_retries=False,
                     )
         _stop_earlier_jobs(client, {spec.work_dir for spec in specs}, context.log)
@@ -177,7 +177,8 @@ def _stop_earlier_jobs(client, work_dirs: set[str], log) -> None:
     ]
     for job in earlier:
         log.warning(
-            f"stopping Ray job {job.submission_id}, left running in {job.metadata[RAY_WORK_DIR]} by an earlier attempt; this one resumes from its shards"
+            f"stopping Ray job {job.submission_id}, left running in {job.metadata[RAY_WORK_DIR]} by an earlier "
+            "attempt; this one resumes from its shards"
         )
         client.stop_job(job.submission_id)
     _wait_for_jobs(client, [job.submission_id for job in earlier])

@@ -54,8 +54,8 @@ class SubprocessLauncher(Launcher):
             context_injector=dg.PipesTempFileContextInjector(),
             message_reader=dg.PipesTempFileMessageReader(),
         ) as session:
-            # A session of its own: the payload's children (vLLM engine workers, torchrun's ranks) are one process group,
-            # stopped together whatever happens to the payload itself.
+            # A session of its own: the payload's children (vLLM engine workers, torchrun's ranks) are one process
+            # group, stopped together whatever happens to the payload itself.
             process = subprocess.Popen(
                 payload_command(spec_path, spec.processes),
                 env=os.environ | session.get_bootstrap_env_vars(),
@@ -99,11 +99,14 @@ def _stop_earlier_payload(pid_file: Path, log) -> None:
         return
     with contextlib.suppress(psutil.NoSuchProcess):
         if psutil.Process(group).create_time() != float(created):
-            return  # the pid names another process now, so the payload's group is gone (a group id is not reused while it has members)
+            # The pid names another process now, so the payload's group is gone (a group id is not reused while it
+            # has members).
+            return
     if not _group_members(group):
         return
     log.warning(
-        f"stopping payload process group {group}, left running in {pid_file.parent} by an earlier attempt; this one resumes from its shards"
+        f"stopping payload process group {group}, left running in {pid_file.parent} by an earlier attempt; this one "
+        "resumes from its shards"
     )
     for stop, grace in ((signal.SIGTERM, TERMINATION_GRACE_S), (signal.SIGKILL, TERMINATION_GRACE_S)):
         with contextlib.suppress(ProcessLookupError):
