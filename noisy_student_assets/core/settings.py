@@ -11,9 +11,9 @@ Settings are frozen pydantic models, so a worker process gets them whole from JS
 from __future__ import annotations
 
 import json
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
 from noisy_student_assets.core.profiles import by_profile
 
@@ -59,6 +59,26 @@ TRL itself only rejects an unknown one after the first generation batch, hence t
 SCALE_REWARDS = ("group", "batch", "none")
 """TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
 
+# The bounds and settings that several stages share, each declared once; a field annotated with one of these takes
+# its bounds (and, for a shared setting, its default and help) from it. pydantic's `NonNegativeInt` is a count where
+# 0 means none, all or off.
+Count = Annotated[int, Field(ge=1)]
+"""How many of something, at least one."""
+Share = Annotated[float, Field(ge=0, le=1)]
+"""A share, a rate or an agreement: within [0, 1]."""
+Dropout = Annotated[float, Field(ge=0, lt=1)]
+"""A share left out: at least 0, below 1."""
+Seed = Annotated[int, Field(default=0)]
+CompletionTokens = Annotated[
+    Count, Field(default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), description="completion tokens at most")
+]
+GenerateBatchSize = Annotated[
+    Count, Field(default=by_profile(cpu=16, gpu=128), description="prompts per generate() call (transformers backend)")
+]
+SamplingSeed = Annotated[Seed, Field(description="sampling seed (arm field `seed`)")]
+LoraRank = Annotated[Count, Field(default=16, description="LoRA rank")]
+LoraAlpha = Annotated[Count, Field(default=32, description="LoRA scaling numerator")]
+
 
 class Settings(BaseModel):
     """Frozen, and no field it does not declare."""
@@ -82,7 +102,7 @@ class ProblemSource(Settings):
     name: str = Field(default="", description="reasoning_gym task name or Hugging Face dataset id")
     split: str = Field(default="train", description="dataset split (gsm8k: train/test; math500: test; hf)")
     size: int = Field(default=0, description="rows to take (0 = all); for reasoning_gym, rows to generate")
-    seed: int = Field(default=0, description="reasoning_gym generation seed")
+    seed: Seed = Field(description="reasoning_gym generation seed")
     path: str = Field(default="", description="JSONL or parquet file, for kind=file (gsm8k/math500: a local copy)")
     task_options_json: str = Field(
         default="{}", description="JSON object: reasoning_gym task options, or {'config': ...} for hf"
@@ -178,18 +198,15 @@ class EvalProblemsSettings(_Sourced):
 class ProblemSplitSettings(Settings):
     """An arm's seeded, disjoint draw of labeled, unlabeled and validation problems from the pool."""
 
-    n_labeled: int = Field(
-        default=by_profile(cpu=64, gpu=500), ge=1, description="problems whose gold answer RL may use"
+    n_labeled: Count = Field(default=by_profile(cpu=64, gpu=500), description="problems whose gold answer RL may use")
+    n_unlabeled: NonNegativeInt = Field(
+        default=by_profile(cpu=48, gpu=5000), description="problems to pseudo-label (their gold stays hidden)"
     )
-    n_unlabeled: int = Field(
-        default=by_profile(cpu=48, gpu=5000), ge=0, description="problems to pseudo-label (their gold stays hidden)"
-    )
-    n_validation: int = Field(
+    n_validation: NonNegativeInt = Field(
         default=by_profile(cpu=200, gpu=500),
-        ge=0,
         description="labeled problems held out to choose settings on (never trained on)",
     )
-    seed: int = Field(default=0, description="seed of the draw (arm field `seed`)")
+    seed: Seed = Field(description="seed of the draw (arm field `seed`)")
     test_time: bool = Field(
         default=False,
         description="test-time (transductive) arm: the unlabeled problems are the whole transductive half of the "
@@ -225,8 +242,8 @@ class ComputeSettings(Settings):
     memory_share: float = Field(
         default=0.85, gt=0, le=1, description="share of accelerator memory vLLM may reserve (GPU only)"
     )
-    cpu_threads: int = Field(
-        default=0, ge=0, description="CPU threads of torch and of vLLM's CPU engine (0: one per core)"
+    cpu_threads: NonNegativeInt = Field(
+        default=0, description="CPU threads of torch and of vLLM's CPU engine (0: one per core)"
     )
 
     def resolved_device(self) -> str:
@@ -276,9 +293,8 @@ class LauncherSettings(Settings):
         "as many)",
     )
     cpus_per_process: float = Field(default=1.0, ge=0, description="kind=ray: CPUs a payload asks of Ray per process")
-    sampling_shards: int = Field(
+    sampling_shards: Count = Field(
         default=1,
-        ge=1,
         description="payloads a round's K-sample generation is split into (at once on Ray); vllm backend only: the "
         "samples do not depend on it",
     )
@@ -310,18 +326,15 @@ class GRPOSettings(Settings):
     completions are also every student mode's budget."""
 
     # budget
-    max_steps: int = Field(default=by_profile(cpu=3, gpu=200), ge=1, description="optimizer steps")
+    max_steps: Count = Field(default=by_profile(cpu=3, gpu=200), description="optimizer steps")
     num_generations: int = Field(
         default=8, description="completions per prompt (the GRPO group, whose mean reward is the baseline)"
     )
-    prompts_per_step: int = Field(
+    prompts_per_step: Count = Field(
         default=by_profile(cpu=2, gpu=8),
-        ge=1,
         description="prompts per step: a step trains on prompts_per_step x num_generations completions",
     )
-    max_completion_length: int = Field(
-        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
-    )
+    max_completion_length: CompletionTokens
     # optimisation
     learning_rate: float = Field(
         default=by_profile(cpu=2e-4, gpu=1e-5), gt=0, description="peak learning rate, decaying linearly to 0"
@@ -338,15 +351,13 @@ class GRPOSettings(Settings):
     format_reward_weight: float = Field(
         default=0.0, ge=0, description="weight of the format reward beside the answer reward (0: answer only)"
     )
-    gradient_accumulation_steps: int = Field(
+    gradient_accumulation_steps: Count = Field(
         default=1,
-        ge=1,
         description="micro-batches a step's completions are split into (memory only: the step's batch is unchanged)",
     )
-    seed: int = Field(default=0, description="the run's seed (arm field `seed`)")
-    processes: int = Field(
+    seed: Seed = Field(description="the run's seed (arm field `seed`)")
+    processes: Count = Field(
         default=1,
-        ge=1,
         description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's "
         "completions",
     )
@@ -354,22 +365,20 @@ class GRPOSettings(Settings):
     use_lora: bool = Field(
         default=by_profile(cpu=True, gpu=False), description="LoRA adapters; false: fine-tune every weight"
     )
-    lora_r: int = Field(default=16, ge=1, description="LoRA rank")
-    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator")
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the LoRA adapters' inputs")
+    lora_r: LoraRank
+    lora_alpha: LoraAlpha
+    lora_dropout: Dropout = Field(default=0.0, description="dropout on the LoRA adapters' inputs")
     lora_target_modules: list[str] = Field(
         default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="modules that get adapters",
     )
     # resilience and memory
-    save_steps: int = Field(
+    save_steps: NonNegativeInt = Field(
         default=by_profile(cpu=1, gpu=50),
-        ge=0,
         description="resumable TRL checkpoint every N steps (0: none); a re-run resumes from the last",
     )
-    max_consecutive_skipped_steps: int = Field(
+    max_consecutive_skipped_steps: Count = Field(
         default=3,
-        ge=1,
         description="a step with a non-finite loss or grad norm is skipped; this many in a row fail the asset",
     )
     use_vllm: bool = Field(
@@ -408,11 +417,15 @@ class GRPOSettings(Settings):
         return self.prompts_per_step * self.num_generations
 
 
-class LabeledRLSettings(Settings):
-    """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
+class _RewardedStage(Settings):
+    """A stage that trains with rewards graded against answers (gold or pseudo-labels)."""
 
     stage_version: ClassVar[int] = 2
     """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
+
+
+class LabeledRLSettings(_RewardedStage):
+    """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
 
     grpo: GRPOSettings = Field(
         default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200)),
@@ -420,25 +433,19 @@ class LabeledRLSettings(Settings):
     )
 
 
-class LabeledOnlySettings(Settings):
+class LabeledOnlySettings(_RewardedStage):
     """The labeled-only control: the round's GRPO on the labeled problems alone, from its own previous round."""
-
-    stage_version: ClassVar[int] = 2
-    """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
     grpo: GRPOSettings = Field(
         default=GRPOSettings(), description="the same defaults as the student's, so the control is matched"
     )
 
 
-class StudentSettings(Settings):
+class StudentSettings(_RewardedStage):
     """How a round's student trains on labeled + kept pseudo-labeled problems; the gold- and random-label
     controls train the same way on their own labels. `grpo` is every mode's budget: steps, prompts x completions
     a step, learning rate, LoRA (sft and dpo ignore its sampling fields). Modes are registered in
     `training/modes/registry.py`."""
-
-    stage_version: ClassVar[int] = 2
-    """2: rewarded by the grading that refuses an unevaluated expression against a number (`grading.unevaluated`)."""
 
     student_init: Literal["teacher", "base_model"] = Field(
         default="teacher", description="where the student and the gold/random controls start"
@@ -450,12 +457,8 @@ class StudentSettings(Settings):
         default=HARD_REWARD,
         description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes)",
     )
-    agreement_low: float = Field(
-        default=0.0, ge=0, le=1, description="train on kept pseudo-labels with agreement >= this"
-    )
-    agreement_high: float = Field(
-        default=1.0, ge=0, le=1, description="... and <= this (difficulty band; 1: no upper edge)"
-    )
+    agreement_low: Share = Field(default=0.0, description="train on kept pseudo-labels with agreement >= this")
+    agreement_high: Share = Field(default=1.0, description="... and <= this (difficulty band; 1: no upper edge)")
     pseudo_only: bool = Field(
         default=False,
         description="grpo: train on the kept pseudo-labeled problems alone, without the labeled ones (the gold- and "
@@ -464,11 +467,9 @@ class StudentSettings(Settings):
     prompt_noise: bool = Field(
         default=False, description="render each student prompt through one of several templates (input noise)"
     )
-    model_dropout: float = Field(
-        default=0.0, ge=0, lt=1, description="the student's attention/hidden dropout (model noise)"
-    )
-    sft_samples_per_problem: int = Field(
-        default=0, ge=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group"
+    model_dropout: Dropout = Field(default=0.0, description="the student's attention/hidden dropout (model noise)")
+    sft_samples_per_problem: NonNegativeInt = Field(
+        default=0, description="sft: distinct agreeing samples per problem (0: all), repeated to fill its group"
     )
     dpo_beta: float = Field(
         default=0.1, gt=0, description="dpo: DPO's beta, the pull towards the init policy (Rafailov et al. 2023)"
@@ -513,21 +514,16 @@ class TeacherSamplingSettings(Settings):
     """2: every sample carries its tokens' log-probabilities (what the confidence label source reads)."""
 
     backend: Backend = Field(default="vllm", description="vllm | transformers (same output schema)")
-    k: int = Field(default=by_profile(cpu=8, gpu=16), ge=1, description="samples per problem")
+    k: Count = Field(default=by_profile(cpu=8, gpu=16), description="samples per problem")
     # SmolLM2's samples at temperature 1 agree too rarely to vote: at 0.6, 30% of problems reach tau=0.5
     # agreement, and 79% of those labels are right (64 problems, labeled-RL teacher).
     temperature: float = Field(default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="sampling temperature")
     top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus sampling")
-    max_new_tokens: int = Field(
-        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
-    )
-    seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
-    batch_size: int = Field(
-        default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)"
-    )
-    shard_size: int = Field(
+    max_new_tokens: CompletionTokens
+    seed: SamplingSeed
+    batch_size: GenerateBatchSize
+    shard_size: Count = Field(
         default=by_profile(cpu=16, gpu=256),
-        ge=1,
         description="problems per saved shard: a killed run resumes after the last one",
     )
 
@@ -543,24 +539,18 @@ class PseudoLabelSettings(Settings):
         default="majority",
         description="who weighs each sample's vote: a label source registered in pseudo_labels/sources/registry.py",
     )
-    drop_least_confident: float = Field(
+    drop_least_confident: Dropout = Field(
         default=0.0,
-        ge=0,
-        lt=1,
         description="label source confidence: share of each problem's samples, the least confident, left out of the "
         "vote",
     )
-    tau: float = Field(
+    tau: Share = Field(
         default=0.5,
-        ge=0,
-        le=1,
         description="keep a pseudo-label when its agreement (the winner's share of the vote's weight) >= tau",
     )
-    min_coverage: float = Field(default=0.05, ge=0, le=1, description="floor on the share of labels kept")
-    min_mean_agreement: float = Field(
+    min_coverage: Share = Field(default=0.05, description="floor on the share of labels kept")
+    min_mean_agreement: Share = Field(
         default=0.2,
-        ge=0,
-        le=1,
         description="floor on the mean vote agreement over every unlabeled problem: below it the winning answer "
         "holds under a fifth of the vote on the average problem (of K = 8 samples, fewer than 2 agree): the "
         "teacher's answers are scattered and its labels mostly noise (0: off)",
@@ -582,16 +572,14 @@ class VerifierSettings(Settings):
         description="the teacher's samples per labeled and per validation problem",
     )
     temperature: float = Field(default=by_profile(cpu=0.8, gpu=1.0), gt=0, description="their sampling temperature")
-    max_new_tokens: int = Field(
-        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
-    )
+    max_new_tokens: CompletionTokens
     backend: Backend = Field(default="vllm", description="vllm | transformers: how the teacher samples them")
-    seed: int = Field(default=0, description="sampling and training seed (arm field `seed`)")
-    max_pairs_per_problem: int = Field(
-        default=4, ge=1, description="(right, wrong) sample pairs taken from each labeled problem at most"
+    seed: Seed = Field(description="sampling and training seed (arm field `seed`)")
+    max_pairs_per_problem: Count = Field(
+        default=4, description="(right, wrong) sample pairs taken from each labeled problem at most"
     )
-    max_steps: int = Field(default=by_profile(cpu=24, gpu=300), ge=1, description="optimizer steps of the reward model")
-    pairs_per_step: int = Field(default=by_profile(cpu=8, gpu=32), ge=1, description="pairs per optimizer step")
+    max_steps: Count = Field(default=by_profile(cpu=24, gpu=300), description="optimizer steps of the reward model")
+    pairs_per_step: Count = Field(default=by_profile(cpu=8, gpu=32), description="pairs per optimizer step")
     learning_rate: float = Field(
         default=by_profile(cpu=2e-4, gpu=5e-5), gt=0, description="peak learning rate, decaying linearly to 0"
     )
@@ -603,11 +591,9 @@ class VerifierSettings(Settings):
     use_lora: bool = Field(
         default=True, description="LoRA adapters on the backbone (the scalar head trains whole); false: every weight"
     )
-    lora_r: int = Field(default=16, ge=1, description="LoRA rank")
-    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator")
-    score_batch_size: int = Field(
-        default=by_profile(cpu=16, gpu=64), ge=1, description="samples scored per forward pass"
-    )
+    lora_r: LoraRank
+    lora_alpha: LoraAlpha
+    score_batch_size: Count = Field(default=by_profile(cpu=16, gpu=64), description="samples scored per forward pass")
 
 
 # --- evaluation and checks -------------------------------------------------------------------------------
@@ -621,13 +607,11 @@ class EvalSettings(Settings):
     against a numeric gold (`grading.unevaluated`)."""
 
     backend: Backend = Field(default="vllm", description="vllm | transformers")
-    max_new_tokens: int = Field(
-        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024), ge=1, description="completion tokens at most"
-    )
+    max_new_tokens: CompletionTokens = by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=1024)
     # The cpu profile measures greedy accuracy only (what the verdict compares): sampled answers multiply an
     # eval's time by their number, and `make run` evaluates six checkpoints.
-    samples: int = Field(
-        default=by_profile(cpu=0, gpu=8), ge=0, description="sampled completions per problem (0: greedy only)"
+    samples: NonNegativeInt = Field(
+        default=by_profile(cpu=0, gpu=8), description="sampled completions per problem (0: greedy only)"
     )
     temperature: float = Field(
         default=by_profile(cpu=0.6, gpu=1.0), ge=0, description="temperature of the sampled completions"
@@ -635,13 +619,10 @@ class EvalSettings(Settings):
     ks: list[int] = Field(
         default=by_profile(cpu=[], gpu=[1, 4, 8]), description="k values of maj@k and pass@k (each <= samples)"
     )
-    seed: int = Field(default=0, description="sampling seed (arm field `seed`)")
-    batch_size: int = Field(
-        default=by_profile(cpu=16, gpu=128), ge=1, description="prompts per generate() call (transformers backend)"
-    )
-    shard_size: int = Field(
+    seed: SamplingSeed
+    batch_size: GenerateBatchSize
+    shard_size: Count = Field(
         default=by_profile(cpu=64, gpu=256),
-        ge=1,
         description="problems per saved shard of completions: a killed eval resumes after the last one",
     )
     regression_tolerance: float = Field(
@@ -651,26 +632,18 @@ class EvalSettings(Settings):
     )
     # A model with NaN weights answers nothing and runs every completion to the limit; a collapsed one says the
     # same thing to every problem. SmolLM2-135M's base greedy outputs on the cpu eval set score far inside these.
-    min_answer_rate: float = Field(
-        default=0.1, ge=0, le=1, description="eval_not_degenerate fails below this share of greedy answers extracted"
+    min_answer_rate: Share = Field(
+        default=0.1, description="eval_not_degenerate fails below this share of greedy answers extracted"
     )
-    max_truncation_rate: float = Field(
-        default=0.9,
-        ge=0,
-        le=1,
-        description="eval_not_degenerate fails above this share of greedy completions cut at the limit",
+    max_truncation_rate: Share = Field(
+        default=0.9, description="eval_not_degenerate fails above this share of greedy completions cut at the limit"
     )
-    max_identical_share: float = Field(
-        default=0.5,
-        ge=0,
-        le=1,
-        description="eval_not_degenerate fails when one greedy completion text takes more than this share",
+    max_identical_share: Share = Field(
+        default=0.5, description="eval_not_degenerate fails when one greedy completion text takes more than this share"
     )
     # No eval on this machine had such an answer; products' hacked seed 1 gave them for 207 of 208 problems.
-    max_unevaluated_rate: float = Field(
+    max_unevaluated_rate: Share = Field(
         default=0.2,
-        ge=0,
-        le=1,
         description="eval_not_degenerate fails above this share of greedy answers that are no final number against a "
         "numeric gold (60 * 55)",
     )
@@ -688,15 +661,11 @@ class EvalSettings(Settings):
 class SmokeSettings(Settings):
     """The `smoke_generation` check of a checkpoint: greedy completions of its first eval prompts."""
 
-    prompts: int = Field(default=4, ge=1, description="eval prompts to complete")
-    max_new_tokens: int = Field(
-        default=by_profile(cpu=CPU_MAX_NEW_TOKENS, gpu=512), ge=1, description="completion tokens at most"
-    )
-    max_empty_rate: float = Field(
-        default=0.0, ge=0, le=1, description="fail when a larger share is empty or whitespace"
-    )
-    max_truncation_rate: float = Field(
-        default=0.75, ge=0, le=1, description="fail when a larger share runs to max_new_tokens (of 4: when all do)"
+    prompts: Count = Field(default=4, description="eval prompts to complete")
+    max_new_tokens: CompletionTokens
+    max_empty_rate: Share = Field(default=0.0, description="fail when a larger share is empty or whitespace")
+    max_truncation_rate: Share = Field(
+        default=0.75, description="fail when a larger share runs to max_new_tokens (of 4: when all do)"
     )
 
 
@@ -708,8 +677,8 @@ class RoundsSettings(Settings):
     accuracy on its validation problems improves (never the held-out set). Read by the next-round automation and
     by the grid alike (`core/experiments/progress.py`); no asset's content depends on it."""
 
-    max_rounds: int = Field(
-        default=2, ge=0, description="rounds the arm runs at most (adding one: raise it, then run the grid)"
+    max_rounds: NonNegativeInt = Field(
+        default=2, description="rounds the arm runs at most (adding one: raise it, then run the grid)"
     )
     patience: int | None = Field(
         default=None,
@@ -717,11 +686,8 @@ class RoundsSettings(Settings):
         description="stop once this many rounds in a row did not improve the best validation accuracy so far "
         "(labeled RL's counts as round 0); null: run every round up to max_rounds",
     )
-    min_improvement: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description="validation accuracy a round must gain over the best so far to count as an improvement",
+    min_improvement: Share = Field(
+        default=0.0, description="validation accuracy a round must gain over the best so far to count as an improvement"
     )
 
 
