@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from noisy_student_assets.core.reporting.summary import (
     summary_markdown,
 )
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
+from noisy_student_assets.core.settings import VerifierSettings
+from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, PublishedVerifier, VerifierMetrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROBLEMS = 40
@@ -234,25 +237,43 @@ def test_the_summary_prints_ttrl_s_yardstick_per_arm_and_its_mean_over_seeds(lak
     )  # the group's two seeds: maj@K 0.5 and 0.7 average to 0.6
 
 
+VERIFIER_MEASURES = {
+    "pairs": 79.0,
+    "steps": 24.0,
+    "validation_auroc": 0.627,
+    "validation_label_accuracy": 0.17,
+    "validation_maj_at_k": 0.135,
+    "validation_pass_at_k": 0.325,
+    "labeled_samples_right": 0.15,
+    "validation_samples_right": 0.12,
+}
+
+
 def test_the_summary_prints_each_verifier_s_validation_measures(lake: Path) -> None:
-    measured = {
-        "pairs": 79.0,
-        "steps": 24.0,
-        "validation_auroc": 0.627,
-        "validation_label_accuracy": 0.17,
-        "validation_maj_at_k": 0.135,
-        "validation_pass_at_k": 0.325,
-        "labeled_samples_right": 0.15,
-        "validation_samples_right": 0.12,
-    }
     verifier = layout.artifact_dir(lake, layout.round_asset(1, layout.VERIFIER), ARMS[0].name)
     verifier.mkdir(parents=True)
-    (verifier / "verifier.json").write_text(json.dumps({"metrics": measured, "settings": {}}))
+    published = PublishedVerifier(metrics=VerifierMetrics(**VERIFIER_MEASURES), settings=VerifierSettings())
+    (verifier / VERIFIER_METRICS_FILE).write_text(published.model_dump_json())
     results = collect(lake, ARMS, rounds=2)
     assert results.verifiers.select("arm", "round", "pairs", "validation_auroc").rows() == [
         ("tau50-s0", 1, 79.0, 0.627)
     ]
     assert "## Verifiers" in summary_markdown(results)
+
+
+def test_every_verifier_record_committed_in_results_reads_as_it_was_written() -> None:
+    paths = sorted((Path(__file__).resolve().parents[2] / "results").glob("**/verifier.json"))
+    assert paths, "results/ holds the label-source grid's verifiers"
+    for path in paths:
+        read = PublishedVerifier.read(path.parent).model_dump()
+        assert json.dumps(read, sort_keys=True) == json.dumps(json.loads(path.read_text()), sort_keys=True), path
+
+
+def test_a_verifier_record_whose_measures_were_renamed_is_refused_naming_its_file(tmp_path: Path) -> None:
+    measured = {name.removeprefix("validation_"): value for name, value in VERIFIER_MEASURES.items()}
+    (tmp_path / VERIFIER_METRICS_FILE).write_text(json.dumps({"metrics": measured, "settings": {}}))
+    with pytest.raises(ValueError, match=rf"(?s){re.escape(str(tmp_path / VERIFIER_METRICS_FILE))}.*validation_label"):
+        PublishedVerifier.read(tmp_path)
 
 
 def test_a_round_asked_for_and_not_evaluated_yet_is_said(lake: Path) -> None:

@@ -35,7 +35,7 @@ from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.reporting.verdict import direction, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
-from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, verifier_metrics
+from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, PublishedVerifier
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
@@ -198,9 +198,9 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 curves.append(pl.read_json(labels_dir / FRONTIER_FILE).select(*_arm_columns(row, number), pl.all()))
             verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
             if (verifier_dir / VERIFIER_METRICS_FILE).exists():
-                measured = verifier_metrics(verifier_dir)
+                measured = PublishedVerifier.read(verifier_dir).metrics
                 verifiers.append(
-                    row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS}
+                    row | {"round": number} | {column: getattr(measured, column) for column in VERIFIER_COLUMNS}
                 )
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():

@@ -22,23 +22,26 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import polars as pl
+from pydantic import BaseModel, ConfigDict
 
 from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.layout import parse_sidecar, read_sidecar
 from noisy_student_assets.core.prompts import build_messages
+from noisy_student_assets.core.settings import VerifierSettings
 from noisy_student_assets.core.training.base import GOLD, Lora, Loss, Rows, TrainerSetup, TrainingRun
 
 if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from noisy_student_assets.core.settings import ComputeSettings, VerifierSettings
+    from noisy_student_assets.core.settings import ComputeSettings
 
 VERIFIER_LOGGED = (("loss", "train_loss"), ("accuracy", "pair_accuracy"), ("margin", "reward_margin"))
 """TRL's reward-model step logs summarised in the training metrics (first and last quarter)."""
@@ -56,6 +59,47 @@ VERIFIER_METRICS_FILE = "verifier.json"
 """In a verifier's directory: {"metrics": training and validation figures, "settings": its `VerifierSettings`}."""
 VALIDATION_SCORES_FILE, TRAINING_PAIRS_FILE = "validation_scores.parquet", "training_pairs.parquet"
 """In a verifier's directory: its validation samples, graded and scored; the (right, wrong) pairs it trained on."""
+
+
+class VerifierMetrics(BaseModel):
+    """A built verifier's metrics: the figures the reports read by name, and its trainer's (`base.TrainingResult`'s
+    metrics, the `VERIFIER_LOGGED` summaries), which pass through as numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", ser_json_inf_nan="constants")
+    __pydantic_extra__: dict[str, float | None]
+
+    pairs: float
+    """(right, wrong) pairs it trained on."""
+    steps: float
+    labeled_samples_right: float
+    """Share of the teacher's samples of the labeled problems that are right."""
+    validation_auroc: float | None
+    """AUROC of right against wrong samples of the validation problems; None when its scores rank nothing."""
+    validation_label_accuracy: float
+    validation_maj_at_k: float
+    validation_pass_at_k: float
+    validation_samples_right: float
+
+
+class PublishedVerifier(BaseModel):
+    """What a verifier's directory says of it (`VERIFIER_METRICS_FILE`): its metrics, and the settings it was trained
+    with, which its scoring reads. Read through `read` or `from_files`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    metrics: VerifierMetrics
+    settings: VerifierSettings
+
+    @classmethod
+    def read(cls, verifier_dir: Path) -> PublishedVerifier:
+        """The record in a verifier's directory."""
+        return read_sidecar(cls, verifier_dir / VERIFIER_METRICS_FILE)
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, str], table: str) -> PublishedVerifier:
+        """The record among the files published beside a table (the verifier's scores; `table` names it in an
+        error)."""
+        return parse_sidecar(cls, files[VERIFIER_METRICS_FILE], f"{VERIFIER_METRICS_FILE} of {table}")
 
 
 def verifier_messages(prompt: str, completion: str) -> list[dict[str, str]]:
@@ -329,9 +373,8 @@ def build_verifier(
     pl.DataFrame(pairs_table, schema={"problem_id": pl.Utf8, "chosen": pl.Utf8, "rejected": pl.Utf8}).write_parquet(
         out_dir / TRAINING_PAIRS_FILE
     )
-    (out_dir / VERIFIER_METRICS_FILE).write_text(
-        json.dumps({"metrics": metrics, "settings": settings.model_dump()}, indent=2)
-    )
+    published = PublishedVerifier(metrics=VerifierMetrics.model_validate(metrics), settings=settings)
+    (out_dir / VERIFIER_METRICS_FILE).write_text(published.model_dump_json(indent=2))
     return metrics
 
 
@@ -369,12 +412,8 @@ def score_round(verifier_dir: Path, samples: pl.DataFrame, compute: ComputeSetti
     """The verifier's score of each sample (`problem_id`, `sample_index`, `prompt`, `completion`), as `SCORE_SCHEMA`,
     read with the verifier's own training settings (its `max_length`)."""
     from noisy_student_assets.core.pseudo_labels.sources.base import SCORE_SCHEMA
-    from noisy_student_assets.core.settings import VerifierSettings
 
-    settings = VerifierSettings.model_validate(
-        json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["settings"]
-    )
-    scored = _scored(verifier_dir, samples, settings, compute)
+    scored = _scored(verifier_dir, samples, PublishedVerifier.read(verifier_dir).settings, compute)
     return scored.select("problem_id", "sample_index", "score").match_to_schema(SCORE_SCHEMA)
 
 
@@ -394,13 +433,8 @@ def _scored(
     return samples.with_columns(pl.Series("score", scores, dtype=pl.Float64))
 
 
-def verifier_metrics(verifier_dir: Path) -> dict[str, float | None]:
-    """A built verifier's metrics (its training and its measures on the validation problems)."""
-    return json.loads((verifier_dir / VERIFIER_METRICS_FILE).read_text())["metrics"]
-
-
 def read_verifier_metrics(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
     """A built verifier's metrics, and why its validation scores cannot weigh a vote (None when they can)."""
-    return verifier_metrics(verifier_dir), score_failure(
+    return PublishedVerifier.read(verifier_dir).metrics.model_dump(), score_failure(
         pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list()
     )
