@@ -39,22 +39,14 @@ def shortened() -> dict:
 
 
 def run_grid(options: list[str]) -> float:
+    from noisy_student_assets.defs.grid import command as grid_command
+
     home = Path(tempfile.mkdtemp(prefix="noisy-student-parallel-arms-"))
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = os.environ | {"DAGSTER_HOME": str(home), "NOISY_STUDENT_DATA_LAKE": str(home / "data_lake")}
     env.pop("RAY_ADDRESS", None)
     started = time.perf_counter()
-    command = [
-        sys.executable,
-        "-m",
-        "noisy_student_assets.grid",
-        "run",
-        str(EXPERIMENT),
-        "--config-json",
-        json.dumps(shortened()),
-        *options,
-    ]
-    subprocess.run(command, cwd=home, env=env, check=True)
+    subprocess.run(grid_command("run", EXPERIMENT, shortened(), *options), cwd=home, env=env, check=True)
     return time.perf_counter() - started
 
 

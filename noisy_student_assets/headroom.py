@@ -21,7 +21,6 @@ lineage show in `dagster dev` started from that directory. Like the grid it resu
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from noisy_student_assets.core.reporting.headroom import grid_task, load_tasks, 
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.defs.grid import add_arm_selection
+from noisy_student_assets.defs.grid import command as grid_command
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPOSITORY / "experiments" / "headroom.yaml"
@@ -55,15 +55,7 @@ def run(task_names: list[str], arms: list[str], experiment: Path = EXPERIMENT, t
         )  # its storage paths are relative to the home
         env = environment.own_instance(home, task_lake(lake, name))
         print(f"[headroom] {name}: {tasks[name].description} ({home})", flush=True)
-        command = [
-            sys.executable,
-            "-m",
-            "noisy_student_assets.grid",
-            "run",
-            str(experiment.resolve()),
-            "--config-json",
-            json.dumps(tasks[name].run_config()),
-        ]
+        command = grid_command("run", experiment.resolve(), tasks[name].run_config())
         command += [option for arm in arms for option in ("--arm", arm)]
         command += [option for name in through or () for option in ("--through", name)]
         returncode = subprocess.run(command, cwd=home, env=env).returncode

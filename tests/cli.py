@@ -17,6 +17,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from noisy_student_assets.defs.grid import command as grid_command
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
 DAGSTER_DAEMON = str(Path(sys.executable).with_name("dagster-daemon"))
@@ -25,8 +27,8 @@ FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}
 
 
 def changed_defaults_env(defaults: dict) -> dict[str, str]:
-    """The environment variables of a process whose settings' defaults are changed as an edited `core/settings.py` would change
-    them ({"TeacherSamplingSettings": {"k": 6}}; see tests/changed_defaults/sitecustomize.py)."""
+    """The environment variables of a process whose settings' defaults are changed as an edited `core/settings.py`
+    would change them ({"TeacherSamplingSettings": {"k": 6}}; see tests/changed_defaults/sitecustomize.py)."""
     path = os.pathsep.join(
         filter(None, [str(REPO_ROOT / "tests" / "changed_defaults"), str(REPO_ROOT), os.environ.get("PYTHONPATH")])
     )
@@ -91,22 +93,22 @@ class DagsterCli:
         group of its own (a test may kill the whole grid)."""
         with log.open("w") as out:
             return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "noisy_student_assets.grid",
-                    "run",
-                    str(experiment),
-                    "--config-json",
-                    json.dumps(config),
-                    *options,
-                ],
+                grid_command("run", experiment, config, *options),
                 cwd=self.home,
                 env=self.env | FAULTHANDLER | (env or {}),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def run_grid(
+        self, action: str, experiment: Path, config: dict | None = None, *options: str, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        """`python -m noisy_student_assets.grid <action> <experiment>` in the home, to its end; its output captured."""
+        command = grid_command(action, experiment, config, *options)
+        return subprocess.run(
+            command, cwd=self.home, env=self.env | (env or {}), capture_output=True, text=True, timeout=900
+        )
 
     def grid_done(self, experiment: Path, config: dict, log: Path, *options: str, env: dict | None = None) -> str:
         """`grid` run to its end (it must succeed); its output."""
@@ -118,7 +120,7 @@ class DagsterCli:
         """Work in the home, as a grid run there does, with its instance's storage already created."""
         monkeypatch.chdir(self.home)  # dagster.yaml's storage paths are relative to the working directory
         with dg.DagsterInstance.from_config(str(self.home)):
-            pass  # its SQLite storage is created here, not by a test and the grid at once (a race of two schema migrations)
+            pass  # its SQLite storage is made here, not by a test and the grid at once (two schema migrations racing)
 
     @staticmethod
     def finish(process: subprocess.Popen, log: Path, timeout: float) -> int:

@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -559,6 +560,13 @@ def _load_dotenv() -> None:
     from dotenv import load_dotenv
 
     load_dotenv(Path.cwd() / ".env", override=False)
+
+
+def command(action: str, experiment: Path, config: dict | None = None, *options: str) -> list[str]:
+    """The command line of `python -m noisy_student_assets.grid <action> <experiment>` (with `config` as its
+    `--config-json`), for a process of its own: how headroom runs a task's grid, and the tests and benchmarks theirs."""
+    config_json = ["--config-json", json.dumps(config)] if config is not None else []
+    return [sys.executable, "-m", "noisy_student_assets.grid", action, str(experiment), *config_json, *options]
 
 
 def add_arm_selection(parser: argparse.ArgumentParser) -> None:

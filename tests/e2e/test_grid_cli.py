@@ -6,8 +6,6 @@ test_grid_interrupts.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -63,22 +61,7 @@ def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_prof
         "an unchanged re-run materializes nothing"
     )
 
-    plan = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "noisy_student_assets.grid",
-            "plan",
-            str(EXPERIMENT),
-            "--config-json",
-            json.dumps(config),
-        ],
-        cwd=dagster_cli.home,
-        env=dagster_cli.env | fewer_samples | {"NOISY_STUDENT_PROFILE": "gpu"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    plan = dagster_cli.run_grid("plan", EXPERIMENT, config, env=fewer_samples | {"NOISY_STUDENT_PROFILE": "gpu"})
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "up to date" not in plan.stdout, plan.stdout
     planned = {line.split(": ")[1] for line in plan.stdout.splitlines() if line.startswith(f"[grid] arm {ARM}: ")}
@@ -117,14 +100,7 @@ def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_acc
     )
     assert not made[round_names(2, layout.GENERATIONS)[0]], "round 2 never ran"
 
-    plan = subprocess.run(
-        [sys.executable, "-m", "noisy_student_assets.grid", "plan", str(patience), "--config-json", json.dumps(config)],
-        cwd=dagster_cli.home,
-        env=dagster_cli.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    plan = dagster_cli.run_grid("plan", patience, config)
     assert plan.returncode == 0 and f"[grid] arm {arm}: up to date" in plan.stdout, (
         "the plan knows the arm stopped: " + plan.stdout
     )
@@ -177,14 +153,7 @@ def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_a
     then = materializing(tmp_path / "grid.log", "ls-verifier")
     assert "round_001/verifier" not in then and "round_001/student_checkpoint" in then, "the rest, not the labels again"
 
-    checks = subprocess.run(
-        [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(experiment)],
-        cwd=dagster_cli.home,
-        env=dagster_cli.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    checks = dagster_cli.run_grid("checks", experiment)
     assert checks.returncode == 0, checks.stderr[-3000:]
     outcomes = [line for line in checks.stdout.splitlines() if line.startswith("| ls-")]
     assert outcomes and all(line.rstrip().endswith("| passed |") for line in outcomes), checks.stdout

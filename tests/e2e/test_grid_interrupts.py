@@ -5,12 +5,9 @@ retry and no next run (tiny model)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -111,34 +108,12 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
         "the killed run's device pool slot was freed"
     )
 
-    def grid_run(*options: str) -> subprocess.CompletedProcess:
-        command = [
-            sys.executable,
-            "-m",
-            "noisy_student_assets.grid",
-            "run",
-            str(EXPERIMENT),
-            "--config-json",
-            json.dumps(config),
-            *options,
-        ]
-        return subprocess.run(
-            command, cwd=dagster_cli.home, env=dagster_cli.env, capture_output=True, text=True, timeout=600
-        )
-
-    third = grid_run("--arm", ARM)
+    third = dagster_cli.run_grid("run", EXPERIMENT, config, "--arm", ARM)
     assert third.returncode == 0 and f"[grid] arm {ARM}: up to date" in third.stdout
-    unknown = grid_run("--arm", "nope")
+    unknown = dagster_cli.run_grid("run", EXPERIMENT, config, "--arm", "nope")
     assert unknown.returncode == 1 and f"grid has no arm nope; its arms: {ARM}" in unknown.stderr
 
-    checks = subprocess.run(
-        [sys.executable, "-m", "noisy_student_assets.grid", "checks", str(EXPERIMENT)],
-        cwd=dagster_cli.home,
-        env=dagster_cli.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    checks = dagster_cli.run_grid("checks", EXPERIMENT)
     assert checks.returncode == 0, checks.stderr[-3000:]
     student = "/".join(layout.round_asset(1, layout.STUDENT))
     for asset, name in ((layout.LABELED_RL, FINITE_WEIGHTS), (student, FINITE_WEIGHTS), (student, SMOKE_GENERATION)):

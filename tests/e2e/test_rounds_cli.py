@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -61,14 +60,8 @@ def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) ->
     """A project directory (instance and lake) whose arms the grid command registered and whose shared assets
     and per-arm foundation the CLI materialized, once for this module."""
     cli = DagsterCli(tmp_path_factory.mktemp("foundation"))
-    registered = subprocess.run(
-        [sys.executable, "-m", "noisy_student_assets.grid", "register", str(TEST_EXPERIMENT)],
-        cwd=cli.home,
-        env=cli.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    registered = cli.run_grid("register", TEST_EXPERIMENT)
+    assert registered.returncode == 0, registered.stderr[-3000:]
     assert "tests: arms a, b, c (3 new)" in registered.stdout
     config = tiny_config(tiny_model_dir)
     cli(*_materialize(cli, [*SHARED, layout.BASE_MODEL_EVAL], config))

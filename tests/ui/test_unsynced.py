@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -39,22 +37,7 @@ def changed_ui(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir):
     config = tiny_config(tiny_model_dir, rounds=1)
     sampling_op = op(layout.round_prefix(1), layout.GENERATIONS)
     config["ops"][sampling_op] = {"config": {k: v for k, v in TINY_SAMPLING.items() if k != "k"}}  # K from its default
-    grid = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "noisy_student_assets.grid",
-            "run",
-            str(EXPERIMENT),
-            "--config-json",
-            json.dumps(config),
-        ],
-        cwd=cli.home,
-        env=cli.env | own_device_lock(cli),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    grid = cli.run_grid("run", EXPERIMENT, config, env=own_device_lock(cli))
     assert grid.returncode == 0, grid.stdout[-3000:] + grid.stderr[-3000:]
     cli.env |= changed_defaults_env({"TeacherSamplingSettings": {"k": 6}})
     with cli.dev(timeout=UI_START_TIMEOUT_S) as url:
