@@ -149,7 +149,8 @@ def _copier(teacher: Path, tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A lake holding round 1's inputs for arm `a` (shared inputs, split, labeled-RL teacher); copy it, see `lake_copy`."""
+    """A lake holding round 1's inputs for arm `a` (shared inputs, split, labeled-RL teacher); copy it, see
+    `lake_copy`."""
     return _teacher_lake(tmp_path_factory.mktemp("teacher") / "lake", tiny_model_dir)
 
 
@@ -161,7 +162,8 @@ def lake_copy(teacher_lake: Path, tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def sevens_teacher_lake(tmp_path_factory: pytest.TempPathFactory, sevens_model_dir: Path) -> Path:
-    """`teacher_lake` from `sevens_model_dir`, whose samples answer (mostly "7"), so votes have a majority and dissent."""
+    """`teacher_lake` from `sevens_model_dir`, whose samples answer (mostly "7"), so votes have a majority and
+    dissent."""
     return _teacher_lake(tmp_path_factory.mktemp("sevens_teacher") / "lake", sevens_model_dir)
 
 

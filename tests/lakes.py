@@ -44,7 +44,8 @@ def materialize(
     raise_on_error: bool = True,
     launcher: str | StageLauncher = "inprocess",
 ) -> dg.ExecuteInJobResult:
-    """Materialize `names` of one arm (or the shared assets, arm None) into `lake`, the heavy stages run by `launcher`."""
+    """Materialize `names` of one arm (or the shared assets, arm None) into `lake`, the heavy stages run by
+    `launcher`."""
     resources = isolated_resources(lake, launcher)
 
     def run(on: dg.DagsterInstance) -> dg.ExecuteInJobResult:

@@ -76,7 +76,8 @@ def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_acc
     dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch
 ) -> None:
     """The grid applies the stopping rule the next-round automation applies (`progress.stop_reason`), on the
-    validation accuracy its own runs recorded: tests/experiments/patience.yaml's arm cannot improve, so round 2 never runs."""
+    validation accuracy its own runs recorded: tests/experiments/patience.yaml's arm cannot improve, so round 2 never
+    runs."""
     patience, arm = EXPERIMENT.parent / "patience.yaml", "patient-grid"
     config = tiny_config(tiny_model_dir, rounds=2)
     dagster_cli.enter(monkeypatch)

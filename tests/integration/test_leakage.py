@@ -51,7 +51,8 @@ def rewards(monkeypatch) -> RewardLog:
 
 
 def _assert_round_1_unchanged(lakes: dict[str, DataLake], rewards: RewardLog) -> None:
-    """The clean and poisoned lakes' round 1: the same samples, labels, rewards and student weights, no poison in them."""
+    """The clean and poisoned lakes' round 1: the same samples, labels, rewards and student weights, no poison in
+    them."""
 
     def table(name: str, asset: str) -> pl.DataFrame:
         return lakes[name].read_table(dg.AssetKey(layout.round_asset(1, asset)), ARM)

@@ -310,9 +310,8 @@ def test_an_arm_with_the_same_inputs_reuses_samples_and_training(two_rounds, lak
     assert generations["reused_cached_samples"].value is True and "sampling_seconds" not in generations
     reused, original = (lake.read_table(key(1, layout.GENERATIONS), arm) for arm in ("c", ARM))
     assert reused.drop("checkpoint").equals(original.drop("checkpoint"))
-    assert set(reused["checkpoint"]) == {
-        f"{lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c')} sha256:{weights_sha256(lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), 'c'))[:12]}"
-    }
+    teacher = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), "c")
+    assert set(reused["checkpoint"]) == {f"{teacher} sha256:{weights_sha256(teacher)[:12]}"}
 
 
 def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, instance, config) -> None:
@@ -364,6 +363,6 @@ def test_a_round_job_launched_for_an_arm_makes_only_what_its_experiment_asks_for
     } <= skipped
     logs = "\n".join(record.user_message for record in instance.all_logs(result.run_id))
     assert (
-        f"skipped: experiment grid does not ask for {round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))[0]} for arm g"
-        in logs
+        f"skipped: experiment grid does not ask for {round_names(1, layout.control_checkpoint(layout.GOLD_LABEL))[0]} "
+        "for arm g" in logs
     )

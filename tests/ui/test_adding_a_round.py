@@ -69,7 +69,9 @@ def _raise_max_rounds(experiment_file: Path, rounds: int) -> None:
 
 
 def _job_ops(url: str, job: str) -> set[str]:
-    query = """query ($selector: PipelineSelector!) { pipelineOrError(params: $selector) { ... on Pipeline { solids { name } } } }"""
+    query = """query ($selector: PipelineSelector!) {
+        pipelineOrError(params: $selector) { ... on Pipeline { solids { name } } }
+    }"""
     selector = {"pipelineName": job, "repositoryName": "__repository__", "repositoryLocationName": LOCATION}
     return {solid["name"] for solid in graphql(url, query, {"selector": selector})["pipelineOrError"]["solids"]}
 

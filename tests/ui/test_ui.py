@@ -86,8 +86,10 @@ def _nodes(page) -> dict[str, dict]:
     drawn = page.locator("svg[class*=svgContainer] foreignObject").evaluate_all(
         """objects => objects.flatMap(o => {
             const name = o.querySelector('[data-tooltip]');
-            return name ? [{name: name.getAttribute('data-tooltip'), asset: !!o.querySelector('[class*=assetNodeContainer]'),
-                x: +o.getAttribute('x'), y: +o.getAttribute('y'), width: +o.getAttribute('width'), height: +o.getAttribute('height')}] : [];
+            return name ? [{name: name.getAttribute('data-tooltip'),
+                asset: !!o.querySelector('[class*=assetNodeContainer]'),
+                x: +o.getAttribute('x'), y: +o.getAttribute('y'),
+                width: +o.getAttribute('width'), height: +o.getAttribute('height')}] : [];
         })"""
     )
     groups = [box for box in drawn if not box["asset"]]
@@ -136,7 +138,10 @@ def test_the_lineage_draws_each_input_as_an_edge(ui, browser, upstream: str, dow
 def test_screenshot_of_two_rounds(ui, browser) -> None:
     """One picture of round 1 and round 2's first steps, with labeled RL as round 1's teacher."""
     _, url = ui
-    selection = f'key:"{layout.LABELED_RL}" or group:{layout.round_prefix(1)} or key:"{_round(2, layout.GENERATIONS)}" or key:"{_round(2, layout.EVAL_REPORT)}"'
+    selection = (
+        f'key:"{layout.LABELED_RL}" or group:{layout.round_prefix(1)} '
+        f'or key:"{_round(2, layout.GENERATIONS)}" or key:"{_round(2, layout.EVAL_REPORT)}"'
+    )
     page = _lineage(browser, url, selection, width=2600, height=1500)
     assert len(_nodes(page)) >= 10 and len(_edges(page)) >= 15
     page.screenshot(path=SCREENSHOTS / "lineage.png")

@@ -33,7 +33,8 @@ def _parents(name: str) -> set[str]:
 
 def test_the_code_location_keeps_the_names_of_the_snapshot() -> None:
     """Asset keys, groups, arm partitions, pools, check names, op names (run config keys), jobs and sensors are those
-    tests/snapshots/code_location.json recorded before the core/defs split, so lakes and instances made earlier still match."""
+    tests/snapshots/code_location.json recorded before the core/defs split, so lakes and instances made earlier still
+    match."""
     snapshot = json.loads((REPO_ROOT / "tests" / "snapshots" / "code_location.json").read_text())
     graph = defs.resolve_asset_graph()
     assets = {
@@ -213,7 +214,8 @@ def test_the_gpu_profile_stabilises_bf16_training() -> None:
     code = (
         "import json; from noisy_student_assets.defs.config import LabeledRLConfig, EvalConfig, SamplingConfig;"
         "from resources.compute import ComputeResource;"
-        "print(json.dumps([LabeledRLConfig().grpo.model_dump(), SamplingConfig().batch_size, EvalConfig().batch_size, ComputeResource().dtype]))"
+        "print(json.dumps([LabeledRLConfig().grpo.model_dump(), SamplingConfig().batch_size,"
+        " EvalConfig().batch_size, ComputeResource().dtype]))"
     )
     env = os.environ | {"NOISY_STUDENT_PROFILE": "gpu"}
     out = subprocess.run(

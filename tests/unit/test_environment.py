@@ -23,7 +23,8 @@ def _is_environ(node: ast.AST) -> bool:
 
 
 def _reads(tree: ast.AST) -> list[int]:
-    """The lines that look a variable up: `os.environ.get(...)`, `os.environ[...]`, `os.getenv(...)`, `os.environ.items()`."""
+    """The lines that look a variable up: `os.environ.get(...)`, `os.environ[...]`, `os.getenv(...)`,
+    `os.environ.items()`."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
