@@ -52,6 +52,7 @@ arms: setup
 test: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@# Two workers, a test file each at a time: the suite is mostly single-threaded Python (process starts,
