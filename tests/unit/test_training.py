@@ -101,33 +101,12 @@ def test_invalid_settings_are_rejected(change):
 
 
 def test_a_student_s_setup_is_its_grpo_settings_with_its_dropout_noise():
-    settings = GRPOSettings(
-        max_steps=7,
-        learning_rate=3e-4,
-        seed=5,
-        save_steps=2,
-        gradient_checkpointing=True,
-        max_consecutive_skipped_steps=4,
-        gradient_accumulation_steps=2,
-        processes=2,
-        lora_r=4,
-        lora_alpha=8,
-        lora_dropout=0.1,
-        lora_target_modules=["q_proj"],
-        use_lora=True,
-    )
-    assert TrainerSetup.for_student(settings, model_dropout=0.2) == TrainerSetup(
-        max_steps=7,
-        learning_rate=3e-4,
-        seed=5,
-        save_steps=2,
-        gradient_checkpointing=True,
-        max_consecutive_skipped_steps=4,
-        lora=Lora(r=4, alpha=8, dropout=0.1, target_modules=["q_proj"]),
-        gradient_accumulation_steps=2,
-        processes=2,
-        model_dropout=0.2,
-    )
+    budget = dict(max_steps=7, learning_rate=3e-4, seed=5, save_steps=2, gradient_accumulation_steps=2, processes=2)
+    guards = dict(gradient_checkpointing=True, max_consecutive_skipped_steps=4)
+    lora = dict(lora_r=4, lora_alpha=8, lora_dropout=0.1, lora_target_modules=["q_proj"])
+    settings = GRPOSettings(**budget, **guards, **lora, use_lora=True)
+    expected = TrainerSetup(**budget, **guards, lora=Lora(4, 8, 0.1, ["q_proj"]), model_dropout=0.2)
+    assert TrainerSetup.for_student(settings, model_dropout=0.2) == expected
     assert TrainerSetup.for_student(settings.model_copy(update={"use_lora": False})).lora is None
 
 
