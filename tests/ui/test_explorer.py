@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.reporting.inspection import BASE_MODEL_NAME, RoundLake, explorer_link
-from tests.cli import free_port, wait_until_serving
+from tests.cli import DagsterCli, free_port, wait_until_serving
 from tests.conftest import INSPECTED_ARM
 from tests.tiny_configs import TINY_EVAL
 from tests.ui.conftest import CHROMIUM
@@ -48,16 +48,18 @@ def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, mon
         str(port),
     ]
     with log.open("w") as out:
-        process = subprocess.Popen(
-            [*command, "--max-new-tokens", str(TINY_EVAL["max_new_tokens"])], stdout=out, stderr=subprocess.STDOUT
+        process = subprocess.Popen(  # a process group of its own, stopped whole (`DagsterCli.stop`)
+            [*command, "--max-new-tokens", str(TINY_EVAL["max_new_tokens"])],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         wait_until_serving(url, process, log, START_TIMEOUT_S)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        DagsterCli.stop(process, timeout=30)  # a loaded machine may answer SIGTERM late: then SIGKILL
 
 
 @pytest.fixture(scope="module")
