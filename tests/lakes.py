@@ -20,8 +20,9 @@ TEST_ARMS = ("a", "b")
 
 def isolated_resources(lake: DataLake, launcher: str | StageLauncher = "inprocess") -> dict:
     """The code location's resources on `lake`, on the CPU, with a device lock of the lake's own: a test must
-    not queue behind (or block) a pipeline running on this machine."""
-    compute = ComputeResource(device="cpu", dtype="float32", lock_dir=str(lake.root_path))
+    not queue behind (or block) a pipeline running on this machine. One thread per process: the tests' processes
+    share the machine's cores, and a tiny model gains nothing from a second thread that would wait for a core."""
+    compute = ComputeResource(device="cpu", dtype="float32", cpu_threads=1, lock_dir=str(lake.root_path))
     return lake_resources(
         lake, compute, launcher=launcher if isinstance(launcher, StageLauncher) else StageLauncher(kind=launcher)
     )
