@@ -324,15 +324,13 @@ def kept_pseudo_labels(current: StageRun, labels: LakeTable, labels_key: dg.Asse
     """The kept pseudo-labels within the settings' agreement band, refused when their audit recorded a failed
     quality floor (the blocking check stops a run that made them; this stops one that materializes the
     student alone)."""
-    import json
-
     from noisy_student_assets.core.pseudo_labels.student_data import in_agreement_band
 
     audit = json.loads(labels.extra_files.get(AUDIT_FILE) or "{}")
     if audit.get("floor_failure"):
         raise dg.Failure(
-            f"{labels_key.to_user_string()} (arm {current.partition}) failed its quality floor: {audit['floor_failure']}; "
-            "nothing is trained on them",
+            f"{labels_key.to_user_string()} (arm {current.partition}) failed its quality floor: "
+            f"{audit['floor_failure']}; nothing is trained on them",
             allow_retries=False,  # the same labels would fail the same floor again
         )
     settings = current.settings
@@ -340,8 +338,8 @@ def kept_pseudo_labels(current: StageRun, labels: LakeTable, labels_key: dg.Asse
     current.metadata["pseudo_labels_in_band"] = kept.height
     if kept.is_empty():  # only reachable with min_coverage=0 or a narrow band: the user chose to go on without them
         warning = (
-            f"no pseudo-label reached tau={audit.get('tau')} within agreement [{settings.agreement_low}, {settings.agreement_high}]: "
-            "trained on labeled problems only"
+            f"no pseudo-label reached tau={audit.get('tau')} within agreement "
+            f"[{settings.agreement_low}, {settings.agreement_high}]: trained on labeled problems only"
         )
         current.context.log.warning(warning)
         current.metadata["warning"] = warning
@@ -571,8 +569,6 @@ def _pseudo_label(
 ) -> tuple[LakeTable, dg.AssetCheckResult]:
     """The pseudo-label stage (`core.pseudo_labels.labels.pseudo_label`), its audit as metadata, MLflow table and
     sidecar files, and the `pseudo_label_quality` check."""
-    import json
-
     import mlflow
 
     from noisy_student_assets.core.pseudo_labels.labels import pseudo_label
@@ -604,7 +600,8 @@ def _pseudo_label(
     )
     kept = labels.filter("kept")
     current.context.log.info(
-        f"{kept.height}/{labels.height} pseudo-labels kept at tau={settings.tau} ({settings.label_source}); audit {stats}"
+        f"{kept.height}/{labels.height} pseudo-labels kept at tau={settings.tau} ({settings.label_source}); "
+        f"audit {stats}"
     )
     current.metadata |= stats | {
         "tau": settings.tau,
