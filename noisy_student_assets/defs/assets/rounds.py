@@ -29,6 +29,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
+from noisy_student_assets.core.prompts import prompt_template
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
@@ -523,6 +524,7 @@ def _train_verifier(
         problems_fingerprint(validation),
         settings.model_dump(),
         current.resources.compute.settings.dtype,
+        prompt_template(),  # the teacher samples the problems it learns from as sampling does
     )
     verifier = VerifierTraining(current, reuse_key(content_key, settings), teacher, labeled, validation)
     staged = run_heavy(current, verifier).output
