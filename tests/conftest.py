@@ -112,12 +112,37 @@ def run_summary(request: pytest.FixtureRequest):
     return request.config.stash.setdefault(_SUMMARY_LINES, []).append
 
 
+PROFILED_FILE_MIN_S = 10.0
+"""Test files that took less (their tests' setup, call and teardown) are counted together in the profile."""
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     lines = config.stash.get(_SUMMARY_LINES, [])
     if lines:
         terminalreporter.section("noisy-student summary")
         for line in lines:
             terminalreporter.write_line(line)
+    _print_seconds_per_file(terminalreporter)
+
+
+def _print_seconds_per_file(terminalreporter) -> None:
+    """The run's seconds per test file, slowest first, as pytest's --durations adds them up (every phase of every
+    test): the per-file profile of docs/testing.md."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::")[0]
+                seconds[path] = seconds.get(path, 0.0) + report.duration
+    if not seconds:
+        return
+    terminalreporter.section("seconds per test file")
+    for path, total in sorted(seconds.items(), key=lambda item: -item[1]):
+        if total >= PROFILED_FILE_MIN_S:
+            terminalreporter.write_line(f"{total:8.1f}  {path}")
+    rest = [total for total in seconds.values() if total < PROFILED_FILE_MIN_S]
+    terminalreporter.write_line(f"{sum(rest):8.1f}  {len(rest)} other files")
+    terminalreporter.write_line(f"{sum(seconds.values()):8.1f}  in all, over {len(seconds)} files")
 
 
 def _teacher_lake(root: Path, model_dir: Path) -> Path:
