@@ -5,8 +5,6 @@ unlabeled problems' hidden gold reaches none of it."""
 
 from __future__ import annotations
 
-import json
-
 import dagster as dg
 import polars as pl
 
@@ -14,8 +12,8 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, FRONTIER_FILE, SOURCES_FILE
-from noisy_student_assets.core.training.verifier import TRAINING_PAIRS_FILE, VERIFIER_METRICS_FILE
+from noisy_student_assets.core.pseudo_labels.labels import FRONTIER_FILE, SOURCES_FILE, PublishedAudit
+from noisy_student_assets.core.training.verifier import TRAINING_PAIRS_FILE, PublishedVerifier
 from noisy_student_assets.defs.checks import VERIFIER_INFORMATIVE
 from resources.data_lake import DataLake
 from tests.lakes import answerable_by_sevens, arms_instance, materialize
@@ -48,12 +46,9 @@ def test_a_verifier_weighs_the_vote_of_its_round(sevens_lake_copy, sevens_model_
 
     key = lambda name: dg.AssetKey(layout.round_asset(1, name))  # noqa: E731
     verifier = lake.artifact_dir(key(layout.VERIFIER), ARM)
-    metrics = json.loads((verifier / VERIFIER_METRICS_FILE).read_text())["metrics"]
-    assert metrics["pairs"] > 0 and metrics["validation_auroc"] is not None
-    assert (
-        0.0 <= metrics["validation_pass_at_k"] <= 1.0
-        and metrics["validation_maj_at_k"] <= metrics["validation_pass_at_k"]
-    )
+    metrics = PublishedVerifier.read(verifier).metrics
+    assert metrics.pairs > 0 and metrics.validation_auroc is not None
+    assert 0.0 <= metrics.validation_pass_at_k <= 1.0 and metrics.validation_maj_at_k <= metrics.validation_pass_at_k
     assert not any(verifier.glob("adapter_*")), "the verifier is saved merged"
 
     generations = lake.read_table(key(layout.GENERATIONS), ARM)
@@ -66,8 +61,8 @@ def test_a_verifier_weighs_the_vote_of_its_round(sevens_lake_copy, sevens_model_
     assert scores["score"].is_finite().all() and scores["score"].n_unique() > 1
 
     labels_dir = lake.artifact_dir(key(layout.PSEUDO_LABELS), ARM)
-    audit = json.loads((labels_dir / AUDIT_FILE).read_text())
-    assert audit["label_source"] == "verifier" and audit["verifier_validation_auroc"] == metrics["validation_auroc"]
+    audit = PublishedAudit.read(labels_dir)
+    assert audit.label_source == "verifier" and audit.verifier["validation_auroc"] == metrics.validation_auroc
     frontier = pl.read_json(labels_dir / FRONTIER_FILE)
     assert set(frontier["source"]) == {"majority", "confidence", "verifier", ORACLE}
     assert set(pl.read_json(labels_dir / SOURCES_FILE)["source"]) == {"majority", "confidence", "verifier", ORACLE}
@@ -99,11 +94,8 @@ def test_poisoned_hidden_gold_changes_no_verifier_pair_score_or_label(sevens_lak
     for name in (layout.VERIFIER_SCORES, layout.PSEUDO_LABELS):
         table = dg.AssetKey(layout.round_asset(1, name))
         assert clean.read_table(table, ARM).equals(poisoned.read_table(table, ARM)), name
-    audits = {
-        name: json.loads((artifact(lake, layout.PSEUDO_LABELS) / AUDIT_FILE).read_text())
-        for name, lake in lakes.items()
-    }
-    assert audits["clean"]["kept_label_accuracy"] > 0 and audits["poisoned"]["kept_label_accuracy"] == 0, (
+    audits = {name: PublishedAudit.read(artifact(lake, layout.PSEUDO_LABELS)) for name, lake in lakes.items()}
+    assert audits["clean"].kept_label_accuracy > 0 and audits["poisoned"].kept_label_accuracy == 0, (
         "the audit alone reads the gold"
     )
     assert POISON not in repr(poisoned.read_table(dg.AssetKey(layout.round_asset(1, layout.PSEUDO_LABELS)), ARM).rows())

@@ -30,7 +30,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
 from noisy_student_assets.core.prompts import prompt_template
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE
+from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
 from noisy_student_assets.core.reporting.inspection import explorer_link
@@ -327,11 +327,11 @@ def kept_pseudo_labels(current: StageRun, labels: LakeTable, labels_key: dg.Asse
     student alone)."""
     from noisy_student_assets.core.pseudo_labels.student_data import in_agreement_band
 
-    audit = json.loads(labels.extra_files.get(AUDIT_FILE) or "{}")
-    if audit.get("floor_failure"):
+    audit = PublishedAudit.from_files(labels.extra_files, f"{labels_key.to_user_string()} (arm {current.partition})")
+    if audit.floor_failure:
         raise dg.Failure(
             f"{labels_key.to_user_string()} (arm {current.partition}) failed its quality floor: "
-            f"{audit['floor_failure']}; nothing is trained on them",
+            f"{audit.floor_failure}; nothing is trained on them",
             allow_retries=False,  # the same labels would fail the same floor again
         )
     settings = current.settings
@@ -339,7 +339,7 @@ def kept_pseudo_labels(current: StageRun, labels: LakeTable, labels_key: dg.Asse
     current.metadata["pseudo_labels_in_band"] = kept.height
     if kept.is_empty():  # only reachable with min_coverage=0 or a narrow band: the user chose to go on without them
         warning = (
-            f"no pseudo-label reached tau={audit.get('tau')} within agreement "
+            f"no pseudo-label reached tau={audit.tau} within agreement "
             f"[{settings.agreement_low}, {settings.agreement_high}]: trained on labeled problems only"
         )
         current.context.log.warning(warning)
@@ -573,8 +573,8 @@ def _pseudo_label(
     sidecar files, and the `pseudo_label_quality` check."""
     import mlflow
 
-    from noisy_student_assets.core.pseudo_labels.labels import pseudo_label
-    from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
+    from noisy_student_assets.core.pseudo_labels.labels import VERIFIER_PREFIX, pseudo_label
+    from noisy_student_assets.core.training.verifier import PublishedVerifier
 
     settings = current.settings
     scores = verifier_scores.frame if verifier_scores is not None else None
@@ -585,9 +585,13 @@ def _pseudo_label(
         raise dg.Failure(str(cannot), allow_retries=False) from cannot
     labels, stats = voted.labels, dict(voted.stats)
     if verifier_scores is not None:
-        verifier = json.loads(verifier_scores.extra_files[VERIFIER_METRICS_FILE])["metrics"]
+        verifier = PublishedVerifier.from_files(
+            verifier_scores.extra_files, f"the verifier scores of arm {current.partition}"
+        )
         stats |= {
-            f"verifier_{name}": float(value) for name, value in verifier.items() if isinstance(value, int | float)
+            f"{VERIFIER_PREFIX}{name}": value
+            for name, value in verifier.metrics.model_dump().items()
+            if value is not None
         }
     current.log_metrics(stats)
     mlflow.log_table(voted.buckets.to_pandas(), artifact_file="label_audit_by_agreement.json")
