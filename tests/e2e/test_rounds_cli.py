@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
 from tests.cli import DAGSTER_DAEMON, DagsterCli, run_failures
 from tests.tiny_configs import FOUNDATION, SHARED, round_chain, tiny_config
@@ -125,7 +126,7 @@ def test_rounds_through_cli_relabel_then_two_at_once(foundation, tmp_path, tiny_
     assert {"round_001__pseudo_labels", "round_001__student_checkpoint", "round_001__eval_report"} <= steps
     assert "round_001__generations" not in steps, "the vote re-ran without sampling"
     assert len(sampled.records) == 1
-    assert json.loads((lake / "round_001" / "pseudo_labels" / "a" / "audit.json").read_text())["tau"] == 0.9
+    assert PublishedAudit.read(lake / "round_001" / "pseudo_labels" / "a").tau == 0.9
 
     # Arm a's round 2 while arm b's round 1 runs, as two users would: the heavy work takes turns on the
     # device and each arm's data stays whole.
