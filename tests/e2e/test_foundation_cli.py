@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
+from tests.cli import own_device_lock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TEST_EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tests.yaml"
@@ -17,6 +18,7 @@ TEST_EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tests.y
 def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
     """The problem tables and SmolLM2 as the base model, and `base_model_eval` on it with the transformers
     backend (a base model's tokenizer, not a trained one's), with every check at its default."""
+    dagster_cli.env |= own_device_lock(dagster_cli)  # its long SmolLM2 steps must not hold up another file's runs
     dagster_cli("definitions", "validate", "-w", "workspace.yaml")
     eval_source = {"kind": "reasoning_gym", "name": "basic_arithmetic", "size": 12, "seed": 1000}
     config = {

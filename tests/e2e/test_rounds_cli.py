@@ -61,6 +61,7 @@ def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) ->
     """A project directory (instance and lake) whose arms the grid command registered and whose shared assets
     and per-arm foundation the CLI materialized, once for this module."""
     cli = DagsterCli(tmp_path_factory.mktemp("foundation"))
+    cli.env |= _own_device_lock(tmp_path_factory)
     registered = cli.run_grid("register", TEST_EXPERIMENT)
     assert registered.returncode == 0, registered.stderr[-3000:]
     assert "tests: arms a, b, c (3 new)" in registered.stdout
@@ -79,11 +80,21 @@ def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) ->
 
 
 @pytest.fixture
-def foundation(foundation_home: Path, tmp_path: Path) -> DagsterCli:
+def foundation(foundation_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> DagsterCli:
     """A copy of `foundation_home` of the test's own, so that no test sees another's runs or rounds."""
     home = tmp_path / "project"
     shutil.copytree(foundation_home, home)
-    return DagsterCli(home)
+    cli = DagsterCli(home)
+    cli.env |= _own_device_lock(tmp_path_factory)
+    return cli
+
+
+def _own_device_lock(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A device lock for this module's runs alone (`own_device_lock`, outside the homes the tests copy): another
+    file's heavy steps (the SmolLM2 foundation's) must not make these runs wait."""
+    directory = tmp_path_factory.getbasetemp() / "rounds_cli_device_lock"
+    directory.mkdir(exist_ok=True)  # a TMPDIR that does not exist is passed over for /tmp
+    return {"TMPDIR": str(directory)}
 
 
 def _device_lock_intervals(instance: dg.DagsterInstance, run_ids: list[str]) -> list[tuple[float, float, str]]:
