@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from noisy_student_assets.core.experiments.progress import stop_reason
@@ -132,14 +132,19 @@ def not_current(latest: Latest) -> str | None:
 
 
 def round_not_due(
-    before: Iterable[Latest], rule: RoundsSettings, done: int, validation: Sequence[float] | None
+    before: Iterable[Latest],
+    rule: RoundsSettings,
+    done: int,
+    validation: Callable[[], Sequence[float] | None],
 ) -> str | None:
     """Why the round after round `done` is not due, or None when it is: each asset it reads (`before`, in dependency
     order; read lazily, up to the first that is not current) is current, and the stopping rule `rule` lets it run on
-    `validation` (`progress.stop_reason`; None: a validation eval the rule reads is not recorded)."""
+    the accuracies `validation` reads, once every asset is current (`progress.stop_reason`; None: a validation eval
+    the rule reads is not recorded)."""
     for latest in before:
         if reason := not_current(latest):
             return reason
-    if validation is None:
+    accuracies = validation()
+    if accuracies is None:
         return "a validation eval its patience reads is not materialized"
-    return stop_reason(rule, done, validation)
+    return stop_reason(rule, done, accuracies)

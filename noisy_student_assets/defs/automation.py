@@ -20,6 +20,7 @@ arm whose held-out accuracy regressed, which chose on the held-out set; the stop
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import dagster as dg
 
@@ -65,7 +66,8 @@ def why_not_due(
     """Why round `number` of `arm` is not due now, or None when it is (`staleness.round_not_due`)."""
     before = pre_round_assets(experiment, arm) if number == 1 else round_assets(number - 1, experiment, arm)
     latest = (_latest_state(instance, graph, name, arm.name, run_evaluations) for name in before)
-    return staleness.round_not_due(latest, arm.stopping_rule, number - 1, _rule_inputs(instance, arm, number - 1))
+    validation = partial(_rule_inputs, instance, arm, number - 1)  # read only once the round's inputs are current
+    return staleness.round_not_due(latest, arm.stopping_rule, number - 1, validation)
 
 
 def _latest_state(

@@ -47,17 +47,18 @@ def test_a_patience_needs_every_validation_accuracy_up_to_the_round() -> None:
 def test_a_round_is_due_once_everything_it_reads_is_current_and_the_stopping_rule_lets_it_run() -> None:
     rule = RoundsSettings(max_rounds=2)
     split, labeled_rl = Latest("split", 3), Latest("labeled_rl", 5, {"split": 3})
-    assert round_not_due([split, labeled_rl], rule, 0, ()) is None
-    assert round_not_due([Latest("split", None), labeled_rl], rule, 0, ()) == "split is not materialized"
+    assert round_not_due([split, labeled_rl], rule, 0, lambda: ()) is None
+    assert round_not_due([Latest("split", None), labeled_rl], rule, 0, lambda: ()) == "split is not materialized"
     redone_split = Latest("labeled_rl", 5, {"split": 8})
-    assert round_not_due([split, redone_split], rule, 0, ()) == (
+    assert round_not_due([split, redone_split], rule, 0, lambda: ()) == (
         "labeled_rl was materialized before its input split (not redone since)"
     )
     failed = Latest("labeled_rl", 5, {"split": 3}, ("smoke_generation",))
-    assert "blocking check smoke_generation did not pass" in round_not_due([split, failed], rule, 0, ())
-    assert round_not_due([split, labeled_rl], rule, 2, ()) == "max_rounds=2 reached"
+    assert "blocking check smoke_generation did not pass" in round_not_due([split, failed], rule, 0, lambda: ())
+    assert round_not_due([split, labeled_rl], rule, 2, lambda: ()) == "max_rounds=2 reached"
     patient = RoundsSettings(max_rounds=2, patience=1)
-    assert round_not_due([split], patient, 1, None) == "a validation eval its patience reads is not materialized"
+    not_recorded = "a validation eval its patience reads is not materialized"
+    assert round_not_due([split], patient, 1, lambda: None) == not_recorded
 
 
 def test_a_round_s_inputs_are_read_up_to_the_first_that_is_not_current() -> None:
@@ -68,5 +69,9 @@ def test_a_round_s_inputs_are_read_up_to_the_first_that_is_not_current() -> None
             read.append(latest.name)
             yield latest
 
-    assert round_not_due(inputs(), RoundsSettings(max_rounds=2), 0, ()) == "split is not materialized"
-    assert read == ["split"], "the instance is not read further"
+    def read_validation():
+        read.append("validation")
+        return ()
+
+    assert round_not_due(inputs(), RoundsSettings(max_rounds=2), 0, read_validation) == "split is not materialized"
+    assert read == ["split"], "the instance is not read further, nor the validation accuracies"
