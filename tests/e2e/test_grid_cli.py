@@ -5,7 +5,6 @@ test_grid_interrupts.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import dagster as dg
@@ -21,6 +20,7 @@ from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE, SOURCES_TABLE
 from tests.cli import DagsterCli, changed_defaults_env, materializing
 from tests.tiny_configs import TINY_SAMPLING, op, round_names, tiny_config
+from tools.tiny_models import sevens_problems
 
 pytestmark = pytest.mark.e2e
 
@@ -107,18 +107,6 @@ def test_an_arm_with_patience_1_stops_after_the_first_round_whose_validation_acc
     )
 
 
-def _sevens_problems(path: Path, count: int, first: int) -> Path:
-    """A JSONL problem file whose every answer is 7 (the sevens model's), so that its samples are right and wrong on
-    the same problem: what the verifier learns from."""
-    path.write_text(
-        "".join(
-            json.dumps({"question": f"What is {n} - {n - 7}?", "answer": "7"}) + "\n"
-            for n in range(first, first + count)
-        )
-    )
-    return path
-
-
 def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_auroc_and_the_flips(
     dagster_cli: DagsterCli, sevens_model_dir, tmp_path, monkeypatch
 ) -> None:
@@ -127,8 +115,8 @@ def test_the_label_sources_grid_reports_every_source_s_frontier_the_verifier_s_a
     experiment = EXPERIMENT.parent / "label_sources.yaml"
     config = tiny_config(sevens_model_dir, rounds=1, tau=0.5)
     pool, held_out = (
-        _sevens_problems(tmp_path / "pool.jsonl", 40, 10),
-        _sevens_problems(tmp_path / "eval.jsonl", 5, 100),
+        sevens_problems(tmp_path / "pool.jsonl", 40, 10),
+        sevens_problems(tmp_path / "eval.jsonl", 5, 100),
     )
     config["ops"] |= {
         layout.PROBLEM_POOL: {"config": {"source": {"kind": "file", "path": str(pool)}}},
