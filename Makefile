@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark docs ui explore notebooks clean-lake
+.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui explore \
+	notebooks clean-lake
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
@@ -104,6 +105,27 @@ benchmark: setup
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml
+
+# An offline bundle for a node that reaches no package index (docs/offline-install.md): what make gpu-check's
+# functional round imports, measured here, as wheels for NODE_PYTHON (e.g. 3.12: cp312 manylinux for glibc
+# NODE_GLIBC; empty: this venv's Python) less what NODE_LIST (the node's `pip list`) says it has, with the model, in
+# parts of at most PART_MIB MiB beside install.sh and contents.json. The node runs the project from this repository.
+NODE_PYTHON ?=
+NODE_GLIBC ?= 2.28
+NODE_LIST ?=
+PART_MIB ?= 55
+WHEELHOUSE ?= wheelhouse
+wheelhouse: setup
+	$(BIN)/python -m tools.wheelhouse --out $(WHEELHOUSE) --part-mib $(PART_MIB) --manylinux $(NODE_GLIBC) \
+		$(if $(NODE_PYTHON),--python-version $(NODE_PYTHON)) $(if $(NODE_LIST),--node-list $(NODE_LIST))
+
+# The check of a CUDA node (README, "Running on a GPU"), within BUDGET_MIN minutes, its report in GPU_CHECK_OUT. No
+# setup: a node without an index has installed the wheelhouse; the venv's python where there is one.
+BUDGET_MIN ?= 12
+GPU_CHECK_OUT ?= gpu-check
+CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	$(CHECK_PYTHON) -m tools.gpu_check --out $(GPU_CHECK_OUT) --budget-min $(BUDGET_MIN)
 
 # The explorer (docs/explorer.md): a round's samples, votes and checkpoints in the browser, on the lake .env names
 # (http://127.0.0.1:7860). The explore extra (Gradio) goes into the venv first; make run never needs it.
