@@ -258,9 +258,11 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
             return result, started, time.time()
 
         print("setup: problems, base model, labeled-RL teacher", flush=True)
-        _, start, _ = materialize([layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL], {})
-        _, _, end = materialize(
-            [layout.LABELED_PROBLEMS, layout.LABELED_RL, layout.LABELED_RL_EVAL],
+        _, start, end = materialize(
+            [
+                *(layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL),
+                *(layout.LABELED_PROBLEMS, layout.LABELED_RL, layout.LABELED_RL_EVAL),
+            ],
             {layout.LABELED_RL: {"config": {"grpo": {"max_steps": teacher_steps}}}},
             ARM,
         )

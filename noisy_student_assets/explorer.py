@@ -319,12 +319,13 @@ def build(explorer: Explorer) -> gr.Blocks:
 
 
 def _default_pair(checkpoints: list[str]) -> tuple[str | None, str | None]:
-    """The pair a question is first put to: the latest round's student and its labeled-only control, else the first
-    two."""
+    """The pair a question is first put to: the latest round's student and its labeled-only control (else its arm's
+    base model), else the first two."""
     students = [name for name in checkpoints if name.endswith(f"/ {layout.STUDENT_ROLE}")]
     if students:
         control = students[-1].removesuffix(layout.STUDENT_ROLE) + layout.LABELED_ONLY
-        return students[-1], control if control in checkpoints else BASE_MODEL_NAME
+        base_model = f"{students[-1].split(' / ')[0]} / {BASE_MODEL_NAME}"
+        return students[-1], control if control in checkpoints else base_model
     padded = [*checkpoints, None, None]
     return padded[0], padded[1]
 

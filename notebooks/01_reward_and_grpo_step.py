@@ -108,7 +108,7 @@ dataset = training_set(StudentSettings(grpo=GRPO), StudentData(labeled=labeled.h
 with tempfile.TemporaryDirectory() as scratch:
     work_dir = Path(scratch) / "work"
     result = train_grpo(
-        layout.artifact_dir(LAKE, layout.BASE_MODEL),
+        layout.artifact_dir(LAKE, layout.BASE_MODEL, ARM),
         dataset,
         GRPO,
         Path(scratch) / "trained",

@@ -105,7 +105,7 @@ results.flips
 
 # %%
 round_lake = RoundLake(LAKE, ARM, ROUND)
-eval_problems = pl.read_parquet(layout.artifact_dir(LAKE, layout.EVAL_PROBLEMS) / layout.TABLE_FILE_NAME).select(
+eval_problems = pl.read_parquet(layout.artifact_dir(LAKE, layout.EVAL_PROBLEMS, ARM) / layout.TABLE_FILE_NAME).select(
     "problem_id", "prompt", "gold_answer"
 )
 flipped_problems(round_lake).join(eval_problems, on="problem_id").select(

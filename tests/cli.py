@@ -17,13 +17,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from noisy_student_assets.defs.grid import command as grid_command
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
 DAGSTER_DAEMON = str(Path(sys.executable).with_name("dagster-daemon"))
 FAULTHANDLER = {"PYTHONFAULTHANDLER": "1"}
 """A grid's environment: SIGABRT (`DagsterCli.finish`) prints where each of its threads is."""
+
+
+def grid_command(action: str, experiment: Path, config: dict | None = None, *options: str) -> list[str]:
+    """The command line of `python -m noisy_student_assets.grid <action> <experiment>` (with `config` as its
+    `--config-json`), for a process of its own."""
+    config_json = ["--config-json", json.dumps(config)] if config is not None else []
+    return [sys.executable, "-m", "noisy_student_assets.grid", action, str(experiment), *config_json, *options]
 
 
 def changed_defaults_env(defaults: dict) -> dict[str, str]:

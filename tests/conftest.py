@@ -100,12 +100,10 @@ def _print_seconds_per_file(terminalreporter) -> None:
 def _teacher_lake(root: Path, model_dir: Path) -> Path:
     from resources.data_lake import DataLake
     from tests.lakes import materialize
-    from tests.tiny_configs import FOUNDATION, SHARED, tiny_config
+    from tests.tiny_configs import FOUNDATION, tiny_config
 
     lake = DataLake(root=str(root))
-    config = tiny_config(model_dir)
-    materialize(lake, SHARED, config)
-    materialize(lake, FOUNDATION, config, arm="a")
+    materialize(lake, FOUNDATION, tiny_config(model_dir), arm="a")
     return root
 
 
@@ -126,8 +124,8 @@ def _copier(teacher: Path, tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A lake holding round 1's inputs for arm `a` (shared inputs, split, labeled-RL teacher); copy it, see
-    `lake_copy`."""
+    """A lake holding round 1's inputs for arm `a` (its problems and base model, split, labeled-RL teacher); copy it,
+    see `lake_copy`."""
     return _teacher_lake(tmp_path_factory.mktemp("teacher") / "lake", tiny_model_dir)
 
 
@@ -168,10 +166,9 @@ def inspected_lake(sevens_teacher_lake: Path, sevens_model_dir: Path, tmp_path_f
     shutil.copytree(sevens_teacher_lake, root)
     lake, config = DataLake(root=str(root)), tiny_config(sevens_model_dir, rounds=1, tau=0.5)
     with arms_instance() as instance:
-        materialize(lake, [layout.BASE_MODEL_EVAL], config, instance=instance)
         materialize(
             lake,
-            [layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL],
+            [layout.BASE_MODEL_EVAL, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL],
             config,
             INSPECTED_ARM,
             instance=instance,

@@ -35,9 +35,10 @@ TINY_VERIFIER = {
 N_LABELED, N_UNLABELED, N_VALIDATION = 4, 6, 3
 TWO_DIGIT = {"kind": "reasoning_gym", "name": "basic_arithmetic", "task_options_json": TWO_DIGIT_ADDITION}
 
-SHARED = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
-FOUNDATION = [layout.LABELED_PROBLEMS, layout.LABELED_RL]
-"""What round 1 reads (with SHARED), evaluations aside."""
+TASK_AND_MODEL = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
+"""An arm's task (its pool and held-out set) and base model."""
+FOUNDATION = [*TASK_AND_MODEL, layout.LABELED_PROBLEMS, layout.LABELED_RL]
+"""What round 1 reads, evaluations aside."""
 
 
 def op(*key_path: str) -> str:

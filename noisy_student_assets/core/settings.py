@@ -153,14 +153,13 @@ def two_digit_addition(size: int, seed: int) -> ProblemSource:
 # A source is replaced whole, never merged field by field: Dagster fills a partly given nested block from
 # its default *instance*, so `{kind: file, path: ...}` over a default reasoning_gym source would have kept
 # that source's size. The profile's source is therefore the default of no field; `None` selects it.
-DEFAULT_TRAINING_SOURCE = by_profile(
-    cpu=two_digit_addition(size=1000, seed=0), gpu=ProblemSource(kind="gsm8k", split="train")
-)
+CPU_TRAINING_SOURCE = two_digit_addition(size=1000, seed=0)
 # reasoning_gym draws item i from seed + i, so the pool (seed 0, 1000 items) spans seeds 0-999; a held-out
 # seed inside that range repeats the pool. 230 candidates leave 210 once the pool's prompts are dropped.
-DEFAULT_EVAL_SOURCE = by_profile(
-    cpu=two_digit_addition(size=230, seed=1000), gpu=ProblemSource(kind="gsm8k", split="test")
-)
+CPU_EVAL_SOURCE = two_digit_addition(size=230, seed=1000)
+"""The CPU profile's pool and held-out set; an experiment's task (`experiments/tasks/`) keeps their sizes and seeds."""
+DEFAULT_TRAINING_SOURCE = by_profile(cpu=CPU_TRAINING_SOURCE, gpu=ProblemSource(kind="gsm8k", split="train"))
+DEFAULT_EVAL_SOURCE = by_profile(cpu=CPU_EVAL_SOURCE, gpu=ProblemSource(kind="gsm8k", split="test"))
 
 
 class _Sourced(Settings):
@@ -178,7 +177,8 @@ class _Sourced(Settings):
 
 
 class ProblemPoolSettings(_Sourced):
-    """The training pool every arm draws its labeled, unlabeled and validation problems from."""
+    """The training pool an arm draws its labeled, unlabeled and validation problems from (arms of one task draw
+    from identical pools)."""
 
     DEFAULT_SOURCE: ClassVar[ProblemSource] = DEFAULT_TRAINING_SOURCE
     source: ProblemSource | None = Field(
@@ -187,7 +187,8 @@ class ProblemPoolSettings(_Sourced):
 
 
 class EvalProblemsSettings(_Sourced):
-    """The held-out evaluation set, shared by every arm; rows whose prompt is in the training pool are dropped."""
+    """The held-out evaluation set, identical for every arm of a task; rows whose prompt is in the training pool are
+    dropped."""
 
     DEFAULT_SOURCE: ClassVar[ProblemSource] = DEFAULT_EVAL_SOURCE
     source: ProblemSource | None = Field(

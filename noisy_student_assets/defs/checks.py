@@ -14,6 +14,7 @@ from noisy_student_assets.core.training.compute import UNRECORDED_RECIPE, read_c
 from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors
 from noisy_student_assets.defs.assets.metadata import markdown_table
 from noisy_student_assets.defs.config import SmokeConfig
+from noisy_student_assets.defs.partitions import ARMS
 from resources.compute import DEVICE_POOL, ComputeResource
 from resources.data_lake import DataLake
 
@@ -112,10 +113,8 @@ def no_eval_regression(
     )
 
 
-def checkpoint_checks(
-    asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
-) -> list[dg.AssetChecksDefinition]:
-    """Blocking checks of the published checkpoint of `asset`: every weight is finite, and a short greedy
+def checkpoint_checks(asset_key: dg.AssetKey) -> list[dg.AssetChecksDefinition]:
+    """Blocking checks of an arm's published checkpoint `asset_key`: every weight is finite, and a short greedy
     generation on the first eval prompts yields text that does not all run to the token limit.
 
     The checkpoint's own asset already refuses to publish non-finite weights; `finite_weights` makes the
@@ -124,17 +123,16 @@ def checkpoint_checks(
     asset = asset_key.to_user_string()
 
     def checkpoint_dir(context: dg.AssetCheckExecutionContext, data_lake: DataLake):
-        partition = context.partition_key if partitions_def is not None else None
-        path = data_lake.artifact_dir(asset_key, partition)
+        path = data_lake.artifact_dir(asset_key, context.partition_key)
         if not (path / "config.json").exists():
-            raise dg.Failure(f"{asset}{f' arm {partition}' if partition else ''} has no checkpoint at {path}")
+            raise dg.Failure(f"{asset} arm {context.partition_key} has no checkpoint at {path}")
         return path
 
     @dg.asset_check(
         asset=asset_key,
         name=FINITE_WEIGHTS,
         blocking=True,
-        partitions_def=partitions_def,
+        partitions_def=ARMS,
         description="Blocking: every tensor of the published checkpoint is finite (no NaN, no inf).",
     )
     def finite_weights(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
@@ -150,7 +148,7 @@ def checkpoint_checks(
         asset=asset_key,
         name=SMOKE_GENERATION,
         blocking=True,
-        partitions_def=partitions_def,
+        partitions_def=ARMS,
         pool=DEVICE_POOL,
         additional_ins={"eval_problems": dg.AssetIn(EVAL_PROBLEMS)},
         description="Blocking: greedy completions of the first eval prompts are not empty and do not all run to the "
@@ -183,9 +181,7 @@ def checkpoint_checks(
     return [finite_weights, smoke_generation]
 
 
-def compute_matched_check(
-    control_key: dg.AssetKey, student_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition
-) -> dg.AssetChecksDefinition:
+def compute_matched_check(control_key: dg.AssetKey, student_key: dg.AssetKey) -> dg.AssetChecksDefinition:
     """ERROR when a control checkpoint's lineage spent other optimizer steps, prompts or completions than
     the round's student's, or when its own run trained another way (LoRA rank and alpha, learning rate, completion
     length limit, group size K, temperature: `RECIPE_FIELDS`): the round's gain over it would then not be a gain of
@@ -194,7 +190,7 @@ def compute_matched_check(
     @dg.asset_check(
         asset=control_key,
         name=COMPUTE_MATCHED,
-        partitions_def=partitions_def,
+        partitions_def=ARMS,
         additional_deps=[student_key],
         blocking=True,  # a control eval at other compute would answer a different question than the verdict asks
         description="Blocking: since the base model, this control spent the same optimizer steps, prompts and "

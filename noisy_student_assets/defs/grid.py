@@ -10,7 +10,7 @@
     python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's outcome, per arm
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
-like the dagster CLI does), first what every arm shares, then each arm's assets in one run per arm, then
+like the dagster CLI does), each arm's assets in one run per arm (its task's problems and base model first), then
 the verdict. What is already materialized and still current is skipped: an asset is redone when it was never
 materialized or when what it would be made of now differs from what it was made of (`core/staleness.py`: its stage
 version, its effective settings - profile defaults, run config, arm overrides - and its inputs' data versions);
@@ -20,10 +20,11 @@ checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is
 run follows (one arm at a time; under `--parallel-arms` only a kill of the process group stops it at once).
 A check that runs as a step of its own (`finite_weights`, `smoke_generation`, `compute_matched`) and never
 judged its asset's latest materialization, because the grid was killed between the two steps, is evaluated
-alone, without materializing the asset again. A failed run is reported and the grid goes on to the next arm, but
-what reads a shared asset that a run of this grid failed to materialize (every arm, when the shared run failed) is
-not run, and the grid names those inputs. `plan` and `run` refuse a run config (`--config-json`) that a run would
-refuse (an unknown op or key, a value of the wrong type) before anything runs, naming the key and the op. The same
+alone, without materializing the asset again. A failed run is reported and the grid goes on to the next arm (an
+arm's inputs, its task's problems and base model included, are of its own run, so that nothing of it runs past a
+failed input; under a patience, no later round of it starts). `plan` and `run` refuse a run config (`--config-json`)
+that a run would refuse (an unknown op or key, a value of the wrong type) before anything runs, naming the key and
+the op. The same
 selection from the UI: the `arm_job` (or the assets), *Materialize*, pick the arms: a backfill, which the daemon
 runs in the same order.
 """
@@ -37,7 +38,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -208,8 +208,6 @@ class Grid:
         errors = run_config_errors(defs.resolve_implicit_global_asset_job_def(), self.run_config)
         if errors:
             raise SystemExit("the run config (--config-json) is refused before any run: " + "; ".join(errors))
-        self.failed: set[tuple[str | None, str]] = set()
-        """The assets (arm, or None: shared; name) a run of this grid failed to materialize."""
         self.instance = dg.DagsterInstance.get()
         self.resources = with_experiment_resources(self.experiment, launcher)
 
@@ -249,16 +247,13 @@ class Grid:
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
         self._set_device_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
         try:
-            ok = self._materialize(self._shared_targets(), None)
+            ok = True
             arms = [arm for arm in self.experiment.all_arms() if not only or arm.name in only]
             if parallel_arms == 1:
                 for arm in arms:
                     ok = self.materialize_arm(arm, rounds, through) and ok
             else:
-                jobs = [
-                    (self.path, self.run_config, self.launcher_override, rounds, arm.name, through, self.failed)
-                    for arm in arms
-                ]
+                jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name, through) for arm in arms]
                 with ProcessPoolExecutor(
                     max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")
                 ) as pool:
@@ -301,13 +296,12 @@ class Grid:
         )
 
     def check_outcomes(self) -> list[dict]:
-        """Each check of every arm's assets (and of the shared ones) on the asset's latest materialization: passed,
-        failed, or not judged (never evaluated on it)."""
+        """Each check of every arm's assets on the asset's latest materialization: passed, failed, or not judged (never
+        evaluated on it)."""
         from noisy_student_assets.defs.records import check_outcomes_on
 
         rows, run_evaluations = [], {}
-        scopes = [(None, self._shared_targets())]
-        scopes += [(arm.name, self._known_targets(arm, None)) for arm in self.experiment.all_arms()]
+        scopes = [(arm.name, self._known_targets(arm, None)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
             for name in names:
                 checks = list(self.graph.get(asset_key(name)).check_keys)
@@ -320,7 +314,7 @@ class Grid:
                 judged = {check: "passed" if outcome else "failed" for check, outcome in passed.items()}
                 rows += [
                     {
-                        "arm": partition or "(shared)",
+                        "arm": partition,
                         "asset": name,
                         "check": check.name,
                         "outcome": judged.get(check, "not judged"),
@@ -334,23 +328,15 @@ class Grid:
 
         self.instance.event_log_storage.set_concurrency_slots(DEVICE_POOL, limit)
 
-    def _shared_targets(self) -> list[str]:
-        shared = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
-        return shared + ([layout.BASE_MODEL_EVAL] if self.experiment.held_out_eval else [])
-
     def _latest(self, name: str, partition: str | None):
         from noisy_student_assets.defs.records import latest_materialization
 
         return latest_materialization(self.instance, asset_key(name), partition)
 
-    def plan(self, rounds: int | None = None) -> dict[str | None, dict[str, str]]:
-        """What `run` would materialize, without materializing anything: per arm (None: the shared assets), each
-        asset to redo and why."""
+    def plan(self, rounds: int | None = None) -> dict[str, dict[str, str]]:
+        """What `run` would materialize, without materializing anything: per arm, each asset to redo and why."""
         self.register()
-        plan = {None: self._stale(self._shared_targets(), None)[1]}
-        return plan | {
-            arm.name: self._stale(self._known_targets(arm, rounds), arm)[1] for arm in self.experiment.all_arms()
-        }
+        return {arm.name: self._stale(self._known_targets(arm, rounds), arm)[1] for arm in self.experiment.all_arms()}
 
     def _stale(self, targets: list[str], arm) -> tuple[dict, dict[str, str]]:
         """The latest materialization of each target and of its inputs, and the targets to redo with the reason
@@ -387,32 +373,20 @@ class Grid:
         latest, reasons = self._stale(targets, arm)
         reasons = {name: "always" for name in targets} if always else reasons
         selected = [name for name in targets if name in reasons]
-        where = f"arm {partition}" if partition else "shared"
+        where = f"arm {partition}" if partition else "verdict"
         kept = [name for name in targets if name not in selected]
         # A check that also reads a selected asset (a control's compute_matched reads the student) waits for it.
         checked = self._evaluate_unevaluated_checks(kept, latest, partition, where, waiting_on=selected)
         if not selected:
             print(f"[grid] {where}: up to date", flush=True)
             return checked
-        failed_inputs = self._failed_inputs(selected, partition)
-        if failed_inputs:
-            print(f"[grid] {where}: not run: its inputs {', '.join(failed_inputs)} failed in this grid run", flush=True)
-            return False
         print(f"[grid] {where}: materializing {', '.join(selected)}", flush=True)
         if not always:
             _print_reasons(where, reasons)
         result = materialize_selection(selected, partition=partition, raise_on_error=False, **self._run_settings())
         if not _succeeded(result, where):
-            made = {event.asset_key for event in result.get_asset_materialization_events()}
-            self.failed |= {(partition, name) for name in selected if asset_key(name) not in made}
             return False
         return self._evaluate_unevaluated_checks(kept, latest, partition, where) and checked
-
-    def _failed_inputs(self, names: list[str], partition: str | None) -> list[str]:
-        """The assets that `names` read, directly or not, that a run of this grid failed to materialize: a shared one,
-        or one of `partition`'s."""
-        read = set().union(*(self.graph.get_ancestor_asset_keys(asset_key(name)) for name in names))
-        return sorted(name for where, name in self.failed if where in (None, partition) and asset_key(name) in read)
 
     def _made_with(self, assets_def, arm) -> tuple[str, dict, dict | None]:
         """An asset's stage version, what of its settings its fingerprint covers (this grid's run config, the arm's
@@ -488,9 +462,8 @@ class Grid:
 
 def _materialize_arm(job: tuple) -> bool:
     """One arm's part of a grid run, in a process of its own (`--parallel-arms`)."""
-    path, run_config, launcher, rounds, arm_name, through, failed = job
+    path, run_config, launcher, rounds, arm_name, through = job
     grid = Grid(path, run_config, launcher)
-    grid.failed = failed
     return grid.materialize_arm(grid.experiment.arm(arm_name), rounds, through)
 
 
@@ -562,30 +535,6 @@ def _load_dotenv() -> None:
     load_dotenv(Path.cwd() / ".env", override=False)
 
 
-def command(action: str, experiment: Path, config: dict | None = None, *options: str) -> list[str]:
-    """The command line of `python -m noisy_student_assets.grid <action> <experiment>` (with `config` as its
-    `--config-json`), for a process of its own: how headroom runs a task's grid, and the tests and benchmarks theirs."""
-    config_json = ["--config-json", json.dumps(config)] if config is not None else []
-    return [sys.executable, "-m", "noisy_student_assets.grid", action, str(experiment), *config_json, *options]
-
-
-def add_arm_selection(parser: argparse.ArgumentParser) -> None:
-    """`run`'s `--arm` and `--through` on `parser`: the grid's, and those of a command that passes them on to it."""
-    parser.add_argument(
-        "--arm",
-        action="append",
-        default=[],
-        help="run: this arm only (repeatable; default: every arm of the experiment)",
-    )
-    parser.add_argument(
-        "--through",
-        action="append",
-        default=[],
-        help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
-        " round_001/pseudo_labels: the labels' direct effect without the students)",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["register", "plan", "run", "checks"])
@@ -609,7 +558,19 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="run: arms materialized at once (their heavy steps overlap only on Ray)",
     )
-    add_arm_selection(parser)
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="run: this arm only (repeatable; default: every arm of the experiment)",
+    )
+    parser.add_argument(
+        "--through",
+        action="append",
+        default=[],
+        help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
+        " round_001/pseudo_labels: the labels' direct effect without the students)",
+    )
     parser.add_argument(
         "--ray-gpus",
         type=int,
@@ -633,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "plan":
         for partition, reasons in grid.plan(args.rounds).items():
-            where = f"arm {partition}" if partition else "shared"
+            where = f"arm {partition}"
             if reasons:
                 _print_reasons(where, reasons)
             else:

@@ -15,9 +15,8 @@ runs, in its own process, have no daemon to stop them; their stages' limits do."
 
 
 def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
-    """`shared_inputs_job`, `arm_job`, three jobs per round (the round, its verifier, its validation) and `verdict_job`
-    over `assets`."""
-    shared = dg.AssetSelection.assets(*(a for a in assets.assets if a.partitions_def is None))
+    """`arm_job`, three jobs per round (the round, its verifier, its validation) and `verdict_job` over `assets`."""
+    verdict = dg.AssetSelection.groups(VERDICT_GROUP)
     round_jobs = []
     for number in range(1, rounds + 1):
         group = round_group(number)
@@ -57,24 +56,17 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
         ]
     defined = [
         dg.define_asset_job(
-            "shared_inputs_job",
-            selection=shared - dg.AssetSelection.groups(VERDICT_GROUP),
-            tags=RUN_TAGS,
-            description="What every arm shares: the problem pool, the held-out eval set, the base model and its "
-            "evaluation.",
-        ),
-        dg.define_asset_job(
             ARM_JOB,
-            selection=dg.AssetSelection.all() - shared,
+            selection=dg.AssetSelection.all() - verdict,
             partitions_def=ARMS,
             tags=RUN_TAGS,
-            description="Everything of one arm: its split, labeled RL, every round and every control, with their "
-            "evaluations.",
+            description="Everything of one arm: its task's problems, its base model, its split, labeled RL, every "
+            "round and every control, with their evaluations.",
         ),
         *round_jobs,
         dg.define_asset_job(
             "verdict_job",
-            selection=dg.AssetSelection.groups(VERDICT_GROUP),
+            selection=verdict,
             tags=RUN_TAGS,
             description="The verdict across every registered arm.",
         ),

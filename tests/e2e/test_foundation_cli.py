@@ -27,6 +27,8 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
             "base_model_eval": {"config": {"backend": "transformers", "samples": 0, "ks": []}},
         }
     }
+    registered = dagster_cli.run_grid("register", TEST_EXPERIMENT)
+    assert registered.returncode == 0, registered.stderr[-3000:]
     result = dagster_cli(
         "asset",
         "materialize",
@@ -34,13 +36,13 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
         "noisy_student_assets.definitions",
         "--select",
         "problem_pool,eval_problems,base_model,base_model_eval",
+        "--partition",
+        "a",
         "--config-json",
         json.dumps(config),
     )
     output = result.stdout + result.stderr
     assert "RUN_SUCCESS" in output
-    registered = dagster_cli.run_grid("register", TEST_EXPERIMENT)
-    assert registered.returncode == 0, registered.stderr[-3000:]
     split = dagster_cli(
         "asset",
         "materialize",
@@ -57,14 +59,14 @@ def test_validate_and_materialize_foundation_assets(dagster_cli) -> None:
     assert pl.read_parquet(lake / "labeled_problems" / "a" / "data.parquet").height == 64  # the cpu profile's split
     assert HIDDEN_GOLD_COLUMN in pl.read_parquet(lake / "unlabeled_problems" / "a" / "data.parquet").columns
     assert pl.read_parquet(lake / "validation_problems" / "a" / "data.parquet").height == 200
-    assert pl.read_parquet(lake / "eval_problems" / "data.parquet").height == 12
-    config = json.loads((lake / "base_model" / "config.json").read_text())
+    assert pl.read_parquet(lake / "eval_problems" / "a" / "data.parquet").height == 12
+    config = json.loads((lake / "base_model" / "a" / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and "quantization_config" not in config  # SmolLM2-135M, de-quantised
-    assert (lake / "base_model" / "model.safetensors").stat().st_size > 500e6  # float32 weights
+    assert (lake / "base_model" / "a" / "model.safetensors").stat().st_size > 500e6  # float32 weights
     assert (dagster_cli.home / "data_lake" / ".dagster" / "storage").is_dir(), "the instance in dagster.yaml was used"
 
     for check in ("finite_weights", "smoke_generation"):
         assert f"Asset check '{check}' on 'base_model' passed" in output
     assert "Asset check 'eval_not_degenerate' on 'base_model_eval' passed" in output
-    report = json.loads((lake / "base_model_eval" / "metrics.json").read_text())
+    report = json.loads((lake / "base_model_eval" / "a" / "metrics.json").read_text())
     assert report["metrics"]["problems"] == 12 and report["metrics"]["answer_rate"] > 0.5

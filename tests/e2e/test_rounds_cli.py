@@ -19,7 +19,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
 from tests.cli import DAGSTER_DAEMON, DagsterCli, run_failures
-from tests.tiny_configs import FOUNDATION, SHARED, round_chain, tiny_config
+from tests.tiny_configs import FOUNDATION, round_chain, tiny_config
 
 pytestmark = pytest.mark.e2e
 
@@ -58,20 +58,25 @@ def _materialize(cli: DagsterCli, names: list[str], config: dict, arm: str | Non
 
 @pytest.fixture(scope="module")
 def foundation_home(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> Path:
-    """A project directory (instance and lake) whose arms the grid command registered and whose shared assets
-    and per-arm foundation the CLI materialized, once for this module."""
+    """A project directory (instance and lake) whose arms the grid command registered and whose per-arm foundation
+    (task, base model, split, labeled RL and their evaluations) the CLI materialized, once for this module."""
     cli = DagsterCli(tmp_path_factory.mktemp("foundation"))
     cli.env |= _own_device_lock(tmp_path_factory)
     registered = cli.run_grid("register", TEST_EXPERIMENT)
     assert registered.returncode == 0, registered.stderr[-3000:]
     assert "tests: arms a, b, c (3 new)" in registered.stdout
     config = tiny_config(tiny_model_dir)
-    cli(*_materialize(cli, [*SHARED, layout.BASE_MODEL_EVAL], config))
     for arm in ARMS:
         cli(
             *_materialize(
                 cli,
-                [*FOUNDATION, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL_EVAL],
+                [
+                    *FOUNDATION,
+                    layout.BASE_MODEL_EVAL,
+                    layout.UNLABELED_PROBLEMS,
+                    layout.VALIDATION_PROBLEMS,
+                    layout.LABELED_RL_EVAL,
+                ],
                 config,
                 arm,
             )

@@ -160,16 +160,16 @@ def test_a_partial_source_override_is_the_whole_source(lake_copy, tmp_path) -> N
     problems = tmp_path / "held_out.jsonl"
     problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(120)))
     config = {"ops": {layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(problems)}}}}}
-    result = _run(lake, [layout.EVAL_PROBLEMS], config, arm=None)
+    result = _run(lake, [layout.EVAL_PROBLEMS], config)
     assert result.success
-    assert lake.read_table(dg.AssetKey(layout.EVAL_PROBLEMS)).height == 120, (
+    assert lake.read_table(dg.AssetKey(layout.EVAL_PROBLEMS), ARM).height == 120, (
         "no size inherited from the profile's source"
     )
     (event,) = result.get_asset_materialization_events()
     resolved = event.step_materialization_data.materialization.metadata["config"].value["source"]
     assert resolved["kind"] == "file" and resolved["size"] == 0 and resolved["name"] == ""
     stray = {"ops": {layout.EVAL_PROBLEMS: {"config": {"source": {"kind": "file", "path": str(problems), "seed": 3}}}}}
-    failed = _run(lake, [layout.EVAL_PROBLEMS], stray, arm=None)
+    failed = _run(lake, [layout.EVAL_PROBLEMS], stray)
     assert not failed.success
     assert (
         "source kind 'file' reads only answer_field, path, prompt_field, size; remove seed=3"

@@ -1,5 +1,5 @@
-"""The problem tables and `base_model` materialized in-process against a temporary data lake: what every
-arm shares, and an arm's split of the pool."""
+"""The problem tables and `base_model` materialized in-process against a temporary data lake: an arm's task and
+model (a second arm of the same ones reads the converted model back), and its split of the pool."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA
 from resources.data_lake import DataLake
 from tests.lakes import arms_instance, materialize
-from tests.tiny_configs import TINY_SMOKE, TWO_DIGIT
+from tests.tiny_configs import TASK_AND_MODEL, TINY_SMOKE, TWO_DIGIT
 
 SPLIT = [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS]
 
@@ -41,20 +41,15 @@ def _metadata(*results: dg.ExecuteInJobResult) -> dict[str, dict]:
     }
 
 
-def test_shared_assets_and_an_arms_split_materialize(lake_root: Path, tiny_model_dir: Path) -> None:
+def test_an_arms_task_model_and_split_materialize(lake_root: Path, tiny_model_dir: Path) -> None:
     lake = DataLake(root=str(lake_root))
     with arms_instance() as instance:
-        shared = materialize(
-            lake,
-            [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL],
-            _config(tiny_model_dir),
-            instance=instance,
-        )
-        split = materialize(lake, SPLIT, _config(tiny_model_dir), arm="a", instance=instance)
+        shared = materialize(lake, [*TASK_AND_MODEL, *SPLIT], _config(tiny_model_dir), arm="a", instance=instance)
+        second_arm = materialize(lake, TASK_AND_MODEL, _config(tiny_model_dir), arm="b", instance=instance)
 
-    pool = pl.read_parquet(lake_root / "problem_pool" / "data.parquet")
+    pool = pl.read_parquet(lake_root / "problem_pool" / "a" / "data.parquet")
     labeled, unlabeled, validation = (pl.read_parquet(lake_root / name / "a" / "data.parquet") for name in SPLIT)
-    held_out = pl.read_parquet(lake_root / "eval_problems" / "data.parquet")
+    held_out = pl.read_parquet(lake_root / "eval_problems" / "a" / "data.parquet")
     assert (labeled.height, unlabeled.height, validation.height) == (16, 40, 20)
     assert (
         labeled.schema == PROBLEM_SCHEMA and validation.schema == PROBLEM_SCHEMA and held_out.schema == PROBLEM_SCHEMA
@@ -65,14 +60,14 @@ def test_shared_assets_and_an_arms_split_materialize(lake_root: Path, tiny_model
     # The held-out set shares no prompt with the whole pool, so with no arm's split either.
     assert 0 < held_out.height <= 50 and set(pool["prompt"]).isdisjoint(held_out["prompt"])
 
-    checkpoint = lake_root / "base_model"
+    checkpoint = lake_root / "base_model" / "a"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
     assert "quantization_config" not in json.loads((checkpoint / "config.json").read_text())
     assert AutoTokenizer.from_pretrained(checkpoint).chat_template
     assert load_file(checkpoint / "model.safetensors")
     assert not any((lake_root / ".staging").iterdir()), "staging must be empty once artifacts are published"
 
-    by_asset = _metadata(shared, split)
+    by_asset = _metadata(shared)
     assert by_asset[layout.LABELED_PROBLEMS]["dagster/row_count"].value == 16
     assert by_asset[layout.LABELED_PROBLEMS]["arm"].value == "a"
     assert by_asset[layout.EVAL_PROBLEMS]["dropped_overlap_with_pool"].value == 50 - held_out.height
@@ -81,13 +76,37 @@ def test_shared_assets_and_an_arms_split_materialize(lake_root: Path, tiny_model
     assert by_asset[layout.BASE_MODEL]["weights_sha256"].value == weights_sha256(checkpoint)
     assert by_asset[layout.BASE_MODEL]["n_parameters"].value > 0
 
+    # Arm b names the same task and model: identical tables, and the converted model's files themselves.
+    assert pl.read_parquet(lake_root / "eval_problems" / "b" / "data.parquet").equals(held_out)
+    reused = _metadata(second_arm)[layout.BASE_MODEL]
+    assert reused["reused_from"].value == str(checkpoint)
+    assert reused["weights_sha256"].value == by_asset[layout.BASE_MODEL]["weights_sha256"].value
+    weights = checkpoint / "model.safetensors"
+    assert (lake_root / "base_model" / "b" / "model.safetensors").stat().st_ino == weights.stat().st_ino
+
+
+def test_an_arm_of_another_model_converts_its_own(lake_root: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A reference whose files changed is another model: nothing is read back."""
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, copy)
+    lake = DataLake(root=str(lake_root))
+    config = _config(copy)
+    with arms_instance() as instance:
+        materialize(lake, TASK_AND_MODEL, config, arm="a", instance=instance)
+        (copy / "generation_config.json").write_text(json.dumps({"max_length": 7}))
+        again = materialize(lake, TASK_AND_MODEL, config, arm="b", instance=instance)
+    assert "reused_from" not in _metadata(again)[layout.BASE_MODEL]
+    assert json.loads((lake_root / "base_model" / "b" / "generation_config.json").read_text())["max_length"] == 7
+
 
 def test_arms_draw_their_own_split_and_rematerializing_replaces_it(lake_root: Path, tiny_model_dir: Path) -> None:
     lake = DataLake(root=str(lake_root))
     with arms_instance() as instance:
-        materialize(lake, [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS], _config(tiny_model_dir), instance=instance)
-        materialize(lake, SPLIT, _config(tiny_model_dir), arm="a", instance=instance)
-        materialize(lake, SPLIT, _config(tiny_model_dir), arm="b", instance=instance)
+        problems = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, *SPLIT]
+        materialize(lake, problems, _config(tiny_model_dir), arm="a", instance=instance)
+        materialize(lake, problems, _config(tiny_model_dir), arm="b", instance=instance)
         first = pl.read_parquet(lake_root / "labeled_problems" / "a" / "data.parquet")
         # Arm b's file sets seed 1, which overrides the run config's seed 3.
         other_arm = pl.read_parquet(lake_root / "labeled_problems" / "b" / "data.parquet")

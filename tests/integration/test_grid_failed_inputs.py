@@ -1,17 +1,18 @@
-"""The grid stops an arm whose inputs failed in this grid run, in this process: the shared run fails at once (its
-problem source and base model do not exist), and no arm's run, nor the verdict's, is launched."""
+"""The grid stops an arm at its failed inputs, in this process: the arm's task (its problem source) and base model
+do not exist, so its one run fails at once; nothing that reads them is materialized, and the verdict still runs."""
 
 from __future__ import annotations
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.defs import grid as grid_module
 from noisy_student_assets.defs.grid import Grid
+from noisy_student_assets.defs.records import latest_materialization
 from resources.data_lake import DataLake
 from tests.conftest import TEST_EXPERIMENTS
 from tests.lakes import isolated_resources
 
 
-def test_a_failed_shared_run_stops_the_grid_before_the_arm_runs(tmp_path, monkeypatch, capsys) -> None:
+def test_an_arm_whose_inputs_fail_stops_at_them(tmp_path, monkeypatch, capsys) -> None:
     home, lake = tmp_path / "home", tmp_path / "lake"
     home.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
@@ -29,15 +30,14 @@ def test_a_failed_shared_run_stops_the_grid_before_the_arm_runs(tmp_path, monkey
     materialize_selection = grid_module.materialize_selection
 
     def recorded(names, *, partition, **settings):
-        launched.append(partition or "shared")
+        launched.append((partition or "verdict", names[0]))
         return materialize_selection(names, partition=partition, **settings)
 
     monkeypatch.setattr(grid_module, "materialize_selection", recorded)
 
     assert not grid.run()
     output = capsys.readouterr().out
-    assert launched == ["shared"], "the shared run, then neither the arm's nor the verdict's"
-    stopped = next(line for line in output.splitlines() if line.startswith("[grid] arm g: not run"))
-    assert "problem_pool" in stopped and "base_model" in stopped, stopped
-    assert "failed in this grid run" in stopped
-    assert "[grid] shared: not run" in output, "the verdict reads the shared evaluations"
+    assert launched == [("g", layout.PROBLEM_POOL), ("verdict", layout.VERDICT)], "one run of the arm, its inputs first"
+    assert "[grid] arm g: run" in output and "failed" in output, output
+    for name in (layout.PROBLEM_POOL, layout.BASE_MODEL, layout.LABELED_PROBLEMS, layout.LABELED_RL):
+        assert latest_materialization(grid.instance, grid_module.asset_key(name), "g") is None, name

@@ -62,7 +62,9 @@ def test_a_checkpoint_asked_on_demand_answers_as_its_evaluation_did(inspected_la
     assert [f"{role}/correct" for role in roles] == [column for column in table.columns if column.endswith("/correct")]
     evaluation = round_lake.evaluation(layout.STUDENT_ROLE)
     greedy, _ = evaluation.completions()
-    eval_problems = pl.read_parquet(layout.artifact_dir(inspected_lake, layout.EVAL_PROBLEMS) / layout.TABLE_FILE_NAME)
+    eval_problems = pl.read_parquet(
+        layout.artifact_dir(inspected_lake, layout.EVAL_PROBLEMS, INSPECTED_ARM) / layout.TABLE_FILE_NAME
+    )
     first = greedy.join(eval_problems.select("problem_id", "prompt"), on="problem_id").row(0, named=True)
     (answer,) = greedy_answers(
         round_lake.checkpoint(layout.STUDENT_ROLE), [first["prompt"]], max_new_tokens=TINY_EVAL["max_new_tokens"]

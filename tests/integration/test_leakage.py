@@ -94,7 +94,7 @@ def test_a_test_time_arm_s_poisoned_eval_gold_changes_no_sample_label_reward_or_
 ) -> None:
     lakes = {"clean": sevens_lake_copy(), "poisoned": sevens_lake_copy()}
     poisoned = lakes["poisoned"]
-    poisoned.write_table(poisoned.read_table(EVAL).with_columns(pl.lit(POISON).alias("gold_answer")), EVAL)
+    poisoned.write_table(poisoned.read_table(EVAL, ARM).with_columns(pl.lit(POISON).alias("gold_answer")), EVAL, ARM)
     config = with_op_config(tiny_config(sevens_model_dir), "problem_split", test_time=True)
     for name, lake in lakes.items():
         rewards.current = name
@@ -103,7 +103,7 @@ def test_a_test_time_arm_s_poisoned_eval_gold_changes_no_sample_label_reward_or_
 
     _assert_round_1_unchanged(lakes, rewards)
     unlabeled = poisoned.read_table(UNLABELED, ARM)
-    assert set(unlabeled["problem_id"]) <= set(eval_halves(poisoned.read_table(EVAL))[0]["problem_id"])
+    assert set(unlabeled["problem_id"]) <= set(eval_halves(poisoned.read_table(EVAL, ARM))[0]["problem_id"])
     assert (
         unlabeled[HIDDEN_GOLD_COLUMN].to_list() == [POISON] * 3
     )  # what the round read: the eval set's gold (its 3-problem half)

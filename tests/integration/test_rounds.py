@@ -28,7 +28,7 @@ from resources.tracking import (
     MlflowTracking,
 )
 from tests.lakes import arms_instance, materialize, metadata_of
-from tests.tiny_configs import FOUNDATION, SHARED, TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
+from tests.tiny_configs import FOUNDATION, TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
 
 ARM = "a"
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
@@ -58,8 +58,8 @@ def config(tiny_model_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def two_rounds(lake, instance, config) -> dict[str, dg.ExecuteInJobResult]:
-    results = {"shared": materialize(lake, [*SHARED, layout.BASE_MODEL_EVAL], config, instance=instance)}
-    results["arm"] = materialize(lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *ROUND_1, *ROUND_2], config, ARM, instance)
+    names = [*FOUNDATION, layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, *ROUND_1, *ROUND_2]
+    results = {"arm": materialize(lake, names, config, ARM, instance)}
     results["verdict"] = materialize(lake, [layout.VERDICT], config, instance=instance)
     return results
 
@@ -181,7 +181,8 @@ def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rou
         for r in runs
         if "mlflow.parentRunId" not in r.data.tags and PARENT_OF_ARM_TAG not in r.data.tags
     }
-    assert {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT} <= shared
+    assert shared == {layout.VERDICT}
+    assert {layout.PROBLEM_POOL, layout.BASE_MODEL, layout.BASE_MODEL_EVAL} <= {asset for asset, _, _ in seen}
     metadata = metadata_of(two_rounds["arm"], layout.LABELED_RL)
     trained = mlflow.get_run(metadata["mlflow_run_id"].value)
     assert trained.data.tags["dagster.run_id"] == two_rounds["arm"].run_id

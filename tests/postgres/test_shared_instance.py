@@ -64,7 +64,7 @@ mutation ($params: LaunchBackfillParams!) {
 }"""
 # Each run's steps in its own process: a process per step would start Python and import torch for each (CI time).
 IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
-SHARED = (layout.PROBLEM_POOL, layout.EVAL_PROBLEMS)
+TASK = (layout.PROBLEM_POOL, layout.EVAL_PROBLEMS)
 SPLIT = (layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS)
 
 
@@ -77,7 +77,7 @@ def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(
         instance.add_dynamic_partitions(ARMS_DEF.name, list(ARMS))
     with shared_cli.dev() as url:
         params = {
-            "assetSelection": [{"path": [name]} for name in (*SHARED, *SPLIT)],
+            "assetSelection": [{"path": [name]} for name in (*TASK, *SPLIT)],
             "partitionNames": list(ARMS),
             "runConfigData": IN_PROCESS,
         }
@@ -93,19 +93,15 @@ def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(
         assert status == BulkActionStatus.COMPLETED_SUCCESS, (
             run_failures(instance, records) or (shared_cli.home / "dagster-dev.log").read_text()[-4000:]
         )
-        for name in SHARED:
-            assert instance.fetch_materializations(dg.AssetKey(name), limit=1).records, name
         for arm in ARMS:
-            for name in SPLIT:
+            for name in (*TASK, *SPLIT):
                 filter_ = dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[arm])
                 assert instance.fetch_materializations(filter_, limit=1).records, (arm, name)
     assert {"runs", "event_logs", "alembic_version"} <= tables(database_url, "public")
     assert {"runs", "experiments", "alembic_version"} <= tables(database_url, MLFLOW_SCHEMA)
     logged = {(run.data.tags.get("dagster.asset"), run.data.tags.get(ARM_TAG)) for run in mlflow_runs(database_url)}
-    # A run per shared asset, one for the split (a multi-asset) of each arm, and each arm's parent run (no asset).
-    assert logged == {(name, None) for name in SHARED} | {
-        (name, arm) for arm in ARMS for name in ("problem_split", None)
-    }
+    # Per arm: a run per problem table of its task, one for the split (a multi-asset) and its parent run (no asset).
+    assert logged == {(name, arm) for arm in ARMS for name in (*TASK, "problem_split", None)}
     assert_nothing_embedded(shared_cli)
 
 

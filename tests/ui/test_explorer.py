@@ -122,11 +122,11 @@ def test_two_checkpoints_answer_a_question_of_one_s_own(browser, explorer: str) 
         f"{INSPECTED_ARM} / round 1 / {layout.LABELED_ONLY}", timeout=PAGE_TIMEOUT_MS
     )
     page.locator("#left-checkpoint input").click()
-    page.get_by_role("option", name=BASE_MODEL_NAME).click()
+    page.get_by_role("option", name=f"{INSPECTED_ARM} / {BASE_MODEL_NAME}").click()
     page.get_by_label("Your question").fill("What is 3 + 4?")
     page.get_by_role("button", name="Ask both").click()
     for answer, name in (
-        ("#left-answer", BASE_MODEL_NAME),
+        ("#left-answer", f"{INSPECTED_ARM} / {BASE_MODEL_NAME}"),
         ("#right-answer", f"{INSPECTED_ARM} / round 1 / {layout.LABELED_ONLY}"),
     ):
         expect(page.locator(answer)).to_contain_text("Answer:", timeout=ANSWER_TIMEOUT_MS)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.defs.partitions import ARMS
 from tests.cli import REPO_ROOT, DagsterCli
 from tests.ui.conftest import CHROMIUM
 
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.ui
 
 SCREENSHOTS = Path(os.environ.get("UI_TEST_SCREENSHOTS", REPO_ROOT / "ui-test-screenshots"))
 UI_START_TIMEOUT_S = 180
+UI_ARM = "a"
+"""The arm the UI materializes a cheap asset of (tests/experiments/tests.yaml declares it)."""
 
 
 def _round(number: int, name: str) -> str:
@@ -153,8 +156,12 @@ def test_a_cheap_asset_materializes_from_the_ui(ui, browser, monkeypatch) -> Non
 
     cli, url = ui
     monkeypatch.chdir(cli.home)  # dagster.yaml's storage paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(cli.home)) as instance:
+        instance.add_dynamic_partitions(ARMS.name, [UI_ARM])
     page = _open(browser, f"{url}/assets/{layout.PROBLEM_POOL}")
     page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click()
+    # The asset is partitioned by arm: the launch dialog offers the arm registered, and launches its run.
+    page.get_by_role("button", name=re.compile(r"^Launch 1 run$")).click()
     deadline = time.monotonic() + 60
     with dg.DagsterInstance.from_config(str(cli.home)) as instance:
         while not (runs := instance.get_run_records(limit=1)):
@@ -170,5 +177,5 @@ def test_a_cheap_asset_materializes_from_the_ui(ui, browser, monkeypatch) -> Non
         run = instance.get_run_by_id(run_id)
         records = instance.fetch_materializations(dg.AssetKey(layout.PROBLEM_POOL), limit=1).records
     assert run.status == dg.DagsterRunStatus.SUCCESS
-    assert records and records[0].run_id == run_id
-    assert (cli.lake / layout.PROBLEM_POOL / "data.parquet").is_file()
+    assert records and records[0].run_id == run_id and records[0].partition_key == UI_ARM
+    assert (cli.lake / layout.PROBLEM_POOL / UI_ARM / "data.parquet").is_file()

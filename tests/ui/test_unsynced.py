@@ -15,7 +15,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import arm_assets
 from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env, graphql, own_device_lock
-from tests.tiny_configs import SHARED, TINY_SAMPLING, op, round_names, tiny_config
+from tests.tiny_configs import TINY_SAMPLING, op, round_names, tiny_config
 from tests.ui.conftest import CHROMIUM
 from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _open
 
@@ -59,7 +59,6 @@ def _stale(url: str, asset: str, partition: str | None) -> tuple[str, list[str]]
 def test_the_ui_shows_exactly_what_the_grid_would_redo_as_unsynced(changed_ui) -> None:
     experiment = load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem]
     status = {asset: _stale(changed_ui, asset, ARM) for asset in arm_assets(experiment, experiment.arm(ARM))}
-    status |= {asset: _stale(changed_ui, asset, None) for asset in SHARED}
     unsynced = {asset for asset, (state, _) in status.items() if state == "STALE"}
     assert unsynced == REDONE, status
     generations = "/".join(layout.round_asset(1, layout.GENERATIONS))

@@ -19,7 +19,7 @@ from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 from resources.compute import DEVICE_POOL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED = {layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL, layout.BASE_MODEL_EVAL, layout.VERDICT}
+SHARED = {layout.VERDICT}
 
 
 def _round(number: int, name: str) -> str:

@@ -21,8 +21,8 @@ def _checkpoint(directory: Path) -> None:
 
 
 def test_every_materialized_checkpoint_is_offered_by_arm_and_round(tmp_path: Path) -> None:
-    _checkpoint(layout.artifact_dir(tmp_path, layout.BASE_MODEL))
     for arm in ("b", "a"):
+        _checkpoint(layout.artifact_dir(tmp_path, layout.BASE_MODEL, arm))
         _checkpoint(layout.artifact_dir(tmp_path, layout.LABELED_RL, arm))
         for number in (2, 1):
             _checkpoint(layout.artifact_dir(tmp_path, layout.round_asset(number, layout.STUDENT), arm))
@@ -36,11 +36,12 @@ def test_every_materialized_checkpoint_is_offered_by_arm_and_round(tmp_path: Pat
 
     checkpoints = lake_checkpoints(tmp_path)
     assert list(checkpoints) == [
-        "base model",
+        "a / base model",
         "a / labeled RL",
         "a / round 1 / student",
         "a / round 1 / labeled_only",
         "a / round 2 / student",
+        "b / base model",
         "b / labeled RL",
         "b / round 1 / student",
         "b / round 2 / student",

@@ -23,7 +23,11 @@ def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> No
     experiment = Experiment(name="e", controls=("labeled_only",), defaults=ArmSpec(max_rounds=2), arms={"a": ArmSpec()})
     arm = experiment.arm("a")
     names = arm_assets(experiment, arm, rounds=3)
-    assert names[:5] == [
+    assert names[:9] == [
+        "problem_pool",
+        "eval_problems",
+        "base_model",
+        "base_model_eval",
         "labeled_problems",
         "unlabeled_problems",
         "validation_problems",
@@ -44,6 +48,7 @@ def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> No
         name="t", defaults=ArmSpec(max_rounds=0), validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()}
     )
     assert arm_assets(tuning, tuning.arm("a"), rounds=3)[-2:] == ["labeled_rl_checkpoint", "labeled_rl_validation"]
+    assert "base_model_eval" not in arm_assets(tuning, tuning.arm("a")), "no held-out evaluation at all"
 
 
 def test_an_arm_with_a_patience_evaluates_labeled_rl_and_every_student_on_its_validation_problems() -> None:

@@ -1,4 +1,5 @@
-"""The headroom table (no model: each task's lake is written by hand in the layout the assets publish)."""
+"""The headroom table (no model: the lake is written by hand in the layout the assets publish), and the tasks an arm
+can name."""
 
 from __future__ import annotations
 
@@ -10,15 +11,21 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import load_experiment
+from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment, load_experiment
+from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import load_problems
-from noisy_student_assets.core.reporting.headroom import grid_task, load_tasks, task_row
-from noisy_student_assets.core.settings import DEFAULT_EVAL_SOURCE, EvalProblemsSettings, ProblemPoolSettings
-from noisy_student_assets.headroom import EXPERIMENT, TASKS
+from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, task_row
+from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE
+from noisy_student_assets.defs.config import ProblemPoolConfig, with_arm
+from noisy_student_assets.headroom import EXPERIMENT
 from tests.unit.test_summary import write_audit
 
 PROBLEMS = 60
 ARMS = load_experiment(EXPERIMENT).all_arms()
+
+
+def _arms(task: str) -> list:
+    return [arm for arm in ARMS if arm.spec.task == task]
 
 
 def _eval(lake: Path, key_path, arm: str, correct: np.ndarray) -> None:
@@ -32,11 +39,12 @@ def _eval(lake: Path, key_path, arm: str, correct: np.ndarray) -> None:
     )
 
 
-def _task_lake(lake: Path, gold_gain: float, seeds: int = 3) -> Path:
-    """Per seed: labeled RL right on 0.4 of validation, its votes right on 0.5 of the unlabeled problems and one
-    sample on 0.7; gold labels right on `gold_gain` more held-out problems than labeled-only (give or take a seed)."""
+def _task_seeds(lake: Path, task: str, gold_gain: float, seeds: int = 3) -> Path:
+    """Per seed of `task`: labeled RL right on 0.4 of validation, its votes right on 0.5 of the unlabeled problems
+    and one sample on 0.7; gold labels right on `gold_gain` more held-out problems than labeled-only (give or take a
+    seed)."""
     rng = np.random.default_rng(0)
-    for arm in ARMS[:seeds]:
+    for arm in _arms(task)[:seeds]:
         _eval(lake, layout.LABELED_RL_VALIDATION, arm.name, np.arange(100) < 40)
         write_audit(lake, arm.name, teacher_maj_at_k=0.5, teacher_pass_at_k=0.7)
         labeled_only = rng.random(PROBLEMS) < 0.4
@@ -46,65 +54,62 @@ def _task_lake(lake: Path, gold_gain: float, seeds: int = 3) -> Path:
     return lake
 
 
-def test_the_tasks_are_the_profile_s_sources_with_their_own_generator() -> None:
-    tasks = load_tasks(TASKS)
+def test_a_task_is_the_cpu_profile_s_sources_with_its_own_generator() -> None:
+    tasks = load_tasks()
     assert list(tasks) == ["two-digit-sums", "chain-sums", "products"]
-    sums = tasks["two-digit-sums"].run_config()["ops"]
-    assert (
-        ProblemPoolSettings(**sums[layout.PROBLEM_POOL]["config"]).resolved_source
-        == ProblemPoolSettings().resolved_source
-    )
-    held_out = EvalProblemsSettings(
-        **tasks["chain-sums"].run_config()["ops"][layout.EVAL_PROBLEMS]["config"]
-    ).resolved_source
-    assert (held_out.name, held_out.size, held_out.seed) == (
-        "chain_sum",
-        tasks["chain-sums"].eval_candidates,
-        DEFAULT_EVAL_SOURCE.seed,
-    )
-    assert tasks["chain-sums"].eval_candidates > DEFAULT_EVAL_SOURCE.size == tasks["products"].eval_candidates
+    assert tasks["two-digit-sums"].training_source == CPU_TRAINING_SOURCE
+    held_out = tasks["chain-sums"].eval_source
+    assert (held_out.name, held_out.size, held_out.seed) == ("chain_sum", 280, CPU_EVAL_SOURCE.seed)
+    assert tasks["products"].eval_source.size == CPU_EVAL_SOURCE.size
     problems = load_problems(**held_out.load_kwargs())
-    assert problems.height == tasks["chain-sums"].eval_candidates and "-" in " ".join(problems["prompt"])
+    assert problems.height == 280 and "-" in " ".join(problems["prompt"])
+
+
+def test_an_arm_s_task_and_model_are_its_problems_and_base_model_settings() -> None:
+    spec = ArmSpec(task="chain-sums", base_model="/models/other", seed=3)
+    tasks = load_tasks()
+    assert spec.settings("problem_pool").resolved_source == tasks["chain-sums"].training_source
+    assert spec.settings("eval_problems").resolved_source == tasks["chain-sums"].eval_source
+    assert spec.settings("base_model").reference == "/models/other"
+    assert spec.settings("problem_split").seed == 3, "the seed draws the split, never the task's problems"
+    assert ArmSpec().overrides("problem_pool") == {}, "no task: the profile's pool"
+    run_config = ProblemPoolConfig(source=CPU_TRAINING_SOURCE.model_dump() | {"size": 40})
+    arm = Experiment(name="e", arms={"chains": spec}).arm("chains")
+    settings, replaced = with_arm(run_config, arm)
+    assert settings.resolved_source == tasks["chain-sums"].training_source, "the task replaces the run config's source"
+    assert "source.size=40 -> 1000" in replaced
+    with pytest.raises(ValueError, match=r"no task 'sums' in .*the tasks: two-digit-sums, chain-sums, products"):
+        ArmSpec(task="sums")
 
 
 def test_a_task_row_has_both_headrooms_over_its_seeds(tmp_path: Path) -> None:
-    task = load_tasks(TASKS)["products"]
-    row = task_row(task, _task_lake(tmp_path, gold_gain=0.5), ARMS)
+    row = task_row("products", _task_seeds(tmp_path, "products", gold_gain=0.5), _arms("products"))
     assert row["seeds"] == 3 and row["teacher_validation_greedy"] == pytest.approx(0.4)
     assert row["label_headroom"] == pytest.approx(0.2) and row["maj_at_k"] == pytest.approx(0.5)
     assert row["gold_label"] - row["labeled_only"] == pytest.approx(row["data_headroom"])
     assert row["data_headroom_low"] > 0 and row["outcome"] == "better" and row["data_headroom_seeds"] == 3
-    empty = task_row(task, tmp_path / "not-run", ARMS)
+    empty = task_row("products", tmp_path / "not-run", _arms("products"))
     assert empty["seeds"] == 0 and empty["outcome"] == "not run" and empty["label_headroom"] is None
 
 
 def test_the_grid_takes_the_task_with_data_headroom_and_the_most_label_headroom(tmp_path: Path) -> None:
-    tasks = load_tasks(TASKS)
-    rows = [
-        task_row(tasks["two-digit-sums"], _task_lake(tmp_path / "a", gold_gain=0.0), ARMS),
-        task_row(tasks["chain-sums"], _task_lake(tmp_path / "b", gold_gain=0.5), ARMS),
-        task_row(tasks["products"], _task_lake(tmp_path / "c", gold_gain=0.5, seeds=2), ARMS),  # 2 seeds: not enough
-    ]
-    table = pl.DataFrame(rows)
+    """One lake holds every task's arms; the table groups them by the task they name."""
+    _task_seeds(tmp_path, "two-digit-sums", gold_gain=0.0)
+    _task_seeds(tmp_path, "chain-sums", gold_gain=0.5)
+    _task_seeds(tmp_path, "products", gold_gain=0.5, seeds=2)  # 2 seeds: not enough
+    table = headroom_table(tmp_path, ARMS)
+    assert table["task"].to_list() == ["two-digit-sums", "chain-sums", "products"]
+    assert table["seeds"].to_list() == [3, 3, 2]
     assert table["outcome"][0] == "no difference"
     assert grid_task(table) == "chain-sums"
     assert grid_task(table.filter(pl.col("task") != "chain-sums")) is None
 
 
-def test_seeds_exported_in_turns_give_the_table_of_the_lake_that_made_them(tmp_path: Path, monkeypatch) -> None:
-    """Seeds run in different sessions pool in one results directory (`headroom export`, then `table --lake`)."""
+def test_the_committed_results_print_the_table(capsys) -> None:
+    """`python -m noisy_student_assets.headroom --lake results`: the table of docs/results.md, from the results."""
     from noisy_student_assets import headroom
-    from noisy_student_assets.core.reporting.headroom import task_lake
 
-    lake = tmp_path / "data_lake"
-    _task_lake(task_lake(lake, "chain-sums"), gold_gain=0.5)
-    monkeypatch.setenv("NOISY_STUDENT_DATA_LAKE", str(lake))
-    results = tmp_path / "results"
-    for arm in ARMS:  # one session a seed
-        one_seed = tmp_path / "one_seed.yaml"
-        one_seed.write_text(f"arms:\n  {arm.name}: {{seed: {arm.spec.seed}}}\n")
-        assert (
-            headroom.main(["export", "--task", "chain-sums", "--experiment", str(one_seed), "--to", str(results)]) == 0
-        )
-    assert headroom.table(results).equals(headroom.table(lake))
-    assert headroom.table(results).filter(pl.col("task") == "chain-sums")["data_headroom_seeds"][0] == 3
+    assert headroom.main(["--lake", str(Path(__file__).resolve().parents[2] / "results")]) == 0
+    printed = capsys.readouterr().out
+    assert "| two-digit-sums | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 0.594 | 0.608 | 0.014 |" in printed
+    assert "No task has data headroom" in printed

@@ -96,8 +96,8 @@ def test_a_test_time_group_is_judged_on_each_eval_set_and_pooled_over_seeds(tmp_
         arms={f"tt-s{seed}": ArmSpec(test_time=True, seed=seed) for seed in (0, 1)} | {"pool-s0": ArmSpec(seed=0)},
     )
     arms = experiment.all_arms()
-    EVAL.write_parquet(_table_path(tmp_path, layout.EVAL_PROBLEMS, None))
     for arm in arms:
+        EVAL.write_parquet(_table_path(tmp_path, layout.EVAL_PROBLEMS, arm.name))
         unlabeled = sorted(TRANSDUCTIVE_HALF) if arm.spec.test_time else ["pool/1"]
         pl.DataFrame({"problem_id": unlabeled}).write_parquet(
             _table_path(tmp_path, layout.UNLABELED_PROBLEMS, arm.name)

@@ -1,14 +1,16 @@
 """Experiments and their arms (no Dagster here).
 
 An experiment is a versioned YAML file, `experiments/<name>.yaml`: which compute-matched controls, and its
-arms. An arm is a name plus overrides of the stage settings (seed, tau, K, sampling temperature, student init,
-GRPO steps, eval samples, the student's mode, reward, agreement band and noise) and of its stopping rule (how many
-rounds at most, and a patience on validation accuracy); it is a partition of every per-arm asset, so each arm
-has its own split, labeled-RL checkpoint, rounds and controls, and the UI and backfills address it by name.
+arms. An arm is a name plus overrides of the stage settings (its task and base model, seed, tau, K, sampling
+temperature, student init, GRPO steps, eval samples, the student's mode, reward, agreement band and noise) and of
+its stopping rule (how many rounds at most, and a patience on validation accuracy); it is a partition of every
+asset but the verdict, so each arm has its own pool, held-out set, base model, split, labeled-RL checkpoint, rounds
+and controls (arms of one task and model read back each other's identical pools and evaluations), and the UI and
+backfills address it by name.
 
     description: tau 0.5 against 0.8, three seeds each
     controls: [labeled_only, gold_label, random_label]
-    defaults: {max_rounds: 2, labeled_rl_steps: 16, round_steps: 8}   # every arm's, unless the arm says otherwise
+    defaults: {task: chain-sums, max_rounds: 2, labeled_rl_steps: 16}   # every arm's, unless the arm says otherwise
     arms:
       tau50-seed0: {tau: 0.5, seed: 0}
       tau80-seed0: {tau: 0.8, seed: 0}
@@ -32,15 +34,19 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from noisy_student_assets.core import environment
+from noisy_student_assets.core.experiments import tasks
 from noisy_student_assets.core.layout import CONTROLS
 from noisy_student_assets.core.layout import GOLD_LABEL as GOLD_LABEL_CONTROL
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
 from noisy_student_assets.core.settings import (
+    BaseModelSettings,
     ComputeSettings,
+    EvalProblemsSettings,
     EvalSettings,
     LabeledOnlySettings,
     LabeledRLSettings,
     LauncherSettings,
+    ProblemPoolSettings,
     ProblemSplitSettings,
     PseudoLabelSettings,
     RoundsSettings,
@@ -54,6 +60,7 @@ from noisy_student_assets.core.training.modes.registry import accepted
 EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
+PROBLEM_POOL, EVAL_PROBLEMS, BASE_MODEL = "problem_pool", "eval_problems", "base_model"
 PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, ROUNDS = (
     "problem_split",
     "labeled_rl",
@@ -66,6 +73,9 @@ PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_O
     "rounds",
 )
 STAGE_SETTINGS: dict[str, type[Settings]] = {
+    PROBLEM_POOL: ProblemPoolSettings,
+    EVAL_PROBLEMS: EvalProblemsSettings,
+    BASE_MODEL: BaseModelSettings,
     PROBLEM_SPLIT: ProblemSplitSettings,
     LABELED_RL: LabeledRLSettings,
     SAMPLING: TeacherSamplingSettings,
@@ -100,7 +110,8 @@ def overridden(settings: Mapping, overrides: Mapping, defaults: Mapping, prefix:
     for key, value in overrides.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            changed += overridden(settings.get(key, {}), value, defaults.get(key, {}), f"{name}.")
+            # A nested block may be None (a problem source left to the profile): nothing of it was set.
+            changed += overridden(settings.get(key) or {}, value, defaults.get(key) or {}, f"{name}.")
         elif key in settings and settings[key] != defaults.get(key) and settings[key] != value:
             changed.append(f"{name}={settings[key]!r} -> {value!r}")
     return changed
@@ -113,8 +124,12 @@ class ArmField:
 
     targets: tuple[tuple[str, str] | tuple[str, str, Callable], ...]
     help: str = ""
+    annotation: type | None = None
+    """The field's type when it is not the first setting's (a name that `convert` turns into the settings)."""
 
     def setting(self) -> FieldInfo:
+        if self.annotation is not None:
+            return FieldInfo(annotation=self.annotation, description=self.help)
         stage, path = self.targets[0][:2]
         model: type[BaseModel] = STAGE_SETTINGS[stage]
         *parents, name = path.split(".")
@@ -134,6 +149,12 @@ def _settings_of(stage: str, *names: str) -> dict[str, ArmField]:
 
 
 ARM_FIELDS: dict[str, ArmField] = {
+    "task": ArmField(
+        ((PROBLEM_POOL, "source", tasks.training_source), (EVAL_PROBLEMS, "source", tasks.eval_source)),
+        "a task of experiments/tasks/: its training pool and held-out set (default: the profile's)",
+        annotation=str,
+    ),
+    "base_model": ArmField(((BASE_MODEL, "reference"),), "the model every checkpoint of the arm starts from"),
     "seed": ArmField(
         (
             (PROBLEM_SPLIT, "seed"),

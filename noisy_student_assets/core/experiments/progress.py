@@ -1,10 +1,11 @@
 """How far an arm's rounds go (no Dagster here): the assets each round of an arm materializes, and the
 stopping rule that the next-round automation (`defs/automation.py`) and the grid both apply.
 
-An arm runs round N once everything before it is materialized (round 0: its split, labeled RL and their
-evaluations), up to its `max_rounds`. With a `patience`, each round's student is also evaluated on the arm's
-validation problems, and the arm stops once `patience` rounds in a row did not raise the best validation accuracy
-so far by more than `min_improvement` (labeled RL's is round 0's). The held-out set never decides anything.
+An arm runs round N once everything before it is materialized (round 0: its task's problems, its base model, its
+split, labeled RL and their evaluations), up to its `max_rounds`. With a `patience`, each round's student is also
+evaluated on the arm's validation problems, and the arm stops once `patience` rounds in a row did not raise the best
+validation accuracy so far by more than `min_improvement` (labeled RL's is round 0's). The held-out set never
+decides anything.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def verified(arm) -> bool:
 
 def pre_round_assets(experiment, arm) -> list[str]:
     """What round 1 of `arm` needs first (key paths joined by '/'), in dependency order."""
-    names = [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL]
+    names = [layout.PROBLEM_POOL, layout.EVAL_PROBLEMS, layout.BASE_MODEL]
+    names += [layout.BASE_MODEL_EVAL] if experiment.held_out_eval else []
+    names += [layout.LABELED_PROBLEMS, layout.UNLABELED_PROBLEMS, layout.VALIDATION_PROBLEMS, layout.LABELED_RL]
     names += [layout.LABELED_RL_EVAL] if experiment.held_out_eval or arm.stopping_rule.max_rounds else []
     names += [layout.LABELED_RL_VALIDATION] if experiment.validate_labeled_rl or validated(arm) else []
     return names

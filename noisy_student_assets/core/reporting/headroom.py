@@ -8,19 +8,15 @@ matter at all (no Dagster here).
   problem and pooled over the seeds (`verdict.paired_difference`). Where perfect labels do not beat the labels
   alone, no label source can make a better student.
 
-Each task runs `experiments/headroom.yaml` in a lake and a Dagster instance of its own
-(`python -m noisy_student_assets.headroom`): the task is the run config of the shared `problem_pool` and
-`eval_problems` assets, one per lake.
+`experiments/headroom.yaml`'s arms each name their task (`experiments/tasks/`) and seed; the grid runs them in one
+lake, and the table groups them by task (`python -m noisy_student_assets.headroom`).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
-import yaml
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
@@ -28,75 +24,8 @@ from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, Published
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
 from noisy_student_assets.core.reporting.summary import read_evaluation
-from noisy_student_assets.core.settings import DEFAULT_EVAL_SOURCE, DEFAULT_TRAINING_SOURCE, ProblemSource
 
-HEADROOM_DIR = "headroom"
-"""Under the data lake: one directory per task, the task's Dagster home and its lake (`task_home`)."""
 ROUND = 1
-
-
-@dataclass(frozen=True)
-class Task:
-    """A task of the headroom table: a reasoning_gym generator and its options, for the pool and the held-out set."""
-
-    name: str
-    description: str
-    generator: str
-    task_options: dict
-    eval_candidates: int = DEFAULT_EVAL_SOURCE.size
-    """Held-out problems to generate; those whose prompt is in the pool are dropped (a task of few distinct prompts
-    needs more candidates for as many held-out problems)."""
-
-    def source(self, template: ProblemSource, size: int | None = None) -> ProblemSource:
-        """`template` (the CPU profile's pool or held-out source: its seed, and its size unless given) with this
-        task's generator."""
-        update = {
-            "name": self.generator,
-            "task_options_json": json.dumps(self.task_options),
-            "size": size or template.size,
-        }
-        return template.model_copy(update=update)
-
-    def run_config(self) -> dict:
-        """The run config (the dagster CLI's format) that makes this task the lake's pool and held-out set."""
-        return {
-            "ops": {
-                layout.PROBLEM_POOL: {"config": {"source": self.source(DEFAULT_TRAINING_SOURCE).model_dump()}},
-                layout.EVAL_PROBLEMS: {
-                    "config": {"source": self.source(DEFAULT_EVAL_SOURCE, self.eval_candidates).model_dump()}
-                },
-            }
-        }
-
-
-def load_tasks(path: Path) -> dict[str, Task]:
-    """The tasks file (experiments/tasks/headroom.yaml): name -> {description, name (generator), task_options,
-    eval_candidates (optional)}."""
-    document = yaml.safe_load(path.read_text()) or {}
-    if DEFAULT_TRAINING_SOURCE.kind != "reasoning_gym":
-        raise ValueError(
-            "the headroom tasks are reasoning_gym generators, and this profile's pool is "
-            f"{DEFAULT_TRAINING_SOURCE.describe()}"
-        )
-    return {
-        name: Task(
-            name=name,
-            description=entry.get("description", ""),
-            generator=entry["name"],
-            task_options=entry.get("task_options", {}),
-            eval_candidates=entry.get("eval_candidates", DEFAULT_EVAL_SOURCE.size),
-        )
-        for name, entry in document.items()
-    }
-
-
-def task_home(lake: Path, task: str) -> Path:
-    """The task's Dagster home (its dagster.yaml keeps the instance under `data_lake/` beside it)."""
-    return lake / HEADROOM_DIR / task
-
-
-def task_lake(lake: Path, task: str) -> Path:
-    return task_home(lake, task) / "data_lake"
 
 
 CONTROLS = (layout.LABELED_ONLY, layout.GOLD_LABEL)
@@ -166,8 +95,9 @@ def data_headroom(evals: dict[str, dict[str, PublishedEval | None]]) -> verdict.
     return verdict.paired_difference(treatment, control, treatment_name="gold-label", control_name="labeled-only")
 
 
-def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
-    """The task's line of the table: seed means of the label headroom, and the data headroom with its interval."""
+def task_row(task: str, lake: Path, arms: list[Arm]) -> dict:
+    """The line of `task` (its `arms`) in the table: seed means of the label headroom, and the data headroom with its
+    interval."""
     evals = control_evals(lake, arms)
     seeds = seed_rows(lake, arms, evals)
     difference = data_headroom(evals)
@@ -177,7 +107,7 @@ def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
         else dict.fromkeys(SEED_SCHEMA)
     )
     return {
-        "task": task.name,
+        "task": task,
         "seeds": seeds.height,
         "teacher_validation_greedy": means["teacher_validation_greedy"],
         "maj_at_k": means["maj_at_k"],
@@ -191,6 +121,14 @@ def task_row(task: Task, lake: Path, arms: list[Arm]) -> dict:
         "data_headroom_seeds": difference.seeds if difference else 0,
         "outcome": difference.outcome if difference else "not run",
     }
+
+
+def headroom_table(lake: Path, arms: list[Arm]) -> pl.DataFrame:
+    """One line per task that `arms` name (`task_row`), in the order they first appear."""
+    by_task: dict[str, list[Arm]] = {}
+    for arm in arms:
+        by_task.setdefault(arm.spec.task, []).append(arm)
+    return pl.DataFrame([task_row(task, lake, members) for task, members in by_task.items()])
 
 
 def grid_task(table: pl.DataFrame) -> str | None:

@@ -231,11 +231,13 @@ def audit(round_lake: RoundLake) -> PublishedAudit:
 
 
 def lake_checkpoints(root: Path) -> dict[str, Path]:
-    """Every checkpoint the lake holds, by a name a person reads: the base model, then per arm its labeled-RL
-    checkpoint and each round's student and controls (`default / round 1 / labeled_only`)."""
-    found = {BASE_MODEL_NAME: layout.artifact_dir(root, layout.BASE_MODEL)}
+    """Every checkpoint the lake holds, by a name a person reads: per arm its base model, its labeled-RL checkpoint
+    and each round's student and controls (`default / round 1 / labeled_only`)."""
+    found = {}
     rounds = sorted(layout.round_number(path.name) for path in root.glob(f"{layout.ROUND_PREFIX}*") if path.is_dir())
-    for arm in sorted(path.name for path in layout.artifact_dir(root, layout.LABELED_RL).glob("*") if path.is_dir()):
+    arms = {path.name for name in (layout.BASE_MODEL, layout.LABELED_RL) for path in (root / name).glob("*")}
+    for arm in sorted(arms):
+        found[f"{arm} / {BASE_MODEL_NAME}"] = layout.artifact_dir(root, layout.BASE_MODEL, arm)
         found[f"{arm} / labeled RL"] = layout.artifact_dir(root, layout.LABELED_RL, arm)
         for number in rounds:
             for role in (layout.STUDENT_ROLE, *layout.CONTROLS):

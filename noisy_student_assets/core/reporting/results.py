@@ -5,10 +5,10 @@ committed beside the results page (`results/`). The summary reads such a directo
 tables, and seeds run on different days or machines pool by copying their results into one directory: the arms
 are partitions, their files never collide.
 
-What is kept, per arm: every evaluation's metrics, per-problem scores and report tables (not its completions),
-each round's pseudo-label audit, frontier and settings (not the labels' table), the verifier's measures, and the
-unlabeled problems (their ids say which held-out problems a test-time arm trained on); shared: the held-out
-problems and the base model's evaluation.
+What is kept, per arm: every evaluation's metrics, per-problem scores and report tables (not its completions), the
+base model's among them, each round's pseudo-label audit, frontier and settings (not the labels' table), the
+verifier's measures, the held-out problems and the unlabeled problems (their ids say which held-out problems a
+test-time arm trained on).
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import polars as pl
-
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
 from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
 
-ARM_EVAL_ASSETS = (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
+ARM_EVAL_ASSETS = (layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
 ROUND_EVAL_ASSETS = (
     layout.EVAL_REPORT,
     layout.STUDENT_VALIDATION,
@@ -33,10 +31,10 @@ COMPLETIONS = (GREEDY_FILE, SAMPLED_FILE)
 
 
 def result_files(lake: Path, arms: list[str]) -> list[Path]:
-    """The files of `arms` (and the shared ones) that a results directory keeps, as paths relative to `lake`."""
-    directories = [layout.artifact_dir(lake, name) for name in (layout.BASE_MODEL_EVAL, layout.EVAL_PROBLEMS)]
+    """The files of `arms` that a results directory keeps, as paths relative to `lake`."""
+    directories = []
     for arm in arms:
-        directories += [layout.artifact_dir(lake, name, arm) for name in (*ARM_EVAL_ASSETS, layout.UNLABELED_PROBLEMS)]
+        directories += [layout.artifact_dir(lake, name, arm) for name in (*ARM_EVAL_ASSETS, *TABLE_ASSETS)]
         for round_dir in sorted(lake.glob(f"{layout.ROUND_PREFIX}*")):
             directories += [
                 round_dir / name / arm for name in (*ROUND_EVAL_ASSETS, layout.PSEUDO_LABELS, layout.VERIFIER)
@@ -51,7 +49,7 @@ def result_files(lake: Path, arms: list[str]) -> list[Path]:
 
 
 def _kept(asset: str, file_name: str) -> bool:
-    if asset in (layout.BASE_MODEL_EVAL, *ARM_EVAL_ASSETS, *ROUND_EVAL_ASSETS):
+    if asset in (*ARM_EVAL_ASSETS, *ROUND_EVAL_ASSETS):
         return file_name.endswith((".json", ".parquet")) and file_name not in COMPLETIONS
     if asset == layout.PSEUDO_LABELS:
         return file_name.endswith(".json")
@@ -60,32 +58,10 @@ def _kept(asset: str, file_name: str) -> bool:
     return asset in TABLE_ASSETS and file_name == layout.TABLE_FILE_NAME
 
 
-def _same_origin(source: Path, target: Path) -> bool:
-    """Whether a lake's shared file (`source`) and a results directory's copy of it (`target`) are of the same task
-    and base model: the same held-out problems, and the base model's same scores of each. Its evaluation redone
-    under a new eval stage version, which adds a column or a metric, is of the same origin; an older one is not
-    taken over the newer."""
-    if source.read_bytes() == target.read_bytes():
-        return True
-    scores = [directory / layout.SCORES_FILE for directory in (source.parent, target.parent)]
-    if source.parent.name != layout.BASE_MODEL_EVAL or not all(path.is_file() for path in scores):
-        return False
-    new, old = (pl.read_parquet(path).sort("problem_id") for path in scores)
-    return set(old.columns) <= set(new.columns) and new.select(old.columns).equals(old)
-
-
 def export_results(lake: Path, arms: list[str], destination: Path) -> list[Path]:
     """Copy the result files of `arms` from `lake` into `destination` in the same layout (what was there of other
-    arms stays); the files copied, relative to both. A shared file (the held-out problems, the base model's
-    evaluation) that `destination` holds of another origin (`_same_origin`) is refused: those results are of
-    another task or model."""
+    arms stays); the files copied, relative to both."""
     files = result_files(lake, arms)
-    for relative in files:
-        target = destination / relative
-        if len(relative.parts) == 2 and target.exists() and not _same_origin(lake / relative, target):
-            raise ValueError(
-                f"{target} differs from {lake / relative}: {destination} holds results of another task or base model"
-            )
     for relative in files:
         target = destination / relative
         target.parent.mkdir(parents=True, exist_ok=True)

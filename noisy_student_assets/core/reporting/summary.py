@@ -132,8 +132,6 @@ class ExperimentResults:
 
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
-    base = read_evaluation(lake, layout.BASE_MODEL_EVAL, None)
-    eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, None)
     accuracy, audits, calibration, validation, sources, curves, flips, yardsticks, verifiers, pending, by_group = (
         [],
         [],
@@ -160,6 +158,8 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 }
             )
         evaluations = arm_evaluations(lake, arm.name, rounds)
+        base = read_evaluation(lake, layout.BASE_MODEL_EVAL, arm.name)
+        eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, arm.name)
         unlabeled = _lake_table(lake, layout.UNLABELED_PROBLEMS, arm.name)
         sets = (
             test_time.eval_sets(eval_table, unlabeled["problem_id"])

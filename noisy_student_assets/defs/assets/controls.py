@@ -146,8 +146,8 @@ def round_controls(number: int) -> dg.Definitions:
     checks = []
     for control_key in checkpoint_key.values():
         checks += [
-            *checkpoint_checks(control_key, partitions_def=ARMS),
-            compute_matched_check(control_key, student_key, ARMS),
+            *checkpoint_checks(control_key),
+            compute_matched_check(control_key, student_key),
         ]
     evals = [
         checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number))

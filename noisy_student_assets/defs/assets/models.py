@@ -1,5 +1,5 @@
-"""Checkpoints that are not tied to a round (the base model, shared by every arm; each arm's labeled-RL
-checkpoint), their evaluations, and the eval-asset factory every checkpoint's evaluation is made by."""
+"""Checkpoints that are not tied to a round (each arm's base model and labeled-RL checkpoint), their evaluations,
+and the eval-asset factory every checkpoint's evaluation is made by."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,11 +8,13 @@ import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.checkpoints import materialize_checkpoint
+from noisy_student_assets.core.checkpoints import CheckpointInfo, conversion_key, materialize_checkpoint
 from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, stage, train_on_labeled
 from noisy_student_assets.defs.checks import EVAL_NOT_DEGENERATE, checkpoint_checks, reported_check
 from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
+from noisy_student_assets.defs.lineage import reuse_key
 from noisy_student_assets.defs.partitions import ARMS
+from resources.data_lake import CONTENT_KEY_FILE
 from resources.stage_resources import StageResources
 
 GROUP = "models"
@@ -20,19 +22,28 @@ BASE_MODEL = dg.AssetKey(layout.BASE_MODEL)
 LABELED_RL = dg.AssetKey(layout.LABELED_RL)
 
 
-@dg.asset(name=layout.BASE_MODEL, io_manager_key="checkpoint_io_manager", group_name=GROUP)
+@dg.asset(name=layout.BASE_MODEL, io_manager_key="checkpoint_io_manager", group_name=GROUP, partitions_def=ARMS)
 def base_model(
     context: dg.AssetExecutionContext,
     config: BaseModelConfig,
     stage_resources: StageResources,
 ) -> dg.Output[Path]:
-    """The starting checkpoint of every arm, as a self-contained float32 safetensors directory with tokenizer and chat
-    template."""
-    staged = stage_resources.lake.staging_dir()
+    """The starting checkpoint of the arm, as a self-contained float32 safetensors directory with tokenizer and chat
+    template. Arms of one model share its files: an identical published conversion is reused by hard links."""
+    lake = stage_resources.lake
     with stage(context, config, stage_resources) as current:
         settings = current.settings
-        context.log.info(f"Resolving model reference {settings.reference!r}")
-        info = materialize_checkpoint(settings.reference, staged, trust_remote_code=settings.trust_remote_code)
+        key = reuse_key(conversion_key(settings.reference, settings.trust_remote_code), settings)
+        if published := lake.recall(key):
+            context.log.info(f"Reusing {published}: the same model reference already converted")
+            current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
+            staged = lake.stage_copy(published)
+            info = CheckpointInfo.read(staged)
+        else:
+            context.log.info(f"Resolving model reference {settings.reference!r}")
+            staged = lake.staging_dir()
+            info = materialize_checkpoint(settings.reference, staged, trust_remote_code=settings.trust_remote_code)
+            (staged / CONTENT_KEY_FILE).write_text(key)
     return current.output(
         staged,
         metadata={
@@ -74,7 +85,6 @@ def checkpoint_eval(
     checkpoint: dg.AssetKey,
     *,
     group: str,
-    partitions_def: dg.PartitionsDefinition | None = ARMS,
     problems: str = layout.EVAL_PROBLEMS,
 ) -> dg.AssetsDefinition:
     """An asset that evaluates the checkpoint asset `checkpoint` on `problems` (the held-out eval set, or
@@ -83,7 +93,7 @@ def checkpoint_eval(
     @dg.asset(
         key=key,
         group_name=group,
-        partitions_def=partitions_def,
+        partitions_def=ARMS,
         io_manager_key="eval_io_manager",
         ins={
             "checkpoint_dir": dg.AssetIn(checkpoint, input_manager_key="checkpoint_io_manager"),
@@ -109,7 +119,7 @@ def checkpoint_eval(
     return _eval
 
 
-base_model_eval = checkpoint_eval(dg.AssetKey(layout.BASE_MODEL_EVAL), BASE_MODEL, group=GROUP, partitions_def=None)
+base_model_eval = checkpoint_eval(dg.AssetKey(layout.BASE_MODEL_EVAL), BASE_MODEL, group=GROUP)
 labeled_rl_eval = checkpoint_eval(dg.AssetKey(layout.LABELED_RL_EVAL), LABELED_RL, group=GROUP)
 labeled_rl_validation = checkpoint_eval(
     dg.AssetKey(layout.LABELED_RL_VALIDATION), LABELED_RL, group=GROUP, problems=layout.VALIDATION_PROBLEMS
@@ -117,5 +127,5 @@ labeled_rl_validation = checkpoint_eval(
 
 defs = dg.Definitions(
     assets=[base_model, labeled_rl_checkpoint, base_model_eval, labeled_rl_eval, labeled_rl_validation],
-    asset_checks=[*checkpoint_checks(BASE_MODEL), *checkpoint_checks(LABELED_RL, partitions_def=ARMS)],
+    asset_checks=[*checkpoint_checks(BASE_MODEL), *checkpoint_checks(LABELED_RL)],
 )

@@ -1,5 +1,6 @@
-"""Problem tables: the training pool and the held-out eval set (shared by every arm), and each arm's
-seeded labeled / unlabeled / validation draw from the pool."""
+"""Problem tables, per arm: the training pool and the held-out eval set of the arm's task (identical for every arm
+of a task, so that arms are compared on the same problems), and the arm's seeded labeled / unlabeled / validation
+draw from the pool."""
 
 from collections.abc import Iterator
 
@@ -34,11 +35,11 @@ def _table_metadata(frame: pl.DataFrame, source: ProblemSource | None = None) ->
     } | ({"source": source.describe()} if source else {})
 
 
-@dg.asset(name=layout.PROBLEM_POOL, group_name=GROUP)
+@dg.asset(name=layout.PROBLEM_POOL, group_name=GROUP, partitions_def=ARMS)
 def problem_pool(
     context: dg.AssetExecutionContext, config: ProblemPoolConfig, stage_resources: StageResources
 ) -> dg.Output[pl.DataFrame]:
-    """The training pool every arm draws its labeled, unlabeled and validation problems from."""
+    """The training pool of the arm's task, which its labeled, unlabeled and validation problems are drawn from."""
     with stage(context, config, stage_resources) as current:
         source = current.settings.resolved_source
         pool = load_problems(**source.load_kwargs())
@@ -46,15 +47,15 @@ def problem_pool(
     return current.output(pool, metadata=_table_metadata(pool, source))
 
 
-@dg.asset(name=layout.EVAL_PROBLEMS, group_name=GROUP)
+@dg.asset(name=layout.EVAL_PROBLEMS, group_name=GROUP, partitions_def=ARMS)
 def eval_problems(
     context: dg.AssetExecutionContext,
     config: EvalProblemsConfig,
     problem_pool: pl.DataFrame,
     stage_resources: StageResources,
 ) -> dg.Output[pl.DataFrame]:
-    """Held-out problems every checkpoint of every arm is evaluated on, minus any prompt or problem id of the
-    training pool (so no arm's split can contain one, and arms are compared on the same problems)."""
+    """Held-out problems of the arm's task, which every checkpoint of the arm is evaluated on, minus any prompt or
+    problem id of the training pool (so no split can contain one); every arm of a task has the same ones."""
     with stage(context, config, stage_resources) as current:
         source = current.settings.resolved_source
         candidates = load_problems(**source.load_kwargs())

@@ -305,7 +305,7 @@ def round_definitions(number: int) -> dg.Definitions:
             student_validation,
             eval_report,
         ],
-        asset_checks=checkpoint_checks(student_key, partitions_def=ARMS),
+        asset_checks=checkpoint_checks(student_key),
     )
 
 

@@ -1,0 +1,98 @@
+"""Tasks an experiment can name (no Dagster here): `experiments/tasks/*.yaml` (and `tasks/` of another experiments
+directory), each task a reasoning_gym generator and its options, which an arm's `task` field makes its training pool
+and its held-out set.
+
+    chain-sums:
+      description: "three one-digit numbers added or subtracted (reasoning_gym chain_sum): 7 - 2 + 9"
+      name: chain_sum
+      task_options: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1}
+      eval_candidates: 280   # held-out candidates to generate (default: the CPU profile's 230)
+
+The pool and the held-out set keep the CPU profile's sizes and seeds (`CPU_TRAINING_SOURCE`, `CPU_EVAL_SOURCE`):
+1000 problems from seed 0, and the held-out candidates from seed 1000, the pool's prompts dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE, ProblemSource
+
+TASKS_DIR = "tasks"
+"""Under the experiments directory."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A reasoning_gym generator and its options, for the pool and the held-out set."""
+
+    name: str
+    description: str
+    generator: str
+    task_options: dict = field(default_factory=dict)
+    eval_candidates: int = CPU_EVAL_SOURCE.size
+    """Held-out problems to generate; those whose prompt is in the pool are dropped (a task of few distinct prompts
+    needs more candidates for as many held-out problems)."""
+
+    def _source(self, template: ProblemSource, size: int) -> ProblemSource:
+        update = {"name": self.generator, "task_options_json": json.dumps(self.task_options), "size": size}
+        return template.model_copy(update=update)
+
+    @property
+    def training_source(self) -> ProblemSource:
+        return self._source(CPU_TRAINING_SOURCE, CPU_TRAINING_SOURCE.size)
+
+    @property
+    def eval_source(self) -> ProblemSource:
+        return self._source(CPU_EVAL_SOURCE, self.eval_candidates)
+
+
+SHIPPED_TASKS = Path(__file__).resolve().parents[3] / "experiments" / TASKS_DIR
+
+
+def tasks_dirs() -> list[Path]:
+    """Where tasks are declared: the repository's `experiments/tasks/`, and `tasks/` of the experiments directory
+    when that is another (`NOISY_STUDENT_EXPERIMENTS`)."""
+    from noisy_student_assets.core.experiments.arms import default_experiments_dir  # arms' fields read the tasks
+
+    return list(dict.fromkeys([SHIPPED_TASKS, default_experiments_dir().resolve() / TASKS_DIR]))
+
+
+def load_tasks(directories: list[Path] | None = None) -> dict[str, Task]:
+    """Every task of the YAML files in `directories` (default: `tasks_dirs()`) by name; a name may appear once."""
+    tasks: dict[str, Task] = {}
+    for path in sorted(path for directory in directories or tasks_dirs() for path in directory.glob("*.yaml")):
+        for name, entry in (yaml.safe_load(path.read_text()) or {}).items():
+            if name in tasks:
+                raise ValueError(f"task {name!r} is declared twice ({path})")
+            tasks[name] = Task(
+                name=name,
+                description=entry.get("description", ""),
+                generator=entry["name"],
+                task_options=entry.get("task_options", {}),
+                eval_candidates=entry.get("eval_candidates", CPU_EVAL_SOURCE.size),
+            )
+    return tasks
+
+
+def task(name: str) -> Task:
+    """The task called `name` (`tasks_dirs()`)."""
+    tasks = load_tasks()
+    if name not in tasks:
+        where = " or ".join(str(directory) for directory in tasks_dirs())
+        raise ValueError(f"no task {name!r} in {where}; the tasks: {', '.join(tasks) or 'none'}")
+    return tasks[name]
+
+
+def training_source(name: str) -> dict:
+    """The pool of task `name`, whole (every field: written over a run config's source, it replaces it)."""
+    return task(name).training_source.model_dump()
+
+
+def eval_source(name: str) -> dict:
+    """The held-out set of task `name`, whole."""
+    return task(name).eval_source.model_dump()
