@@ -352,8 +352,10 @@ class GRPOSettings(Settings):
     format_reward_weight: float = Field(
         default=0.0, ge=0, description="weight of the format reward beside the answer reward (0: answer only)"
     )
+    # On CPU the loss's activations over a whole step's completions set a GRPO process's peak memory (TRL's fused LM
+    # head already scores the vocabulary in tiles): micro-batches of a quarter of them bound it (docs/benchmark.md).
     gradient_accumulation_steps: Count = Field(
-        default=1,
+        default=by_profile(cpu=4, gpu=1),
         description="micro-batches a step's completions are split into (memory only: the step's batch is unchanged)",
     )
     seed: Seed = Field(description="the run's seed (arm field `seed`)")
