@@ -87,8 +87,10 @@ class Target:
         return self.python_version is None
 
     def describe(self) -> str:
-        here = f"this interpreter (Python {sys.version.split()[0]})"
-        return here if self.is_here else f"cp{self.python_version.replace('.', '')} {', '.join(self.platforms)}"
+        if self.is_here:
+            return f"this interpreter (Python {sys.version.split()[0]})"
+        older = f" and {len(self.platforms) - 1} older platforms" if len(self.platforms) > 1 else ""
+        return f"cp{self.python_version.replace('.', '')} {self.platforms[0]}{older}"
 
 
 def manylinux_platforms(glibc: str, arch: str) -> tuple[str, ...]:
@@ -141,11 +143,15 @@ def module_names(files: list[str]) -> list[str]:
     return names
 
 
-def installed_modules() -> dict[str, set[str]]:
-    """Each module name the installed distributions provide: the canonical names of the distributions providing it."""
+def installed_modules(leave_out: set[str]) -> dict[str, set[str]]:
+    """Each module name the installed distributions but `leave_out` provide (those of the measured run's venv): the
+    canonical names of the distributions providing it. The recorder also sees an import that failed (a library trying
+    for vLLM, left out): that module is no distribution's there, and is not carried."""
     providers: dict[str, set[str]] = {}
     for distribution in metadata.distributions():
         name = canonicalize_name(distribution.metadata["Name"])
+        if name in leave_out:
+            continue
         for module in module_names([str(file.as_posix()) for file in distribution.files or ()]):
             providers.setdefault(module, set()).add(name)
     return providers
@@ -386,7 +392,7 @@ def build(
     model: str | None,
 ) -> dict:
     """The bundle in `out` (which must not exist) for the modules a run imported; its contents (`contents.json`)."""
-    found, unmapped = distributions_of(modules, installed_modules())
+    found, unmapped = distributions_of(modules, installed_modules({canonicalize_name(n) for n in leave_out}))
     measured = {name: metadata.version(name) for name in found}
     wanted = {
         name: version

@@ -13,6 +13,7 @@ from tools.wheelhouse import (
     Target,
     distributions_of,
     install_script,
+    installed_modules,
     manylinux_platforms,
     module_names,
     pack,
@@ -113,3 +114,9 @@ def test_the_install_script_puts_every_file_back_together_and_checks_it(tmp_path
     piece = bundle / paths["big-1.0-py3-none-any.whl"][1]
     piece.write_bytes(b"x" + piece.read_bytes()[1:])
     assert subprocess.run(["bash", str(bundle / "check.sh")], capture_output=True).returncode != 0
+
+
+def test_a_left_out_distribution_provides_no_module_so_an_import_of_it_that_failed_is_not_carried() -> None:
+    everything, without_polars = installed_modules(set()), installed_modules({"polars"})
+    assert everything["polars"] == {"polars"} and "polars" not in without_polars
+    assert without_polars["_polars_runtime_32"] == {"polars-runtime-32"}, "only what the left-out one itself holds"
