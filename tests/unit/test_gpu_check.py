@@ -1,6 +1,7 @@
 """`make gpu-check`'s pure parts (tools/gpu_check.py): the SmolLM2 round, which only a CUDA node runs, is a run config
 and an experiment the code location accepts; the check table and the `nvidia-smi` samples are read as written. Its
-refusal without CUDA: tests/e2e/test_gpu_check.py; its functional round on the CPU: tests/e2e/test_wheelhouse.py."""
+refusal without CUDA: tests/e2e/test_gpu_check_refusal.py; its functional round on the CPU:
+tests/e2e/test_offline_install.py."""
 
 from __future__ import annotations
 

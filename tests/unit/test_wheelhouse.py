@@ -1,6 +1,6 @@
 """The wheelhouse's pure parts (tools/wheelhouse.py): what a node list says it has, which distribution a recorded
 module comes from, which platforms a manylinux target takes, and how files are split into parts and put back
-together. Building one and installing it offline: tests/e2e/test_wheelhouse.py."""
+together. Building one and installing it offline: tests/e2e/test_offline_install.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`make gpu-check` on a machine without CUDA stops at once, before it writes anything, saying what it needs and what
-`--force-cpu` does. Its forced functional round on the CPU: tests/e2e/test_wheelhouse.py (it passes there twice,
-once measuring the wheelhouse's closure, once in the venv the wheelhouse was installed into)."""
+`--force-cpu` does. Its forced functional round on the CPU: tests/e2e/test_offline_install.py (it passes there
+twice, once measuring the wheelhouse's closure, once in the venv the wheelhouse was installed into)."""
 
 from __future__ import annotations
 
