@@ -182,14 +182,22 @@ class Round:
                     process.wait()
                 return None
 
+    def payload_devices(self) -> dict[str, str]:
+        """The device each payload of the round says its stage ran on, by asset."""
+        assets = self.outcome.get("assets", {})
+        return {asset: str(meta.get("payload/device")) for asset, meta in assets.items() if "payload/host" in meta}
+
     @property
     def passed(self) -> bool:
-        checks = self.outcome.get("checks", [])
+        """The grid, every check and the summary passed, and every payload ran on the experiment's device."""
+        checks, devices = self.outcome.get("checks", []), self.payload_devices()
         return (
             self.outcome.get("grid_exit") == 0
             and self.outcome.get("summary_exit") == 0
             and bool(checks)
             and all(check["outcome"] == "passed" for check in checks)
+            and bool(devices)
+            and all(device.startswith(self.experiment["compute"]["device"]) for device in devices.values())
         )
 
 
@@ -361,11 +369,9 @@ def markdown(report: dict) -> str:
         lines += [f"- {name}: {value}" for name, value in outcome["figures"].items() if value is not None]
         lines += [f"- GPU ({key}): {value}" for key, value in outcome["gpu"].items()]
         lines += [
-            f"- {asset}: a payload on host {meta['payload/host']}, "
-            f"CUDA_VISIBLE_DEVICES {meta['payload/cuda_visible_devices']!r}"
-            + (f", device {meta['device']}" if "device" in meta else "")
-            for asset, meta in outcome["assets"].items()
-            if "payload/host" in meta
+            f"- {asset}: a payload on host {outcome['assets'][asset]['payload/host']}, CUDA_VISIBLE_DEVICES "
+            f"{outcome['assets'][asset]['payload/cuda_visible_devices']!r}, device {device}"
+            for asset, device in outcome["payload_devices"].items()
         ]
     return "\n".join(lines) + "\n"
 
@@ -412,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = round_.run(deadline)
             outcome |= {
                 "passed": round_.passed,
+                "payload_devices": round_.payload_devices(),
                 "figures": figures(round_),
                 "gpu": samples.summary(first, samples.count()),
             }

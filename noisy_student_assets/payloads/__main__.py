@@ -54,6 +54,16 @@ class RankReporter:
         return None
 
 
+def _device_name(compute) -> str:
+    """The device a stage ran on: `cpu`, or `cuda` with the card's name."""
+    device = compute.resolved_device()
+    if device != "cuda":
+        return device
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name()})"
+
+
 def main(argv: list[str]) -> int:
     begun = time.time()
     started = psutil.Process().create_time()  # the interpreter's start: what launching the payload cost before main
@@ -82,9 +92,10 @@ def main(argv: list[str]) -> int:
             "stage_seconds": finished - begun,
             "started_at": begun,
             "finished_at": finished,
-            # Where it ran: the devices Ray (or the user) gave the payload.
+            # Where it ran: the devices Ray (or the user) gave the payload, and the one its stage used.
             "host": socket.gethostname(),
             "cuda_visible_devices": environment.visible_devices(),
+            "device": _device_name(spec.compute),
         }
         pipes.report_custom_message({RESULT: result | {TIMING: timing}})
     return 0

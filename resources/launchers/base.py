@@ -99,6 +99,7 @@ def payload_outcome(
             "payload/overhead_seconds": time.perf_counter() - launched - timing["stage_seconds"],
             "payload/host": timing["host"],
             "payload/cuda_visible_devices": timing["cuda_visible_devices"] or "",
+            "payload/device": timing["device"],
             "payload/started_at": timing["started_at"],
             "payload/finished_at": timing["finished_at"],
         }

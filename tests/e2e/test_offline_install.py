@@ -94,4 +94,6 @@ def test_a_wheelhouse_installed_offline_beside_what_a_node_has_runs_the_function
     report = tmp_path / "gpu-check"
     run([str(python), "-m", "tools.gpu_check", "--force-cpu", "--tiny-only", "--out", str(report)], clean)
     result = json.loads((report / "report.json").read_text())
-    assert result["passed"] and result["rounds"]["functional"]["checks"], result
+    functional = result["rounds"]["functional"]
+    assert result["passed"] and functional["checks"], result
+    assert set(functional["payload_devices"].values()) == {"cpu"}, "each payload says where its stage ran"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from noisy_student_assets.core.experiments.arms import load_experiment
-from tools.gpu_check import NVIDIA_SMI_QUERY, GpuSamples, check_outcomes, smollm2_round
+from tools.gpu_check import NVIDIA_SMI_QUERY, GpuSamples, Round, check_outcomes, smollm2_round
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -60,3 +60,18 @@ def test_a_round_s_gpu_figures_are_read_from_its_own_nvidia_smi_samples(tmp_path
         "peak_utilization_percent": 30.0,
     }, "the first sample is an earlier round's; a sample without a reading is left out"
     assert GpuSamples(tmp_path / "none.csv").summary(0, 0) == {"samples": 0}
+
+
+def test_a_round_passes_only_when_every_payload_ran_on_its_experiment_s_device(tmp_path: Path) -> None:
+    checks = [{"arm": "v", "asset": "base_model", "check": "finite_weights", "outcome": "passed"}]
+    on = {"payload/host": "node1", "payload/cuda_visible_devices": "0"}
+    outcome = {"grid_exit": 0, "summary_exit": 0, "checks": checks}
+
+    def passed(*devices: str) -> bool:
+        assets = {f"asset{i}": on | {"payload/device": device} for i, device in enumerate(devices)} | {"verdict": {}}
+        round_ = Round("r", tmp_path, {"compute": {"device": "cuda"}}, {}, outcome | {"assets": assets})
+        return round_.passed
+
+    assert passed("cuda (NVIDIA H100 80GB HBM3)", "cuda (NVIDIA H100 80GB HBM3)")
+    assert not passed("cuda (NVIDIA H100 80GB HBM3)", "cpu"), "a stage that fell back to the CPU fails the round"
+    assert not passed(), "a round without payloads proves nothing about them"
