@@ -44,8 +44,10 @@ trainings and three evaluations."""
 
 def no_cuda_reason() -> str | None:
     """Why this machine cannot run the check on CUDA, or None when it can."""
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        return f"{sys.executable} has no torch: run make setup, or install the wheelhouse (docs/offline-install.md)"
     if torch.cuda.is_available():
         return None
     build = f"torch {torch.__version__}" + (f", built for CUDA {torch.version.cuda}" if torch.version.cuda else "")
