@@ -113,7 +113,7 @@ def test_a_student_s_setup_is_its_grpo_settings_with_its_dropout_noise():
 @pytest.mark.parametrize(
     ("rows", "n_rows", "message"),
     [
-        (Rows(6, "pairs", PSEUDO), 12, "6 rows a step cannot be split over 4 micro-batches"),
+        (Rows(5, "pairs", PSEUDO), 12, "5 rows a step cannot be split over 2 processes"),
         (Rows(8, "completions", PSEUDO), 7, "7 training rows cannot fill a step of 8 completions"),
         (Rows(8, "prompts", None, needed=2), 1, "1 training rows cannot fill a step of 2 prompts"),
         (Rows(8, "pairs", GOLD, needed=1), 0, "no training rows"),
@@ -124,6 +124,13 @@ def test_the_step_budget_is_checked_before_any_model_loads(rows: Rows, n_rows: i
     with pytest.raises(ValueError, match=message):
         setup.check_budget(rows, datasets.Dataset.from_list([{"row": index} for index in range(n_rows)]))
     setup.check_budget(Rows(8, "pairs", GOLD, needed=1), datasets.Dataset.from_list([{"row": 0}]))
+
+
+def test_a_step_too_small_for_its_micro_batches_is_split_into_fewer():
+    setup = TrainerSetup.for_student(GRPOSettings(gradient_accumulation_steps=4, processes=2))
+    assert setup.micro_batches(Rows(16, "completions", PSEUDO)) == 4
+    assert setup.micro_batches(Rows(4, "pairs", PSEUDO)) == 2  # 2 pairs a process
+    assert setup.micro_batches(Rows(6, "pairs", PSEUDO)) == 1  # 3 pairs a process split evenly only whole
 
 
 # --- rewards --------------------------------------------------------------------------------------

@@ -155,12 +155,17 @@ class TrainerSetup:
         )
 
     def check_budget(self, rows: Rows, dataset: datasets.Dataset) -> None:
-        """Raise ValueError when a step's batch cannot be split evenly over the micro-batches and processes, or
-        `dataset` cannot fill one step."""
-        split = self.gradient_accumulation_steps * self.processes
-        if rows.batch % split:
-            raise ValueError(f"{rows.batch} rows a step cannot be split over {split} micro-batches")
+        """Raise ValueError when a step's batch cannot be split evenly over the processes, or `dataset` cannot fill
+        one step."""
+        if rows.batch % self.processes:
+            raise ValueError(f"{rows.batch} rows a step cannot be split over {self.processes} processes")
         check_step_fits(dataset, rows.needed or rows.batch, rows.unit)
+
+    def micro_batches(self, rows: Rows) -> int:
+        """The micro-batches a process splits its share of a step's rows into: `gradient_accumulation_steps`, or the
+        most of them that split the share evenly where it cannot be split that finely (a DPO step trains half as many
+        pairs as GRPO's completions). They only bound memory: a step trains the same rows either way."""
+        return math.gcd(self.gradient_accumulation_steps, rows.batch // self.processes)
 
     def config(self, loss: Loss, rows: Rows, run: TrainingRun) -> TrainingArguments:
         """The method's TRL config: the arguments every trainer shares, then the loss's own fields. A step trains
@@ -170,8 +175,8 @@ class TrainerSetup:
         shared = dict(
             output_dir=str(run.work_dir),
             max_steps=self.max_steps,
-            per_device_train_batch_size=rows.batch // (self.gradient_accumulation_steps * self.processes),
-            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            per_device_train_batch_size=rows.batch // (self.micro_batches(rows) * self.processes),
+            gradient_accumulation_steps=self.micro_batches(rows),
             learning_rate=self.learning_rate,
             lr_scheduler_type="linear",
             seed=self.seed,
