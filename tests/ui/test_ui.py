@@ -159,9 +159,11 @@ def test_a_cheap_asset_materializes_from_the_ui(ui, browser, monkeypatch) -> Non
     with dg.DagsterInstance.from_config(str(cli.home)) as instance:
         instance.add_dynamic_partitions(ARMS.name, [UI_ARM])
     page = _open(browser, f"{url}/assets/{layout.PROBLEM_POOL}")
-    page.locator("button", has_text=re.compile(r"^\s*Materialize\s*$")).first.click()
-    # The asset is partitioned by arm: the launch dialog offers the arm registered, and launches its run.
-    page.get_by_role("button", name=re.compile(r"^Launch 1 run$")).click()
+    # The asset is partitioned by arm: "Materialize…" opens the partitions dialog, where the one arm registered is
+    # all there is to pick.
+    page.locator("button", has_text=re.compile(r"^\s*Materialize…\s*$")).first.click()
+    page.get_by_role("button", name="All", exact=True).click()
+    page.get_by_role("button", name="Launch 1 run", exact=True).click()
     deadline = time.monotonic() + 60
     with dg.DagsterInstance.from_config(str(cli.home)) as instance:
         while not (runs := instance.get_run_records(limit=1)):
