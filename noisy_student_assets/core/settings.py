@@ -364,6 +364,11 @@ class GRPOSettings(Settings):
         description="training processes (torchrun; gloo on CPU, NCCL on GPU): each trains its share of a step's "
         "completions",
     )
+    dynamic_sampling_replacements: NonNegativeInt = Field(
+        default=0,
+        description="groups of equal reward (no gradient) a step may drop and replace with another prompt's group "
+        "(DAPO's dynamic sampling; 0: off)",
+    )
     # LoRA (Hu et al. 2021), merged into the weights after training
     use_lora: bool = Field(
         default=by_profile(cpu=True, gpu=False), description="LoRA adapters; false: fine-tune every weight"
@@ -407,6 +412,11 @@ class GRPOSettings(Settings):
             raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
+        if self.dynamic_sampling_replacements and self.processes > 1:
+            raise ValueError(
+                "dynamic_sampling_replacements needs processes 1: each process would replace and count its own "
+                "share of the groups"
+            )
         if self.completions_per_step % (self.gradient_accumulation_steps * self.processes):
             raise ValueError(
                 f"gradient_accumulation_steps x processes ({self.gradient_accumulation_steps} x {self.processes}) "

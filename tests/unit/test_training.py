@@ -93,7 +93,13 @@ def test_missing_target_names_the_row():
 
 @pytest.mark.parametrize(
     "change",
-    [{"num_generations": 1}, {"loss_type": "ppo"}, {"scale_rewards": "std"}, {"gradient_accumulation_steps": 3}],
+    [
+        {"num_generations": 1},
+        {"loss_type": "ppo"},
+        {"scale_rewards": "std"},
+        {"gradient_accumulation_steps": 3},
+        {"dynamic_sampling_replacements": 2, "processes": 2},
+    ],
 )
 def test_invalid_settings_are_rejected(change):
     with pytest.raises(ValueError):

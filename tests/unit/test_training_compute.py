@@ -14,6 +14,7 @@ from noisy_student_assets.core.training.compute import (
     record_compute,
     training_recipe,
 )
+from noisy_student_assets.core.training.dynamic_sampling import GENERATED_COMPLETIONS, GENERATED_TOKENS
 
 
 def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:
@@ -23,8 +24,21 @@ def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:
         {"train_loss": 0.1},
     ]
     assert grpo_compute(history, steps=2, prompts_per_step=2, num_generations=8) == TrainingCompute(
-        optimizer_steps=2, prompts=4, completions=32, generated_tokens=round((10.0 + 20.5) * 16)
+        optimizer_steps=2,
+        prompts=4,
+        completions=32,
+        generated_tokens=round((10.0 + 20.5) * 16),
+        generated_completions=32,
     )
+
+
+def test_grpo_compute_counts_the_groups_dynamic_sampling_generated_and_dropped() -> None:
+    history = [
+        {"completions/mean_length": 10.0, GENERATED_COMPLETIONS: 24.0, GENERATED_TOKENS: 250.0, "step": 1},
+        {"completions/mean_length": 20.0, GENERATED_COMPLETIONS: 16.0, GENERATED_TOKENS: 320.0, "step": 2},
+    ]
+    compute = grpo_compute(history, steps=2, prompts_per_step=2, num_generations=8)
+    assert (compute.completions, compute.generated_completions, compute.generated_tokens) == (32, 40, 570)
 
 
 def test_a_checkpoint_records_its_lineage_and_a_reused_record_is_rewritten(tmp_path: Path) -> None:
@@ -47,10 +61,17 @@ def test_a_checkpoint_records_its_lineage_and_a_reused_record_is_rewritten(tmp_p
 
 def test_matched_compute_compares_steps_prompts_and_completions_only() -> None:
     spent = {"compute/total_optimizer_steps": 9.0, "compute/total_prompts": 18.0, "compute/total_completions": 144.0}
+    generated = {"compute/total_generated_tokens": 900.0, "compute/total_generated_completions": 160.0}
     matched, table = compute_comparison(
-        spent | {"compute/total_generated_tokens": 900.0}, spent | {"compute/total_generated_tokens": 100.0}
+        spent | generated, spent | {"compute/total_generated_tokens": 100.0, "compute/total_generated_completions": 144}
     )
-    assert matched and table["compute"].to_list() == ["optimizer_steps", "prompts", "completions", "generated_tokens"]
+    assert matched and table["compute"].to_list() == [
+        "optimizer_steps",
+        "prompts",
+        "completions",
+        "generated_tokens",
+        "generated_completions",
+    ]
     assert not compute_comparison(spent, spent | {"compute/total_optimizer_steps": 10.0})[0]
     assert not compute_comparison(spent, {})[0]
     assert TrainingCompute(optimizer_steps=3).mismatches(TrainingCompute(optimizer_steps=2)) == [

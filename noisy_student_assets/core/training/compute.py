@@ -18,6 +18,7 @@ import polars as pl
 
 from noisy_student_assets.core.layout import COMPUTE_FILE
 from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.training.dynamic_sampling import GENERATED_COMPLETIONS, GENERATED_TOKENS
 
 MATCHED_FIELDS = ("optimizer_steps", "prompts", "completions")
 RECIPE_FIELDS = (
@@ -32,6 +33,7 @@ RECIPE_FIELDS = (
     "max_completion_length",
     "num_generations",
     "temperature",
+    "dynamic_sampling_replacements",
 )
 """The GRPO settings a control shares with its student. The learning rate decays linearly to 0 over the run's steps in
 every run (TRL's default schedule, no warmup), so equal steps and learning rates are an equal schedule."""
@@ -49,7 +51,11 @@ class TrainingCompute:
     completions: int = 0
     """Completions trained on: sampled for the GRPO groups, or the teacher's in SFT rows and DPO pairs."""
     generated_tokens: int = 0
-    """Completion tokens sampled while training (GRPO's groups; SFT and DPO sample none)."""
+    """Completion tokens sampled while training (GRPO's groups, the dropped ones included; SFT and DPO sample none)."""
+    generated_completions: int = 0
+    """Completions sampled while training: GRPO's groups trained on and, under dynamic sampling, the groups of equal
+    reward it dropped (`dynamic_sampling`); SFT and DPO sample none. Reported beside the matched fields, not matched:
+    which groups a run drops depends on its policy and its data."""
 
     def __add__(self, other: TrainingCompute) -> TrainingCompute:
         return TrainingCompute(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -99,14 +105,19 @@ def recipe_mismatches(control: dict, student: dict) -> list[str]:
 
 def grpo_compute(log_history: list[dict], steps: int, prompts_per_step: int, num_generations: int) -> TrainingCompute:
     """The compute of a GRPO run of `steps` optimizer steps from TRL's log history (logged every step;
-    `completions/mean_length` is the mean completion length of a step's completions)."""
+    `completions/mean_length` is the mean completion length of a step's completions). Under dynamic sampling each step
+    also logs what its rollout generated, dropped groups included (`dynamic_sampling.STEP_COUNTS`), and those counts
+    are what was generated."""
     completions_per_step = prompts_per_step * num_generations
     lengths = [entry["completions/mean_length"] for entry in log_history if "completions/mean_length" in entry]
+    generated = [entry[GENERATED_COMPLETIONS] for entry in log_history if GENERATED_COMPLETIONS in entry]
+    tokens = [entry[GENERATED_TOKENS] for entry in log_history if GENERATED_TOKENS in entry]
     return TrainingCompute(
         optimizer_steps=steps,
         prompts=steps * prompts_per_step,
         completions=steps * completions_per_step,
-        generated_tokens=round(sum(lengths) * completions_per_step),
+        generated_tokens=round(sum(tokens)) if tokens else round(sum(lengths) * completions_per_step),
+        generated_completions=round(sum(generated)) if generated else steps * completions_per_step,
     )
 
 

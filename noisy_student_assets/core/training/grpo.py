@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from noisy_student_assets.core.prompts import student_messages
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
 from noisy_student_assets.core.settings import HARD_REWARD, VOTE_SHARE_REWARD
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Loss, Rows, TrainerSetup, check_step_fits
+from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -125,12 +127,16 @@ def answer_reward(completions, target, label_source=None, log_metric=None, **kwa
     gets no advantage (with a format reward beside it, the completion keeps that reward alone).
 
     Also logs (TRL's `log_metric` hook) the mean graded reward per label source - on pseudo rows it measures
-    agreement with the teacher, which only the gold rows can tell apart from accuracy - and the share of
-    completions whose reward is ungraded (`answer_reward/ungraded_share`).
+    agreement with the teacher, which only the gold rows can tell apart from accuracy -, the share of
+    completions whose reward is ungraded (`answer_reward/ungraded_share`), and under dynamic sampling the step's
+    counts (`dynamic_sampling.STEP_COUNTS`).
     """
     rewards = [grading.answer_reward(completion_text(c), t) for c, t in zip(completions, target, strict=True)]
     if log_metric is not None:
         _log_ungraded("answer_reward", rewards, log_metric)
+        for name in STEP_COUNTS:  # under dynamic sampling, the step's rollout counted these (one value a step)
+            if name in kwargs:
+                log_metric(name, kwargs[name][0])
         for source in sorted(set(label_source or [])):
             source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source and r is not None]
             if source_rewards:
@@ -145,7 +151,7 @@ def vote_share_reward(
     that the completion's answer cluster won (the majority's agreement for the pseudo-label, less for a
     minority answer, 0 outside every cluster); on a labeled row ("[]"), 1.0 for the gold answer.  None where
     it is ungraded, as in `answer_reward`; the share of those is logged as `vote_share_reward/ungraded_share`."""
-    hard = answer_reward(completions, target, label_source, log_metric)
+    hard = answer_reward(completions, target, label_source, log_metric, **kwargs)
     rewards = []
     for completion, shares, hard_reward in zip(completions, vote_shares, hard, strict=True):
         clusters = json.loads(shares)
@@ -196,6 +202,21 @@ def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completi
     }
     reward_funcs = [answer] + ([format_reward_fn] if with_format else [])
     return Loss("GRPO", GRPOTrainer, GRPOConfig, config, GRPO_LOGGED, {"reward_funcs": reward_funcs})
+
+
+def with_dynamic_sampling(loss: Loss, dataset: Dataset, settings: GRPOSettings) -> Loss:
+    """`loss` whose groups are sampled by `dynamic_sampling.DynamicSampling` (TRL's `rollout_func`): a group of equal
+    rewards is replaced by another prompt's of `dataset`, up to `settings.dynamic_sampling_replacements` a step."""
+    reward_funcs = loss.trainer_options["reward_funcs"]
+    rollout = DynamicSampling(
+        dataset,
+        reward_funcs,
+        loss.config["reward_weights"] or [1.0] * len(reward_funcs),
+        settings.num_generations,
+        settings.dynamic_sampling_replacements,
+        settings.seed,
+    )
+    return replace(loss, trainer_options=loss.trainer_options | {"rollout_func": rollout})
 
 
 def grpo_rows(settings: GRPOSettings) -> Rows:
@@ -254,5 +275,7 @@ def train_grpo(
         raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
     loss = grpo_loss(settings, reward=reward, log_completions=log_completions)
+    if settings.dynamic_sampling_replacements:
+        loss = with_dynamic_sampling(loss, dataset, settings)
     setup = TrainerSetup.for_student(settings, model_dropout)
     return setup.train(loss, grpo_rows(settings), init_checkpoint, dataset, out_dir, run)
