@@ -18,7 +18,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiment
-from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table
+from noisy_student_assets.core.reporting.headroom import headroom_table, headroom_verdict
 from noisy_student_assets.core.reporting.markdown import markdown_table
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "headroom.yaml"
@@ -33,12 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     table = headroom_table(args.lake or layout.default_lake_root(), load_experiment(args.experiment).all_arms())
     print(markdown_table(table.with_columns(pl.col(pl.Float64).round(3))))
-    chosen = grid_task(table)
-    print(
-        f"\nThe label-source grid's task: {chosen}"
-        if chosen
-        else "\nNo task has data headroom (gold labels beating labeled-only on 3 seeds)."
-    )
+    print(f"\n{headroom_verdict(table)}")
     return 0
 
 

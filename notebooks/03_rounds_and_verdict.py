@@ -84,11 +84,12 @@ pl.DataFrame(against_teacher).drop("treatment", "control")
 
 # %% [markdown]
 # Each round's student minus each of its controls (the verdict's table; `compute_matched` says whether both spent the
-# same optimizer steps, prompts and completions since the base model):
+# same optimizer steps, prompts and completions since the base model; `mde`: the smallest true effect its interval
+# detects 80% of the time):
 
 # %%
 results.differences.select(
-    "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "outcome", "compute_matched"
+    "round", "control", "eval_set", "seeds", "problems", "estimate", "low", "high", "mde", "outcome", "compute_matched"
 )
 
 # %% [markdown]

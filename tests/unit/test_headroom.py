@@ -14,7 +14,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment, load_experiment
 from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import load_problems
-from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, task_row
+from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, headroom_verdict, task_row
 from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE
 from noisy_student_assets.defs.config import ProblemPoolConfig, with_arm
 from noisy_student_assets.headroom import EXPERIMENT
@@ -100,8 +100,16 @@ def test_the_grid_takes_the_task_with_data_headroom_and_the_most_label_headroom(
     table = headroom_table(tmp_path, ARMS)
     assert table["task"].to_list() == ["two-digit-sums", "chain-sums", "products"]
     assert table["seeds"].to_list() == [3, 3, 2]
-    assert table["outcome"][0] == "no difference"
+    assert table["outcome"].to_list()[:2] == ["inconclusive", "better"]
+    assert table["data_headroom_mde"][1] > table["data_headroom_high"][1] - table["data_headroom"][1]
+    assert headroom_verdict(table.filter(pl.col("task") != "chain-sums")).startswith(
+        "No task shows data headroom (gold labels beating labeled-only on 3 seeds); two-digit-sums: inconclusive: "
+        f"could have missed an effect up to {table['data_headroom_mde'][0]:.3f} (3 seeds)"
+    )
     assert grid_task(table) == "chain-sums"
+    margined = load_experiment(EXPERIMENT).model_copy(update={"equivalence_margin": 0.05}).all_arms()
+    row = task_row("two-digit-sums", tmp_path, [arm for arm in margined if arm.spec.task == "two-digit-sums"])
+    assert row["outcome"] == "no effect larger than 0.05"  # gold labels gained nothing: the interval is 0 to 0
     assert grid_task(table.filter(pl.col("task") != "chain-sums")) is None
 
 
@@ -112,4 +120,5 @@ def test_the_committed_results_print_the_table(capsys) -> None:
     assert headroom.main(["--lake", str(Path(__file__).resolve().parents[2] / "results")]) == 0
     printed = capsys.readouterr().out
     assert "| two-digit-sums | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 0.594 | 0.608 | 0.014 |" in printed
-    assert "No task has data headroom" in printed
+    assert "No task has data headroom" not in printed
+    assert "two-digit-sums: inconclusive: could have missed an effect up to" in printed

@@ -6,7 +6,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from noisy_student_assets.core.reporting.verdict import direction, paired_difference, paired_scores, seeds_interval
+from noisy_student_assets.core.reporting.verdict import (
+    INCONCLUSIVE,
+    outcome_of,
+    paired_difference,
+    paired_scores,
+    seeds_interval,
+)
 
 NAMES = {"treatment_name": "round 2", "control_name": "its labeled-only control"}
 
@@ -15,7 +21,7 @@ def test_identical_scores_differ_by_exactly_nothing() -> None:
     scores = np.array([[1, 0, 1, 1, 0, 0, 1, 0]])
     difference = paired_difference(scores, scores, **NAMES)
     assert (difference.estimate, difference.low, difference.high) == (0.0, 0.0, 0.0)
-    assert difference.outcome == "no difference, one seed" and "is not distinguishable from" in difference.sentence()
+    assert difference.outcome == "inconclusive, one seed" and "is not distinguishable from" in difference.sentence()
 
 
 def test_a_clear_gain_has_an_interval_above_zero_and_says_so() -> None:
@@ -121,7 +127,7 @@ def _pooled_percentile_bootstrap_excludes_zero(
 @pytest.mark.parametrize("seeds", [2, 3, 5])
 def test_with_no_true_effect_the_verdict_takes_a_side_about_5_percent_of_the_time(seeds: int) -> None:
     rng = np.random.default_rng(seeds)
-    sided = [paired_difference(*_null_grids(rng, seeds), **NAMES).direction != "no difference" for _ in range(1500)]
+    sided = [paired_difference(*_null_grids(rng, seeds), **NAMES).direction != INCONCLUSIVE for _ in range(1500)]
     assert np.mean(sided) <= 0.07  # nominal 0.05; 1500 trials have a standard error of 0.006
 
 
@@ -168,13 +174,13 @@ def test_seeds_whose_means_tie_on_different_problems_still_have_an_interval() ->
 def test_seeds_that_agree_by_chance_keep_the_width_their_own_sampling_gives() -> None:
     """Three seeds with the same difference: the seeds' spread is 0, the interval is each seed's sampling variance's
     (normal); seeds that disagree more than their sampling allows get the t-interval over seeds."""
-    low, high = seeds_interval(np.array([0.1, 0.1, 0.1]), np.array([0.01, 0.01, 0.01]))
+    low, high, _ = seeds_interval(np.array([0.1, 0.1, 0.1]), np.array([0.01, 0.01, 0.01]))
     assert (low, high) == (
         pytest.approx(0.1 - 1.96 * np.sqrt(0.03) / 3, abs=1e-3),
         pytest.approx(0.1 + 1.96 * np.sqrt(0.03) / 3, abs=1e-3),
     )
     spread = np.array([-0.2, 0.1, 0.4])
-    low, high = seeds_interval(spread, np.full(3, 1e-6))
+    low, high, _ = seeds_interval(spread, np.full(3, 1e-6))
     assert high - low == pytest.approx(2 * 4.303 * 0.3 / np.sqrt(3), abs=1e-3)
 
 
@@ -190,10 +196,10 @@ def test_with_no_true_difference_a_label_source_takes_a_side_at_most_5_percent_o
         source, majority = (labels.mean(axis=1) for labels in _null_grids(rng, seeds, problems=16))
         differences = source - majority
         floored.append(
-            direction(*seeds_interval(differences, (source * (1 - source) + majority * (1 - majority)) / 16))
-            != "no difference"
+            outcome_of(*seeds_interval(differences, (source * (1 - source) + majority * (1 - majority)) / 16)[:2])
+            != INCONCLUSIVE
         )
-        seeds_alone.append(direction(*seeds_interval(differences, np.zeros(seeds))) != "no difference")
+        seeds_alone.append(outcome_of(*seeds_interval(differences, np.zeros(seeds))[:2]) != INCONCLUSIVE)
     assert np.mean(floored) <= 0.05
     if seeds == 2:
         assert np.mean(seeds_alone) > 0.08, "the simulation catches the seeds-only interval"

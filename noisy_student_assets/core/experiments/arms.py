@@ -303,6 +303,12 @@ class Experiment(BaseModel):
         description="the compute the grid runs this experiment's heavy stages with: the compute resource's fields "
         "(null: the resource's)",
     )
+    equivalence_margin: float | None = Field(
+        default=None,
+        gt=0,
+        description="the accuracy difference below which a verdict may read 'no effect larger than' it, named before "
+        "the run (null: a verdict that takes no side is inconclusive; `verdict.outcome_of`)",
+    )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
 
@@ -369,7 +375,13 @@ class Experiment(BaseModel):
         return self
 
     def arm(self, name: str) -> Arm:
-        return Arm(name=name, experiment=self.name, spec=self.arms[name].over(self.defaults), own=self.arms[name])
+        return Arm(
+            name=name,
+            experiment=self.name,
+            spec=self.arms[name].over(self.defaults),
+            own=self.arms[name],
+            equivalence_margin=self.equivalence_margin,
+        )
 
     def all_arms(self) -> list[Arm]:
         return [self.arm(name) for name in self.arms]
@@ -385,6 +397,8 @@ class Arm(BaseModel):
     spec: ArmSpec
     own: ArmSpec = ArmSpec()
     """What the arm itself sets, without its experiment's defaults: what tells it from its siblings."""
+    equivalence_margin: float | None = None
+    """Its experiment's `equivalence_margin`."""
 
     def overrides(self, stage: str) -> dict:
         return self.spec.overrides(stage)

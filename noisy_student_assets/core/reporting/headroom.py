@@ -5,8 +5,10 @@ matter at all (no Dagster here).
   of the unlabeled problems (the round's audit against the hidden gold) the majority's accuracy (maj@K) and
   the oracle's (pass@K). pass@K minus maj@K is what a label source can win over the plain vote;
 - data headroom: the round's gold-label control minus its labeled-only control on the held-out set, paired by
-  problem and pooled over the seeds (`verdict.paired_difference`). Where perfect labels do not beat the labels
-  alone, no label source can make a better student.
+  problem and pooled over the seeds (`verdict.paired_difference`), with the smallest true effect its interval detects
+  80% of the time (its mde). Where perfect labels do not beat the labels alone, no label source can make a better
+  student; an interval that takes no side shows no headroom only within the experiment's equivalence margin, and
+  otherwise could have missed one up to its mde.
 
 `experiments/headroom.yaml`'s arms each name their task (`experiments/tasks/`) and seed; the grid runs them in one
 lake, and the table groups them by task (`python -m noisy_student_assets.headroom`).
@@ -81,9 +83,11 @@ SEED_SCHEMA = {
 }
 
 
-def data_headroom(evals: dict[str, dict[str, PublishedEval | None]]) -> verdict.Difference | None:
+def data_headroom(
+    evals: dict[str, dict[str, PublishedEval | None]], margin: float | None = None
+) -> verdict.Difference | None:
     """Gold-label minus labeled-only on the held-out set, paired by problem, over the arms that have both
-    (`evals`: `control_evals`)."""
+    (`evals`: `control_evals`; `margin`: the experiment's equivalence margin)."""
     pairs = [
         (controls[layout.GOLD_LABEL].scores, controls[layout.LABELED_ONLY].scores)
         for controls in evals.values()
@@ -92,7 +96,9 @@ def data_headroom(evals: dict[str, dict[str, PublishedEval | None]]) -> verdict.
     if not pairs:
         return None
     treatment, control = verdict.paired_scores(pairs)
-    return verdict.paired_difference(treatment, control, treatment_name="gold-label", control_name="labeled-only")
+    return verdict.paired_difference(
+        treatment, control, treatment_name="gold-label", control_name="labeled-only", margin=margin
+    )
 
 
 def task_row(task: str, lake: Path, arms: list[Arm]) -> dict:
@@ -100,7 +106,7 @@ def task_row(task: str, lake: Path, arms: list[Arm]) -> dict:
     interval."""
     evals = control_evals(lake, arms)
     seeds = seed_rows(lake, arms, evals)
-    difference = data_headroom(evals)
+    difference = data_headroom(evals, arms[0].equivalence_margin)
     means = (
         seeds.select(pl.exclude("arm", "seed").mean()).row(0, named=True)
         if seeds.height
@@ -118,6 +124,7 @@ def task_row(task: str, lake: Path, arms: list[Arm]) -> dict:
         "data_headroom": difference.estimate if difference else None,
         "data_headroom_low": difference.low if difference else None,
         "data_headroom_high": difference.high if difference else None,
+        "data_headroom_mde": difference.mde if difference else None,
         "data_headroom_seeds": difference.seeds if difference else 0,
         "outcome": difference.outcome if difference else "not run",
     }
@@ -138,3 +145,18 @@ def grid_task(table: pl.DataFrame) -> str | None:
     candidates = table.filter((pl.col("outcome") == "better") & (pl.col("data_headroom_seeds") >= 3))
     candidates = candidates.sort("label_headroom", descending=True, nulls_last=True)
     return candidates["task"][0] if candidates.height else None
+
+
+def headroom_verdict(table: pl.DataFrame) -> str:
+    """The table's closing line: the label-source grid's task (`grid_task`), else what each task's data headroom
+    says, an inconclusive one with the effect it could have missed."""
+    chosen = grid_task(table)
+    if chosen:
+        return f"The label-source grid's task: {chosen}"
+    verdicts = [
+        f"{task}: {verdict.wording(outcome, mde)} ({seeds} seeds)" if mde is not None else f"{task}: {outcome}"
+        for task, outcome, mde, seeds in table.select(
+            "task", "outcome", "data_headroom_mde", "data_headroom_seeds"
+        ).iter_rows()
+    ]
+    return "No task shows data headroom (gold labels beating labeled-only on 3 seeds); " + "; ".join(verdicts) + "."

@@ -33,7 +33,7 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
-from noisy_student_assets.core.reporting.verdict import direction, seeds_interval
+from noisy_student_assets.core.reporting.verdict import outcome_of, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, PublishedVerifier
 
@@ -115,6 +115,8 @@ class ExperimentResults:
     pending: list[str] = field(default_factory=list)
     """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, in words (the sentences
     speak of the last round evaluated)."""
+    margins: dict[str, float | None] = field(default_factory=dict)
+    """Per experiment: its equivalence margin (`Experiment.equivalence_margin`), which words its verdicts."""
 
     @property
     def frontiers(self) -> dict[tuple[str, int], pl.DataFrame]:
@@ -145,6 +147,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         [],
         {},
     )
+    margins = {arm.experiment: arm.equivalence_margin for arm in arms}
     for arm in arms:
         validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         if validated:
@@ -243,6 +246,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     [(student.scores, other.scores, sets) for student, other, sets in pairs],
                     treatment_name=f"round {number} ({group})",
                     control_name=f"its {control.replace('_', '-')} control",
+                    margin=margins[experiment],
                 )
                 for eval_set, difference in by_set.items():
                     differences.append(
@@ -279,6 +283,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
         pending=pending,
+        margins=margins,
     )
 
 
@@ -293,7 +298,12 @@ _ACCURACY_SCHEMA = {
 }
 
 
-def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str = MajoritySource.name) -> pl.DataFrame:
+def sources_against(
+    sources: pl.DataFrame,
+    curves: pl.DataFrame,
+    reference: str = MajoritySource.name,
+    margins: dict[str, float | None] | None = None,
+) -> pl.DataFrame:
     """The direct effect of each label source: per experiment, group, round, matched coverage and source, its
     kept-label accuracy and `reference`'s averaged over the group's seeds, and the source minus `reference` with an
     interval over seeds (`seeds_interval`). Each seed's sources weigh the same samples, so the difference is paired
@@ -301,7 +311,8 @@ def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str 
     taken as independent: the interval is at least as wide as that allows, so a few seeds that agree by chance on a
     handful of labels take no side. Both sources judge the same samples, so their labels are right together more
     often than apart and this floor errs wide; a floor paired by problem would need each source's label of each
-    problem, which the lake does not keep. One seed gives no interval.
+    problem, which the lake does not keep. One seed gives no interval. Each interval has its minimum detectable effect
+    (mde) and is worded by the one rule (`verdict.outcome_of`), with its experiment's equivalence margin (`margins`).
     `sources`: `ExperimentResults.sources`; `curves`: `ExperimentResults.curves` (how many problems each arm labels)."""
     coverages = {
         coverage_column(coverage): coverage
@@ -328,10 +339,10 @@ def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str 
     ):
         accuracy, reference_accuracy = seeds["label_accuracy"].to_numpy(), seeds[reference].to_numpy()
         differences = accuracy - reference_accuracy
-        low, high = None, None
+        low, high, mde = None, None, None
         if len(differences) > 1:
             kept = np.array([kept_at(coverages[coverage], problems[(arm, number)]) for arm in seeds["arm"]])
-            low, high = seeds_interval(
+            low, high, mde = seeds_interval(
                 differences, (accuracy * (1 - accuracy) + reference_accuracy * (1 - reference_accuracy)) / kept
             )
         rows.append(
@@ -347,10 +358,15 @@ def sources_against(sources: pl.DataFrame, curves: pl.DataFrame, reference: str 
                 f"minus {reference}": float(differences.mean()),
                 "low": low,
                 "high": high,
-                "outcome": direction(low, high) if low is not None else "one seed",
+                "mde": mde,
+                "outcome": outcome_of(low, high, (margins or {}).get(experiment)) if low is not None else "one seed",
             }
         )
-    return pl.DataFrame(rows, schema_overrides={"low": pl.Float64, "high": pl.Float64}) if rows else pl.DataFrame()
+    return (
+        pl.DataFrame(rows, schema_overrides={"low": pl.Float64, "high": pl.Float64, "mde": pl.Float64})
+        if rows
+        else pl.DataFrame()
+    )
 
 
 def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
@@ -391,13 +407,15 @@ def summary_markdown(results: ExperimentResults) -> str:
             "estimate",
             "low",
             "high",
+            "mde",
             "outcome",
             "compute_matched",
         )
         lines += [
             "",
             "## Student minus control, per round "
-            "(paired 95% intervals: over seeds and problems, or over problems on one seed)",
+            "(paired 95% intervals: over seeds and problems, or over problems on one seed; mde: the smallest true "
+            "effect the interval detects 80% of the time)",
             "",
             markdown_table(shown),
         ]
@@ -422,12 +440,17 @@ def summary_markdown(results: ExperimentResults) -> str:
             "",
             markdown_table(results.sources.drop("experiment"), max_rows=None),
         ]
-    over_seeds = sources_against(results.sources, results.curves) if results.sources.height else pl.DataFrame()
+    over_seeds = (
+        sources_against(results.sources, results.curves, margins=results.margins)
+        if results.sources.height
+        else pl.DataFrame()
+    )
     if over_seeds.height:
         lines += [
             "",
             "## Label sources against majority at matched coverage, over seeds "
-            "(the direct effect: interval over seeds, at least each seed's binomial width)",
+            "(the direct effect: interval over seeds, at least each seed's binomial width; mde: the smallest true "
+            "effect it detects 80% of the time)",
             "",
             markdown_table(over_seeds.drop("experiment"), max_rows=None),
         ]

@@ -46,11 +46,16 @@ def eval_sets(eval_problems: pl.DataFrame, unlabeled_ids: pl.Series) -> pl.DataF
 
 
 def set_differences(
-    pairs: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]], *, treatment_name: str, control_name: str
+    pairs: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]],
+    *,
+    treatment_name: str,
+    control_name: str,
+    margin: float | None = None,
 ) -> dict[str, Difference]:
     """Treatment minus control, paired by problem over the seeds of `pairs` (per seed: the treatment's scores, the
     control's, and the arm's `eval_sets`, None or empty for an arm that is not test-time): over the whole held-out
-    set, and over each of its two sets that every pair has (a held-out set of one problem has no transfer half)."""
+    set, and over each of its two sets that every pair has (a held-out set of one problem has no transfer half);
+    `margin`: the experiment's equivalence margin."""
     differences = {}
     for eval_set in EVAL_SETS:
         if eval_set != ALL_EVAL and not all(
@@ -68,6 +73,7 @@ def set_differences(
             ),
             treatment_name=treatment_name + ("" if eval_set == ALL_EVAL else f" on the {eval_set} problems"),
             control_name=control_name,
+            margin=margin,
         )
     return differences
 

@@ -14,20 +14,30 @@ Both checkpoints are scored on the same eval problems, so the difference is pair
   three times has probability 1/27, more than the 2.5% tail, so its interval was about the range of the seeds, and
   with no true effect it said "better" or "worse" in 12% of 3-seed grids against a nominal 5%
   (tests/unit/test_verdict.py simulates it).
+
+Every verdict says what it could have detected: the minimum detectable effect (MDE), the smallest true difference its
+two-sided test at the interval's confidence finds with 80% power, (t_{1-alpha/2} + t_{power}) x its standard error at
+its degrees of freedom (Bloom 1995, "Minimum detectable effects"; normal quantiles for the bootstrap). One rule words
+every verdict (`outcome_of`): an interval that excludes 0 is better or worse; one within +-m of 0, for the margin m
+that the experiment file names before the run (`equivalence_margin`), is no effect larger than m; any other is
+inconclusive, and could have missed an effect up to its MDE. An interval that takes no side is never read as "none".
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
-from scipy import stats
+from scipy import optimize, stats
 
 N_RESAMPLES = 10_000
 CONFIDENCE = 0.95
+POWER = 0.8
 ONE_SEED = ", one seed"
+INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -41,12 +51,16 @@ class Difference:
     high: float
     seeds: int
     problems: int
+    mde: float
+    """The smallest true difference this interval detects with 80% power (`minimum_detectable_effect`)."""
+    margin: float | None = None
+    """The experiment's equivalence margin, named before the run (None: none)."""
     confidence: float = CONFIDENCE
 
     @property
     def direction(self) -> str:
-        """'better', 'worse' or 'no difference': where the interval lies against 0."""
-        return direction(self.low, self.high)
+        """The verdict on the interval, by the one rule (`outcome_of`)."""
+        return outcome_of(self.low, self.high, self.margin)
 
     @property
     def outcome(self) -> str:
@@ -60,8 +74,7 @@ class Difference:
         reading = {
             "better": f"{self.treatment} {'is ahead of' if one_seed else 'beats'} {self.control}",
             "worse": f"{self.treatment} {'is behind' if one_seed else 'loses to'} {self.control}",
-            "no difference": f"{self.treatment} is not distinguishable from {self.control}",
-        }[self.direction]
+        }.get(self.direction, f"{self.treatment} is not distinguishable from {self.control}")
         interval = f"{self.confidence:.0%} CI {self.low:+.3f} to {self.high:+.3f}"
         if one_seed:
             reading += " on one seed"
@@ -73,19 +86,47 @@ class Difference:
             detail = (
                 f"{interval}; {self.seeds} seeds x {self.problems} eval problems, t-interval over seeds and problems"
             )
-        return f"{reading}: {self.estimate:+.3f} greedy accuracy ({detail})."
+        if self.direction not in ("better", "worse"):
+            reading += f" ({wording(self.direction, self.mde)})"
+        return f"{reading}: {self.estimate:+.3f} greedy accuracy ({detail}; MDE {self.mde:.3f} at 80% power)."
 
     def as_dict(self) -> dict:
         return asdict(self) | {"outcome": self.outcome}
 
 
-def direction(low: float, high: float) -> str:
-    """'better', 'worse' or 'no difference': where the interval from `low` to `high` lies against 0."""
+def outcome_of(low: float, high: float, margin: float | None = None) -> str:
+    """The one rule that words every verdict, on the interval from `low` to `high`: 'better' or 'worse' where it
+    excludes 0; 'no effect larger than m' where it lies within +-`margin` (m, named in the experiment file before the
+    run); otherwise 'inconclusive' (`wording` adds what it could have missed)."""
     if low > 0:
         return "better"
     if high < 0:
         return "worse"
-    return "no difference"
+    if margin is not None and -margin <= low and high <= margin:
+        return f"no effect larger than {margin:g}"
+    return INCONCLUSIVE
+
+
+def wording(outcome: str, mde: float) -> str:
+    """An `outcome_of` in words: an inconclusive one says the effect it could have missed (`mde`)."""
+    return f"{INCONCLUSIVE}: could have missed an effect up to {mde:.3f}" if outcome == INCONCLUSIVE else outcome
+
+
+def minimum_detectable_effect(standard_error: float, dof: float, confidence: float = CONFIDENCE) -> float:
+    """The smallest true difference that the interval at `confidence` excludes 0 on its side of (better for a gain)
+    with probability `POWER`, for an estimate of `standard_error` at `dof` degrees of freedom (inf: normal): the
+    noncentrality at which the test statistic (noncentral t) passes the interval's critical value with that
+    probability, times the standard error. At a few degrees of freedom it exceeds (t_{1-alpha/2} + t_{power}) x the
+    standard error (Bloom 1995), whose power at 2 is 77%."""
+    critical = stats.t.ppf(1 - (1 - confidence) / 2, dof)
+
+    def power_short_of_target(noncentrality: float) -> float:
+        if np.isinf(dof):
+            return stats.norm.sf(critical - noncentrality) - POWER
+        return stats.nct.sf(critical, dof, noncentrality) - POWER
+
+    noncentrality = optimize.brentq(power_short_of_target, 0, 2 * (critical + stats.t.ppf(POWER, dof)))
+    return float(noncentrality * standard_error)
 
 
 def paired_difference(
@@ -97,10 +138,11 @@ def paired_difference(
     n_resamples: int = N_RESAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = 0,
+    margin: float | None = None,
 ) -> Difference:
     """`treatment` minus `control` where both are [seeds, problems] arrays of 0/1 correctness on the same
     problems in the same order: over one seed a bootstrap over problems (`n_resamples`, `seed`), over several the
-    crossed seeds-by-problems t-interval (`crossed_interval`)."""
+    crossed seeds-by-problems t-interval (`crossed_interval`); `margin`: the experiment's equivalence margin."""
     treatment, control = np.atleast_2d(treatment).astype(float), np.atleast_2d(control).astype(float)
     if treatment.shape != control.shape or treatment.size == 0:
         raise ValueError(
@@ -111,9 +153,11 @@ def paired_difference(
     if n_seeds == 1:
         draws = np.random.default_rng(seed).integers(0, n_problems, size=(n_resamples, n_problems))
         tail = (1 - confidence) / 2
-        low, high = np.quantile(differences[0][draws].mean(axis=1), [tail, 1 - tail])
+        replicates = differences[0][draws].mean(axis=1)
+        low, high = np.quantile(replicates, [tail, 1 - tail])
+        mde = minimum_detectable_effect(replicates.std(ddof=1), np.inf, confidence)
     else:
-        low, high = crossed_interval(differences, confidence)
+        low, high, mde = crossed_interval(differences, confidence)
     return Difference(
         treatment=treatment_name,
         control=control_name,
@@ -122,11 +166,32 @@ def paired_difference(
         high=float(high),
         seeds=n_seeds,
         problems=n_problems,
+        mde=mde,
+        margin=margin,
         confidence=confidence,
     )
 
 
-def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+class Interval(NamedTuple):
+    """A mean's two-sided interval, and the smallest true effect its test detects with 80% power."""
+
+    low: float
+    high: float
+    mde: float
+
+
+def widest_interval(mean: float, errors: list[tuple[float, float]], confidence: float = CONFIDENCE) -> Interval:
+    """The t-interval of `mean` at the widest of `errors` (standard error, degrees of freedom; inf: normal), with its
+    minimum detectable effect from the same standard error and degrees of freedom."""
+    t_quantile = partial(stats.t.ppf, 1 - (1 - confidence) / 2)
+    standard_error, dof = max(errors, key=lambda error: t_quantile(error[1]) * error[0])
+    half_width = t_quantile(dof) * standard_error
+    return Interval(
+        float(mean - half_width), float(mean + half_width), minimum_detectable_effect(standard_error, dof, confidence)
+    )
+
+
+def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """The t-interval of the mean of a [seeds, problems] array (seeds >= 2), seeds and problems crossed random
     factors: variance (MS_seed + MS_problem - MS_residual) / (seeds x problems), each factor's mean square at least the
     residual's (so the variance is never below MS_residual / (seeds x problems)), with Satterthwaite's degrees of
@@ -135,8 +200,7 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
     n_seeds, n_problems = differences.shape
     mean = differences.mean()
     by_seed = differences.mean(axis=1)
-    t_quantile = partial(stats.t.ppf, 1 - (1 - confidence) / 2)
-    half_width = t_quantile(n_seeds - 1) * np.sqrt(by_seed.var(ddof=1) / n_seeds)  # the per-seed means' own interval
+    errors = [(np.sqrt(by_seed.var(ddof=1) / n_seeds), n_seeds - 1)]  # the per-seed means' own
     if n_problems > 1:
         by_problem = differences.mean(axis=0)
         residual = differences - by_seed[:, None] - by_problem[None, :] + mean
@@ -150,21 +214,20 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
         combined = sum(term for term, _ in terms)
         if combined > 0:
             dof = combined**2 / sum(term**2 / df for term, df in terms)
-            half_width = max(half_width, t_quantile(dof) * np.sqrt(combined / (n_seeds * n_problems)))
-    return float(mean - half_width), float(mean + half_width)
+            errors.append((np.sqrt(combined / (n_seeds * n_problems)), dof))
+    return widest_interval(mean, errors, confidence)
 
 
-def seeds_interval(
-    differences: np.ndarray, sampling_variances: np.ndarray, confidence: float = CONFIDENCE
-) -> tuple[float, float]:
+def seeds_interval(differences: np.ndarray, sampling_variances: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """The interval of the mean of per-seed `differences` (seeds >= 2): the t-interval over the seeds, its half-width
     at least the normal one that each seed's own sampling variance (`sampling_variances`, one per seed) gives the
     mean. A few seeds that agree by chance cannot make it narrower than what each of them measured allows."""
     n_seeds = len(differences)
-    over_seeds = stats.t.ppf(1 - (1 - confidence) / 2, n_seeds - 1) * np.sqrt(np.var(differences, ddof=1) / n_seeds)
-    within_seeds = stats.norm.ppf(1 - (1 - confidence) / 2) * np.sqrt(np.sum(sampling_variances)) / n_seeds
-    half_width = max(over_seeds, within_seeds)
-    return float(np.mean(differences) - half_width), float(np.mean(differences) + half_width)
+    errors = [
+        (np.sqrt(np.var(differences, ddof=1) / n_seeds), n_seeds - 1),
+        (np.sqrt(np.sum(sampling_variances)) / n_seeds, np.inf),
+    ]
+    return widest_interval(np.mean(differences), errors, confidence)
 
 
 def paired_scores(
