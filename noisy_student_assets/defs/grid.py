@@ -8,6 +8,8 @@
     python -m noisy_student_assets.grid run experiments/tau.yaml --through round_001/pseudo_labels
                                         # each arm up to its round-1 labels and what they read (no verdict)
     python -m noisy_student_assets.grid checks experiments/tau.yaml     # each check's outcome, per arm
+    python -m noisy_student_assets.grid power experiments/tau.yaml --effect 0.05 --lake results
+                                        # the seeds each verdict needs for that effect, and their hours
 
 `run` materializes, in this process and recorded in the Dagster instance (`DAGSTER_HOME`, read from `.env`
 like the dagster CLI does), each arm's assets in one run per arm (its task's problems and base model first), then
@@ -434,6 +436,22 @@ class Grid:
             "tags": {GRID_TAG: self.experiment.name},
         }
 
+    def hours_per_arm(self) -> float | None:
+        """The mean wall-clock hours of this experiment's finished grid runs per arm (each arm is a seed of its group)
+        in the Dagster instance; None where it holds none."""
+        finished = self.instance.get_run_records(
+            self.dg.RunsFilter(
+                tags={GRID_TAG: self.experiment.name},
+                statuses=[self.dg.DagsterRunStatus.SUCCESS, self.dg.DagsterRunStatus.FAILURE],
+            )
+        )
+        seconds: dict[str, float] = {}
+        for record in finished:
+            arm = record.dagster_run.tags.get("dagster/partition")
+            if arm and record.start_time and record.end_time:
+                seconds[arm] = seconds.get(arm, 0.0) + record.end_time - record.start_time
+        return sum(seconds.values()) / len(seconds) / 3600 if seconds else None
+
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
         the lock held for the whole `run` proves none is alive. They are marked failed, so the UI says so, and
@@ -510,6 +528,27 @@ def _print_check_outcomes(rows: list[dict]) -> None:
     print(markdown_table(table) + "\n\n" + markdown_table(counts))
 
 
+def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: float | None) -> None:
+    """The seeds each comparison of the experiment needs for `effects` (`core.reporting.power`), and their cost."""
+    from noisy_student_assets.core.reporting.markdown import markdown_table
+    from noisy_student_assets.core.reporting.power import PILOT_SEEDS, power_table
+
+    measured = grid.hours_per_arm()
+    hours = hours_per_seed if hours_per_seed is not None else measured
+    table = power_table(lake, grid.experiment.all_arms(), effects, hours)
+    if not table.height:
+        print(f"{grid.experiment.name}: no round evaluated in {lake}; a pilot needs {PILOT_SEEDS} seeds per group")
+        return
+    print(markdown_table(table))
+    cost = (
+        f"{hours:.2f} h per seed ({'given' if hours_per_seed is not None else 'measured on this instance'})"
+        if hours is not None
+        else "no measured cost per seed: no finished run of this experiment in this Dagster instance "
+        "(--hours-per-seed gives one)"
+    )
+    print(f"\nSeeds for 80% power at the verdicts' own two-sided 95% intervals; {cost}.")
+
+
 def _print_reasons(where: str, reasons: dict[str, str]) -> None:
     for name, reason in reasons.items():
         print(f"[grid] {where}: {name}: {reason}", flush=True)
@@ -537,7 +576,7 @@ def _load_dotenv() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["register", "plan", "run", "checks"])
+    parser.add_argument("command", choices=["register", "plan", "run", "checks", "power"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
     parser.add_argument("--config-json", default="{}", help="run config for every run (the dagster CLI's format)")
     parser.add_argument(
@@ -578,6 +617,22 @@ def main(argv: list[str] | None = None) -> int:
         help="ray launcher without RAY_ADDRESS: GPUs the grid's own local cluster declares (default: those torch sees);"
         " more than the machine has only tries Ray's placement",
     )
+    parser.add_argument(
+        "--effect",
+        type=float,
+        action="append",
+        default=[],
+        help="power: a true effect (greedy accuracy) to detect with 80%% power (repeatable; default 0.05 and 0.10)",
+    )
+    parser.add_argument(
+        "--lake", type=Path, default=None, help="power: read this lake or results directory (default: the data lake)"
+    )
+    parser.add_argument(
+        "--hours-per-seed",
+        type=float,
+        default=None,
+        help="power: the hours one seed costs (default: measured on this experiment's runs in the Dagster instance)",
+    )
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 0:
         parser.error(f"--rounds must be >= 0, got {args.rounds}")
@@ -591,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "checks":
         _print_check_outcomes(grid.check_outcomes())
+        return 0
+    if args.command == "power":
+        _print_power(grid, args.lake or layout.default_lake_root(), args.effect or [0.05, 0.10], args.hours_per_seed)
         return 0
     if args.command == "plan":
         for partition, reasons in grid.plan(args.rounds).items():

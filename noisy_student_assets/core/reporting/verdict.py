@@ -197,25 +197,31 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
     residual's (so the variance is never below MS_residual / (seeds x problems)), with Satterthwaite's degrees of
     freedom; its half-width is at least that of the t-interval over the per-seed means (seeds - 1 degrees of
     freedom)."""
+    return widest_interval(differences.mean(), crossed_errors(differences), confidence)
+
+
+def crossed_errors(differences: np.ndarray, seeds: int | None = None) -> list[tuple[float, float]]:
+    """`crossed_interval`'s standard errors with their degrees of freedom, of the mean over `seeds` seeds of the
+    same problems (None: the array's own seeds): the seed mean square's share shrinks with the seeds, the problems'
+    does not, as every seed is scored on the same problems."""
     n_seeds, n_problems = differences.shape
-    mean = differences.mean()
+    seeds = seeds or n_seeds
     by_seed = differences.mean(axis=1)
-    errors = [(np.sqrt(by_seed.var(ddof=1) / n_seeds), n_seeds - 1)]  # the per-seed means' own
+    errors = [(np.sqrt(by_seed.var(ddof=1) / seeds), seeds - 1)]  # the per-seed means' own
     if n_problems > 1:
         by_problem = differences.mean(axis=0)
-        residual = differences - by_seed[:, None] - by_problem[None, :] + mean
+        residual = differences - by_seed[:, None] - by_problem[None, :] + differences.mean()
         seed_dof, problem_dof = n_seeds - 1, n_problems - 1
         residual_square = (residual**2).sum() / (seed_dof * problem_dof)
-        terms = [  # (mean square with its sign in the variance, its degrees of freedom)
-            (max(n_problems * by_seed.var(ddof=1), residual_square), seed_dof),
-            (max(n_seeds * by_problem.var(ddof=1), residual_square), problem_dof),
-            (-residual_square, seed_dof * problem_dof),
+        terms = [  # (mean square's share of the variance, with its sign; its degrees of freedom)
+            (max(n_problems * by_seed.var(ddof=1), residual_square) / (seeds * n_problems), seeds - 1),
+            (max(n_seeds * by_problem.var(ddof=1), residual_square) / (n_seeds * n_problems), problem_dof),
+            (-residual_square / (n_seeds * n_problems), seed_dof * problem_dof),
         ]
-        combined = sum(term for term, _ in terms)
-        if combined > 0:
-            dof = combined**2 / sum(term**2 / df for term, df in terms)
-            errors.append((np.sqrt(combined / (n_seeds * n_problems)), dof))
-    return widest_interval(mean, errors, confidence)
+        variance = sum(term for term, _ in terms)
+        if variance > 0:
+            errors.append((np.sqrt(variance), variance**2 / sum(term**2 / df for term, df in terms)))
+    return errors
 
 
 def seeds_interval(differences: np.ndarray, sampling_variances: np.ndarray, confidence: float = CONFIDENCE) -> Interval:

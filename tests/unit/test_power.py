@@ -1,0 +1,63 @@
+"""Seeds planned before they are spent: the seeds each verdict needs for an effect, projected from the seeds an
+experiment has (issue 47, item 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from noisy_student_assets.core.reporting.power import PILOT_SEEDS, power_table, seeds_needed
+from noisy_student_assets.core.reporting.verdict import crossed_errors, crossed_interval, widest_interval
+from noisy_student_assets.defs.grid import main
+from tests.conftest import TEST_EXPERIMENTS
+from tests.unit.test_headroom import ARMS, _task_seeds
+
+
+def _differences(seeds: int, seed_sd: float, problems: int = 210) -> np.ndarray:
+    rng = np.random.default_rng(seeds)
+    difficulty = rng.uniform(0.2, 0.6, problems)
+    shift = rng.normal(0, seed_sd, (seeds, 1))
+    return (rng.random((seeds, problems)) < difficulty + shift).astype(float) - (
+        rng.random((seeds, problems)) < difficulty
+    )
+
+
+def test_the_projection_at_the_seeds_it_has_is_the_verdict_s_own_interval() -> None:
+    differences = _differences(3, 0.05)
+    assert crossed_errors(differences, 3) == crossed_errors(differences)
+    assert widest_interval(differences.mean(), crossed_errors(differences, 3)) == crossed_interval(differences)
+
+
+def test_the_seeds_needed_are_the_fewest_whose_mde_reaches_the_effect() -> None:
+    differences = _differences(3, 0.05)
+    small, large = seeds_needed(differences, 0.05), seeds_needed(differences, 0.10)
+    assert small is not None and large is not None and small > large >= 2
+
+    def mde(seeds: int) -> float:
+        return widest_interval(0.0, crossed_errors(differences, seeds)).mde
+
+    assert mde(small) <= 0.05 < mde(small - 1)
+
+
+def test_seeds_cannot_beat_the_problems_own_variance() -> None:
+    """With no seed spread the problems' variance is what is left: no number of seeds detects a tiny effect."""
+    assert seeds_needed(_differences(3, 0.0, problems=20), 0.01) is None
+
+
+def test_the_table_plans_each_comparison_and_asks_for_a_pilot_first(tmp_path) -> None:
+    _task_seeds(tmp_path, "two-digit-sums", gold_gain=0.1)
+    _task_seeds(tmp_path, "products", gold_gain=0.1, seeds=PILOT_SEEDS - 1)
+    table = power_table(tmp_path, ARMS, [0.05, 0.10], hours_per_seed=2.0)
+    rows = {row["group"]: row for row in table.iter_rows(named=True)}
+    sums, products = rows["task=two-digit-sums"], rows["task=products"]
+    assert sums["checkpoint"] == "gold_label" and sums["seeds"] == 3 and sums["pilot"] == "done"
+    assert sums["seeds for 0.05"] >= sums["seeds for 0.1"] >= 2
+    assert sums["hours to add for 0.05"] == pytest.approx(max(sums["seeds for 0.05"] - 3, 0) * 2.0)
+    assert products["seeds for 0.05"] is None and products["pilot"] == "run 1 more seeds first"
+
+
+def test_grid_power_without_a_pilot_says_how_many_seeds_it_needs(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    assert main(["power", str(TEST_EXPERIMENTS / "grid.yaml"), "--lake", str(tmp_path / "lake")]) == 0
+    assert f"no round evaluated in {tmp_path / 'lake'}; a pilot needs {PILOT_SEEDS} seeds" in capsys.readouterr().out
