@@ -417,11 +417,12 @@ class GRPOSettings(Settings):
                 "dynamic_sampling_replacements needs processes 1: each process would replace and count its own "
                 "share of the groups"
             )
-        if self.completions_per_step % (self.gradient_accumulation_steps * self.processes):
+        # Only the processes must split a step evenly: a process's share too small for its micro-batches is split
+        # into fewer (`TrainerSetup.micro_batches`), as they only bound memory.
+        if self.completions_per_step % self.processes:
             raise ValueError(
-                f"gradient_accumulation_steps x processes ({self.gradient_accumulation_steps} x {self.processes}) "
-                f"must divide the {self.completions_per_step} completions of a step (prompts_per_step * "
-                "num_generations)"
+                f"processes ({self.processes}) must divide the {self.completions_per_step} completions of a step "
+                "(prompts_per_step * num_generations)"
             )
         return self
 
