@@ -122,3 +122,16 @@ def test_the_committed_results_print_the_table(capsys) -> None:
     assert "| two-digit-sums | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 0.594 | 0.608 | 0.014 |" in printed
     assert "No task has data headroom" not in printed
     assert "two-digit-sums: inconclusive: could have missed an effect up to" in printed
+
+
+def test_an_edited_tasks_file_is_read_again(tmp_path: Path) -> None:
+    """The tasks are parsed once per version of their file: an edit is seen by the next read."""
+    import os
+
+    tasks_file = tmp_path / "mine.yaml"
+    tasks_file.write_text("sums: {name: basic_arithmetic, eval_candidates: 100}\n")
+    assert load_tasks([tmp_path])["sums"].eval_candidates == 100
+    tasks_file.write_text("sums: {name: basic_arithmetic, eval_candidates: 300}\n")
+    modified = tasks_file.stat().st_mtime_ns + 1_000_000  # a later version, however coarse the filesystem's clock
+    os.utime(tasks_file, ns=(modified, modified))
+    assert load_tasks([tmp_path])["sums"].eval_candidates == 300

@@ -14,6 +14,7 @@ The pool and the held-out set keep the CPU profile's sizes and seeds (`CPU_TRAIN
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,32 +52,40 @@ class Task:
         return self._source(CPU_EVAL_SOURCE, self.eval_candidates)
 
 
-SHIPPED_TASKS = Path(__file__).resolve().parents[3] / "experiments" / TASKS_DIR
-
-
 def tasks_dirs() -> list[Path]:
     """Where tasks are declared: the repository's `experiments/tasks/`, and `tasks/` of the experiments directory
     when that is another (`NOISY_STUDENT_EXPERIMENTS`)."""
-    from noisy_student_assets.core.experiments.arms import default_experiments_dir  # arms' fields read the tasks
+    # Imported here: arms' fields read the tasks.
+    from noisy_student_assets.core.experiments.arms import SHIPPED_EXPERIMENTS, default_experiments_dir
 
-    return list(dict.fromkeys([SHIPPED_TASKS, default_experiments_dir().resolve() / TASKS_DIR]))
+    return list(dict.fromkeys([SHIPPED_EXPERIMENTS / TASKS_DIR, default_experiments_dir().resolve() / TASKS_DIR]))
 
 
 def load_tasks(directories: list[Path] | None = None) -> dict[str, Task]:
     """Every task of the YAML files in `directories` (default: `tasks_dirs()`) by name; a name may appear once."""
     tasks: dict[str, Task] = {}
     for path in sorted(path for directory in directories or tasks_dirs() for path in directory.glob("*.yaml")):
-        for name, entry in (yaml.safe_load(path.read_text()) or {}).items():
+        for name, task in _tasks_file(path, path.stat().st_mtime_ns).items():
             if name in tasks:
                 raise ValueError(f"task {name!r} is declared twice ({path})")
-            tasks[name] = Task(
-                name=name,
-                description=entry.get("description", ""),
-                generator=entry["name"],
-                task_options=entry.get("task_options", {}),
-                eval_candidates=entry.get("eval_candidates", CPU_EVAL_SOURCE.size),
-            )
+            tasks[name] = task
     return tasks
+
+
+@functools.lru_cache(maxsize=64)
+def _tasks_file(path: Path, modified_ns: int) -> dict[str, Task]:
+    """One tasks file's tasks, parsed once per version of the file: an arm's overrides read its task each time they
+    are asked for (the grid's and the automation's staleness), and an edited file is read again."""
+    return {
+        name: Task(
+            name=name,
+            description=entry.get("description", ""),
+            generator=entry["name"],
+            task_options=entry.get("task_options", {}),
+            eval_candidates=entry.get("eval_candidates", CPU_EVAL_SOURCE.size),
+        )
+        for name, entry in (yaml.safe_load(path.read_text()) or {}).items()
+    }
 
 
 def task(name: str) -> Task:

@@ -9,7 +9,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import CheckpointInfo, conversion_key, materialize_checkpoint
-from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, stage, train_on_labeled
+from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, recalled, stage, train_on_labeled
 from noisy_student_assets.defs.checks import EVAL_NOT_DEGENERATE, checkpoint_checks, reported_check
 from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
 from noisy_student_assets.defs.lineage import reuse_key
@@ -34,9 +34,7 @@ def base_model(
     with stage(context, config, stage_resources) as current:
         settings = current.settings
         key = reuse_key(conversion_key(settings.reference, settings.trust_remote_code), settings)
-        if published := lake.recall(key):
-            context.log.info(f"Reusing {published}: the same model reference already converted")
-            current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
+        if published := recalled(current, key, "the same model reference already converted"):
             staged = lake.stage_copy(published)
             info = CheckpointInfo.read(staged)
         else:

@@ -245,6 +245,16 @@ class Ran(Generic[Output]):
     """What its payloads returned (none when reused)."""
 
 
+def recalled(current: StageRun, reuse_key: str, identical: str) -> Path | None:
+    """The identical published artifact `reuse_key` names (`DataLake.recall`), logged as reused (`identical` says what
+    it shares with this run) and put into `current.metadata` as `reused_from`; None where there is none."""
+    published = current.lake.recall(reuse_key)
+    if published is not None:
+        current.context.log.info(f"Reusing {published}: {identical}")
+        current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
+    return published
+
+
 def run_heavy(current: StageRun, heavy: HeavyStage[Output]) -> Ran[Output]:
     """Run a heavy stage: read back the identical published run its reuse key names, if there is one (its place goes
     into `current.metadata` as `reused_from`); otherwise stage its payloads' inputs, launch them under the device lock,
@@ -252,10 +262,7 @@ def run_heavy(current: StageRun, heavy: HeavyStage[Output]) -> Ran[Output]:
     tracking resource and read the output. Then the work dir goes, and the staged directory is keyed for reuse (an
     artifact) or removed (read into a table)."""
     context, lake, resources = current.context, current.lake, current.resources
-    published = lake.recall(heavy.reuse_key)
-    if published is not None:
-        context.log.info(f"Reusing {published}: {heavy.identical}")
-        current.metadata["reused_from"] = dg.MetadataValue.path(str(published))
+    if (published := recalled(current, heavy.reuse_key, heavy.identical)) is not None:
         return Ran(heavy.recall(published), published)
     work_dir = lake.work_dir(context.asset_key, current.partition, heavy.reuse_key[:16])
     work_dir.mkdir(parents=True, exist_ok=True)
