@@ -207,7 +207,8 @@ def linked_venv(path: Path, distributions: list[str], with_pip: bool) -> Path:
 
 
 def measure_closure(work: Path, leave_out: set[str], timeout: float) -> set[str]:
-    """The modules `make gpu-check`'s functional round imports on the CPU (`--force-cpu`), run in a venv of this
+    """The modules `make gpu-check`'s functional round imports on the CPU (`--force-cpu`), and generating its SmolLM2
+    round's problems (the rest of that round runs the same code on a real model), run in a venv of this
     one's distributions less `leave_out`: libraries that import an optional package wherever it is installed (vLLM,
     Ray) then run as they do on a node without it."""
     kept = sorted(
@@ -215,9 +216,23 @@ def measure_closure(work: Path, leave_out: set[str], timeout: float) -> set[str]
         - {canonicalize_name(n) for n in leave_out}
     )
     python = linked_venv(work / "venv", kept, with_pip=False)
-    command = [str(python), "-m", "tools.gpu_check", "--force-cpu", "--tiny-only", "--out", str(work / "run")]
+    functional = [
+        str(python),
+        "-m",
+        "tools.gpu_check",
+        "--force-cpu",
+        "--round",
+        "functional",
+        "--out",
+        str(work / "run"),
+    ]
+    problems = [str(python), "-c", "from tools.gpu_check import generate_smollm2_problems; generate_smollm2_problems()"]
     environment = {name: value for name, value in os.environ.items() if name not in {"VIRTUAL_ENV", "PYTHONHOME"}}
-    return record_imports(command, work / "imports", environment, timeout)
+    return {
+        name
+        for command in (functional, problems)
+        for name in record_imports(command, work / "imports", environment, timeout)
+    }
 
 
 # ---- fetching the files ----

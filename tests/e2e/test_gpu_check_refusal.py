@@ -44,7 +44,7 @@ def test_without_cuda_the_gpu_check_refuses_at_once_and_writes_nothing(tmp_path:
 def test_forced_onto_the_cpu_its_functional_round_passes_with_every_payload_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--force-cpu", "--tiny-only", "--out", str(out)],
+        [sys.executable, "-m", "tools.gpu_check", "--force-cpu", "--round", "functional", "--out", str(out)],
         cwd=REPO_ROOT,
         env=os.environ | {"TMPDIR": str(tmp_path)},  # a device lock of its own, as the grid's tests take
         capture_output=True,
