@@ -121,7 +121,7 @@ wheelhouse: setup
 
 # The check of a CUDA node (README, "Running on a GPU"), within BUDGET_MIN minutes, its report in GPU_CHECK_OUT. No
 # setup: a node without an index has installed the wheelhouse; the venv's python where there is one.
-BUDGET_MIN ?= 12
+BUDGET_MIN ?= 16
 GPU_CHECK_OUT ?= gpu-check
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 gpu-check:
