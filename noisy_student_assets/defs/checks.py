@@ -9,7 +9,7 @@ blocking: when one fails with ERROR severity, Dagster skips the assets downstrea
 import dagster as dg
 import polars as pl
 
-from noisy_student_assets.core.layout import EVAL_PROBLEMS
+from noisy_student_assets.core.layout import COMPUTE_FILE, EVAL_PROBLEMS
 from noisy_student_assets.core.training.compute import UNRECORDED_RECIPE, read_compute, recipe_mismatches
 from noisy_student_assets.core.training.guards import OutputHealth, non_finite_tensors
 from noisy_student_assets.defs.assets.metadata import markdown_table
@@ -198,8 +198,21 @@ def compute_matched_check(control_key: dg.AssetKey, student_key: dg.AssetKey) ->
         "completion length, K, temperature); compute.json of both checkpoints.",
     )
     def compute_matched(context: dg.AssetCheckExecutionContext, data_lake: DataLake) -> dg.AssetCheckResult:
-        control = read_compute(data_lake.artifact_dir(control_key, context.partition_key))
-        student = read_compute(data_lake.artifact_dir(student_key, context.partition_key))
+        checkpoints = {
+            name: data_lake.artifact_dir(key, context.partition_key)
+            for name, key in (("control", control_key), ("student", student_key))
+        }
+        # read_compute takes a missing record for the base model's (none spent): a trained checkpoint without one
+        # has an unknown spend, which matches nothing
+        unrecorded = [name for name, path in checkpoints.items() if not (path / COMPUTE_FILE).exists()]
+        if unrecorded:
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=f"no recorded compute ({COMPUTE_FILE}) in the {' and the '.join(unrecorded)} checkpoint: "
+                "what it spent is unknown, so the control cannot be shown to match the student",
+            )
+        control, student = read_compute(checkpoints["control"]), read_compute(checkpoints["student"])
         mismatches = control.total.mismatches(student.total) + recipe_mismatches(control.recipe, student.recipe)
         tokens = (
             "completion tokens generated since the base model: "

@@ -15,6 +15,8 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.training.compute import MATCHED_FIELDS
+from noisy_student_assets.defs.checks import COMPUTE_MATCHED
+from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
 from resources.data_lake import DataLake
 from resources.tracking import (
     ARM_TAG,
@@ -27,7 +29,7 @@ from resources.tracking import (
     ROUND_TAG,
     MlflowTracking,
 )
-from tests.lakes import arms_instance, materialize, metadata_of
+from tests.lakes import arms_instance, isolated_resources, materialize, metadata_of
 from tests.tiny_configs import FOUNDATION, TINY_GRPO, op, round_chain, round_names, tiny_config, with_op_config
 
 ARM = "a"
@@ -161,6 +163,31 @@ def test_a_control_trained_another_way_fails_the_compute_match(two_rounds, lake,
         and "completion tokens generated since the base model" in check.description
     )
     materialize(lake, round_names(1, "labeled_only_checkpoint"), config, ARM, instance)  # back to the matched control
+
+
+def test_checkpoints_without_recorded_compute_fail_the_compute_match(two_rounds, lake, instance) -> None:
+    """A missing compute.json reads as nothing spent (the base model's case): two trained checkpoints without one
+    must fail the match, not pass it as equal."""
+    control = key(1, layout.control_checkpoint(layout.LABELED_ONLY))
+    records = [lake.artifact_dir(name, ARM) / layout.COMPUTE_FILE for name in (control, key(1, layout.STUDENT))]
+    kept = [record.read_bytes() for record in records]
+    for record in records:
+        record.unlink()
+    try:
+        (check_def,) = [d for d in ASSETS_AND_CHECKS if dg.AssetCheckKey(control, COMPUTE_MATCHED) in d.check_keys]
+        result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            op_selection=[check_def.node_def.name],
+            partition_key=ARM,
+            instance=instance,
+            resources=isolated_resources(lake, "inprocess"),
+            raise_on_error=False,
+        )
+    finally:
+        for record, content in zip(records, kept, strict=True):
+            record.write_bytes(content)
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed
+    assert "no recorded compute (compute.json) in the control and the student checkpoint" in check.description
 
 
 def test_mlflow_runs_are_tagged_with_arm_round_role_and_a_parent_per_arm(two_rounds, lake: DataLake) -> None:
