@@ -1,6 +1,7 @@
 """The hidden gold of unlabeled problems reaches the audit and nothing else: a round on a lake whose hidden
-gold is poisoned samples, labels, rewards and trains exactly as the round on the clean lake. The same holds for a
-test-time arm, whose hidden gold is the held-out set's."""
+gold is poisoned samples, labels, rewards and trains exactly as the round on the clean lake, whose gold agrees with
+the teacher (so that a filter by the gold would change what the student trains on), and its pseudo-labels reach
+the reward. The same holds for a test-time arm, whose hidden gold is the held-out set's."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, eval_halves
 from noisy_student_assets.core.training import grpo as training
+from noisy_student_assets.core.training.base import PSEUDO
 from resources.data_lake import DataLake
 from tests.lakes import materialize
 from tests.tiny_configs import round_names, tiny_config, with_op_config
 
 POISON = "987654321"
+SEVEN = "7"
+"""What the sevens teacher answers."""
 ARM = "a"
 UNLABELED = dg.AssetKey(layout.UNLABELED_PROBLEMS)
 EVAL = dg.AssetKey(layout.EVAL_PROBLEMS)
@@ -62,7 +66,8 @@ def _assert_round_1_unchanged(lakes: dict[str, DataLake], rewards: RewardLog) ->
     assert table("clean", "pseudo_labels")["kept"].any(), "pseudo-labeled rows were trained on"
     assert table("clean", "pseudo_labels").equals(table("poisoned", "pseudo_labels"))
     assert POISON not in repr(table("poisoned", "pseudo_labels").rows())
-    assert rewards.calls["clean"] and rewards.calls["clean"] == rewards.calls["poisoned"]
+    assert any(PSEUDO in extra["label_source"] for _, extra in rewards.calls["clean"]), "a pseudo-label was rewarded"
+    assert rewards.calls["clean"] == rewards.calls["poisoned"]
     assert POISON not in repr(rewards.calls["poisoned"])
     student = dg.AssetKey(layout.round_asset(1, layout.STUDENT))
     assert weights_sha256(lakes["clean"].artifact_dir(student, ARM)) == weights_sha256(
@@ -78,9 +83,12 @@ def test_poisoned_hidden_gold_changes_no_sample_label_reward_or_weight(
         staged = lake.staging_dir()
         shutil.copytree(sevens_model_dir, staged, dirs_exist_ok=True)
         lake.publish(staged, dg.AssetKey(layout.LABELED_RL), ARM)
+    # The clean gold is what the teacher says: a leak that filtered the student's rows by the gold would keep them
+    # on the clean lake and drop them on the poisoned one.
+    for name, gold in (("clean", SEVEN), ("poisoned", POISON)):
+        unlabeled = lakes[name].read_table(UNLABELED, ARM)
+        lakes[name].write_table(unlabeled.with_columns(pl.lit(gold).alias(HIDDEN_GOLD_COLUMN)), UNLABELED, ARM)
     poisoned = lakes["poisoned"]
-    unlabeled = poisoned.read_table(UNLABELED, ARM)
-    poisoned.write_table(unlabeled.with_columns(pl.lit(POISON).alias(HIDDEN_GOLD_COLUMN)), UNLABELED, ARM)
     for name, lake in lakes.items():
         rewards.current = name
         materialize(lake, ROUND_1, tiny_config(tiny_model_dir), ARM)
