@@ -478,6 +478,11 @@ class StudentSettings(_RewardedStage):
         description="grpo: train on the kept pseudo-labeled problems alone, without the labeled ones (the gold- and "
         "random-label controls likewise: the unlabeled problems alone); the labeled-only control is unchanged",
     )
+    unlabeled_share: Share | None = Field(
+        default=None,
+        description="grpo: the share of the run's prompts that are pseudo-labeled (Noisy Student's unlabeled ratio), "
+        "each part's problems cycled to fill it; none: each problem once, the two sets' sizes set it",
+    )
     prompt_noise: bool = Field(
         default=False, description="render each student prompt through one of several templates (input noise)"
     )
@@ -508,6 +513,8 @@ class StudentSettings(_RewardedStage):
         # (`modes.registry.accepted`): the modes import this module.
         if self.agreement_low > self.agreement_high:
             raise ValueError(f"agreement_low {self.agreement_low} > agreement_high {self.agreement_high}")
+        if self.pseudo_only and self.unlabeled_share is not None:
+            raise ValueError("pseudo_only trains on pseudo-labeled problems alone: it leaves no unlabeled_share to set")
         return self
 
     def changed(self) -> dict:

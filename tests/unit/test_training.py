@@ -11,7 +11,7 @@ import pytest
 
 from noisy_student_assets.core.prompts import NOISY_TEMPLATES, build_messages, prompt_template
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
-from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Lora, Rows, TrainerSetup
 from noisy_student_assets.core.training.grpo import (
     answer_reward,
@@ -19,6 +19,7 @@ from noisy_student_assets.core.training.grpo import (
     format_reward_fn,
     vote_share_reward,
 )
+from noisy_student_assets.core.training.modes.registry import student_mode_for
 from tests.training_data import SEVEN, SYSTEM_PROMPT, labeled_frame, pseudo_frame
 
 
@@ -47,6 +48,31 @@ def test_a_pseudo_only_student_trains_on_the_pseudo_labeled_rows_alone():
         "pseudo"
     }
     assert labeled_rows(labeled_frame(3), pseudo_only=False).equals(labeled_frame(3))
+
+
+def test_an_unlabeled_share_sets_the_run_s_prompts_cycling_each_part():
+    """32 labeled with 96 unlabeled, as TraPO mixes them, from 3 labeled and 5 pseudo-labeled problems: each part's
+    problems come round in turn, so none is drawn twice before every other one of its part was."""
+    dataset = build_training_dataset(
+        labeled_frame(3), pseudo_frame(5), SYSTEM_PROMPT, unlabeled_share=0.75, prompts=128, seed=3
+    )
+    ids = pl.Series(dataset["problem_id"])
+    assert len(dataset) == 128 and dataset["label_source"].count(PSEUDO) == 96
+    for part, counts in (("gold", [10, 11, 11]), ("pseudo", [19, 19, 19, 19, 20])):  # 32 = 3 x 10 + 2, 96 = 5 x 19 + 1
+        assert sorted(ids.filter(ids.str.starts_with(part)).value_counts()["count"]) == counts
+    again = build_training_dataset(
+        labeled_frame(3), pseudo_frame(5), SYSTEM_PROMPT, unlabeled_share=0.75, prompts=128, seed=3
+    )
+    assert again["problem_id"] == dataset["problem_id"], "the same seed, the same prompts in the same order"
+
+
+def test_an_unlabeled_share_without_pseudo_labels_or_in_another_mode_is_refused():
+    with pytest.raises(ValueError, match="asks for 6 pseudo-labeled prompts, and there are no pseudo-labeled rows"):
+        build_training_dataset(labeled_frame(3), None, SYSTEM_PROMPT, unlabeled_share=0.75, prompts=8)
+    with pytest.raises(ValueError, match="leaves no unlabeled_share"):
+        StudentSettings(pseudo_only=True, unlabeled_share=0.5)
+    with pytest.raises(ValueError, match="unlabeled_share sets a GRPO run's prompts; mode 'sft'"):
+        student_mode_for(StudentSettings(mode="sft", unlabeled_share=0.5))
 
 
 def test_targets_are_gold_answers_and_pseudo_labels():

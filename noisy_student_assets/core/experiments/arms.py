@@ -185,7 +185,7 @@ ARM_FIELDS: dict[str, ArmField] = {
         ((STUDENT, "grpo.prompts_per_step"), (LABELED_ONLY, "grpo.prompts_per_step")),
         "prompts per GRPO step of each round's student and of each control",
     ),
-    **_settings_of(STUDENT, "pseudo_only"),
+    **_settings_of(STUDENT, "pseudo_only", "unlabeled_share"),
     "eval_samples": ArmField(
         ((EVAL, "samples"), (EVAL, "ks", _ks_for)),
         "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)",

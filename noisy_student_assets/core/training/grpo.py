@@ -56,9 +56,12 @@ def build_training_dataset(
     seed: int = 0,
     prompt_noise: bool = False,
     vote_shares: pl.DataFrame | None = None,
+    unlabeled_share: float | None = None,
+    prompts: int = 0,
 ) -> Dataset:
     """All labeled problems (target: gold answer) and all pseudo-labeled ones (target: pseudo-label),
     shuffled by `seed`, as TRL rows: "prompt" (chat messages), "target", "label_source", "problem_id".
+    With `unlabeled_share`, `prompts` rows instead (`with_unlabeled_share`).
 
     Only problem_id, prompt and pseudo_label are read from `pseudo_labeled`, so no other column of it
     (a gold answer carried along for analysis, say) can leak into training. `prompt_noise` renders each
@@ -72,6 +75,8 @@ def build_training_dataset(
     if pseudo_labeled is not None:
         parts.append(_training_rows(pseudo_labeled, "pseudo_label", PSEUDO))
     rows = pl.concat(parts).sample(fraction=1.0, shuffle=True, seed=seed)
+    if unlabeled_share is not None:
+        rows = with_unlabeled_share(rows, unlabeled_share, prompts, seed)
     if vote_shares is not None:
         rows = rows.join(
             vote_shares.select("problem_id", "vote_shares"), on="problem_id", how="left", maintain_order="left"
@@ -93,6 +98,24 @@ def build_training_dataset(
     )
     validate_training_dataset(dataset)
     return dataset
+
+
+def with_unlabeled_share(rows: pl.DataFrame, share: float, prompts: int, seed: int) -> pl.DataFrame:
+    """`prompts` of the shuffled `rows` (a GRPO run's steps x prompts per step: one pass of TRL's sampler over the
+    dataset), round(`share` x `prompts`) of them pseudo-labeled and the rest labeled, each part cycling through its
+    own rows in their shuffled order (a part with fewer problems than its share repeats them), shuffled by `seed`.
+    Without it the share is whatever the two sets' sizes imply; with it, it is a setting an arm can vary."""
+    if prompts < 1:
+        raise ValueError(f"unlabeled_share needs the run's prompts (steps x prompts per step), got {prompts}")
+    wanted = {PSEUDO: round(share * prompts), GOLD: prompts - round(share * prompts)}
+    parts = []
+    for source, count in wanted.items():
+        part = rows.filter(pl.col("label_source") == source)
+        if count and part.is_empty():
+            kind = "pseudo-labeled" if source == PSEUDO else "labeled"
+            raise ValueError(f"unlabeled_share {share} asks for {count} {kind} prompts, and there are no {kind} rows")
+        parts.append(part[[index % part.height for index in range(count)]] if count else part.clear())
+    return pl.concat(parts).sample(fraction=1.0, shuffle=True, seed=seed)
 
 
 def _training_rows(frame: pl.DataFrame, target_column: str, label_source: str) -> pl.DataFrame:

@@ -76,4 +76,6 @@ class StudentMode(ABC):
         """Why `settings` do not fit this mode, or None."""
         if settings.reward != HARD_REWARD and not self.reads_reward:
             return f"reward {settings.reward!r} is a GRPO reward; mode {self.name!r} has none"
+        if settings.unlabeled_share is not None and not self.reads_reward:
+            return f"unlabeled_share sets a GRPO run's prompts; mode {self.name!r} trains on samples"
         return None

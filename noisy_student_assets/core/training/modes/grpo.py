@@ -37,6 +37,8 @@ class GRPOMode(StudentMode):
             seed=settings.grpo.seed,
             prompt_noise=settings.prompt_noise,
             vote_shares=shares,
+            unlabeled_share=settings.unlabeled_share,
+            prompts=settings.grpo.max_steps * settings.grpo.prompts_per_step,
         )
 
     def train(
