@@ -1,5 +1,8 @@
-"""MLflow tracking: one MLflow run per (asset, arm), tagged with the Dagster run that made it, its arm,
-round and role, and nested under a parent run per arm, so that the MLflow UI compares arms side by side."""
+"""MLflow tracking: one MLflow run per (asset, arm), tagged with the Dagster run that made it, its arm, round and
+role, and named so that MLflow's runs table, which cuts long names at its column's width (14 characters in a
+user's window), tells them apart (`run_name`). The runs are not nested under a parent per arm: MLflow's table
+shows a parent collapsed, even under a filter that matches its children, so a round's runs would hide; `tags.arm`
+groups them instead."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import Field
 
-from noisy_student_assets.core import layout
+from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.experiments.arms import Arm
 from resources.data_lake import DataLake
 from resources.database import create_mlflow_schema, database_url, mlflow_store_uri
@@ -23,13 +26,17 @@ if TYPE_CHECKING:
 
 ARTIFACTS_DIR_NAME = "mlflow-artifacts"
 ARM_TAG, EXPERIMENT_TAG, ROUND_TAG, ROLE_TAG = "arm", "experiment", "round", "role"
-PARENT_OF_ARM_TAG = "parent_of_arm"
-"""Set on the one parent run of an arm, whose value is the arm."""
 DAGSTER_RUN_URL_TAG = "dagster.run_url"
-# MLflow 3.17's UI opens an experiment on its GenAI view (traces), where training runs do not show, unless the
-# experiment's kind says model training, or the URL (or the browser, once "Model training" was clicked) asks for it.
+# MLflow 3.17's UI opens every experiment on its GenAI view (traces), where training runs do not show, unless the URL
+# asks for the model-training view (or the browser remembers a click on "Model training"). Its global view switch is
+# always on in 3.17, and then the experiment's `mlflow.experimentKind` tag is not read: only the URL can say it.
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
-EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+CHECKPOINT_SUFFIX, EVAL_SUFFIX, VALIDATION_SUFFIX = "_checkpoint", "_eval", "_validation"
+KINDS_OF_RUN = {CHECKPOINT_SUFFIX: "ckpt", EVAL_SUFFIX: "eval", VALIDATION_SUFFIX: "validation"}
+"""The word a run's name starts with for an asset named `<subject><suffix>`: what kind of run it is comes before
+whose, so that a checkpoint and its evaluation differ within what the runs table shows."""
+STUDENT_EVAL = f"{layout.STUDENT_ROLE}{EVAL_SUFFIX}"
+"""What a round's `eval_report` is named as in a run's name: the student's evaluation."""
 NOTE_TAG = "mlflow.note.content"
 """A run's description, which the MLflow UI renders as markdown (links included)."""
 
@@ -51,6 +58,23 @@ def metric_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name.replace("@", "_at_"))
 
 
+def run_name(key_path: list[str], arm: str | None) -> str:
+    """A run's name in MLflow's runs table: `<round> <kind> <subject> <arm>`, e.g. `r2 eval student default` for
+    round_002/eval_report (the student's evaluation), `r2 ckpt labeled-only default` for the checkpoint of its
+    labeled-only control, `eval labeled-rl default`, `problem-pool default`. The round is `r<N> `: a filter on
+    `attributes.run_name LIKE 'r2 %'` finds round 2's runs (not round 12's), as `tags.round = 'round_002'` does."""
+    *round_prefix, asset = key_path
+    asset = STUDENT_EVAL if asset == layout.EVAL_REPORT else asset
+    suffix = next((suffix for suffix in KINDS_OF_RUN if asset.endswith(suffix)), "")
+    words = [
+        f"r{layout.round_number(round_prefix[0])}" if round_prefix else "",
+        KINDS_OF_RUN.get(suffix, ""),
+        asset.removesuffix(suffix).replace("_", "-"),
+        arm or "",
+    ]
+    return " ".join(word for word in words if word)
+
+
 def role_of(asset_name: str) -> str:
     """What a round asset's run stands for: the student's chain or one of the controls."""
     return next((control for control in layout.CONTROLS if asset_name.startswith(control)), layout.STUDENT_ROLE)
@@ -70,17 +94,27 @@ class MlflowTracking(dg.ConfigurableResource):
     )
     experiment_name: str = Field(default="noisy-student", description="the MLflow experiment every run goes into")
     ui_url: str = Field(
-        default="http://127.0.0.1:5000",
-        description="where `mlflow ui` serves this store: Dagster metadata links runs there",
+        default="",
+        description="where `mlflow ui` serves this store, which Dagster's `mlflow_run` metadata links to. Empty: "
+        "NOISY_STUDENT_MLFLOW_URL if set, else http://127.0.0.1:5000, what `mlflow ui` serves without --host/--port",
     )
     dagster_ui_url: str = Field(
         default="http://127.0.0.1:3000",
         description="where `dagster dev` serves the UI: each MLflow run links its Dagster run there",
     )
 
+    @property
+    def resolved_ui_url(self) -> str:
+        """Where the MLflow UI serves: `ui_url`, else the environment's (`environment.mlflow_url`)."""
+        return self.ui_url.rstrip("/") or environment.mlflow_url()
+
     def run_url(self, experiment_id: str, run_id: str) -> str:
-        """The MLflow UI's page of a run."""
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+        """The MLflow UI's page of a run, in its model-training view."""
+        return f"{self.resolved_ui_url}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+
+    def runs_url(self, experiment_id: str) -> str:
+        """The MLflow UI's table of the experiment's runs, in its model-training view (see `MODEL_TRAINING_VIEW`)."""
+        return f"{self.resolved_ui_url}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}"
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -99,8 +133,8 @@ class MlflowTracking(dg.ConfigurableResource):
         self, context: dg.AssetExecutionContext, params: Mapping[str, object], arm: Arm | None, name: str | None = None
     ) -> Iterator[mlflow.ActiveRun]:
         """An MLflow run for the asset being materialized (`name`: the multi-asset's, else the asset key),
-        active inside the block so that TRL's MLflow callback logs into it too. Named `<asset> <round> <arm>`;
-        a child of the arm's parent run."""
+        active inside the block so that TRL's MLflow callback logs into it too. Named by `run_name`; an arm's run
+        also holds the arm's spec as params (`arm.*`)."""
         import mlflow  # here, not at import: loading the code location should not wait for mlflow
 
         # A remote store's URL would otherwise be printed to stdout (Dagster's compute logs) at every run's end.
@@ -123,7 +157,7 @@ class MlflowTracking(dg.ConfigurableResource):
             ROLE_TAG: role_of(key_path[-1]) if round_name else key_path[-1],
         }
         # Steps of one run start in parallel processes; the first access creates the store's tables (a
-        # migration that two processes at once break: "duplicate column name"), the experiment and the arm's parent.
+        # migration that two processes at once break: "duplicate column name") and the experiment.
         with (self.lake.root_path / f"{layout.TRACKING_DB_NAME}.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self._shared_database:
@@ -133,49 +167,18 @@ class MlflowTracking(dg.ConfigurableResource):
                 experiment.experiment_id
                 if experiment
                 else mlflow.create_experiment(
-                    # Artifacts beside the store, not in ./mlruns of whatever directory the run started in. The kind
-                    # opens the experiment in MLflow's model-training view, not its GenAI view (traces, prompts),
-                    # which is empty here.
+                    # Artifacts beside the store, not in ./mlruns of whatever directory the run started in.
                     self.experiment_name,
                     artifact_location=(self.lake.root_path / ARTIFACTS_DIR_NAME).as_uri(),
-                    tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND},
                 )
             )
             mlflow.set_experiment(experiment_id=experiment_id)
-            if arm is not None:
-                tags |= {
-                    ARM_TAG: arm.name,
-                    EXPERIMENT_TAG: arm.experiment,
-                    "mlflow.parentRunId": self._arm_parent(experiment_id, arm),
-                }
-        # The asset's key path first ("round_001/eval_report a"): MLflow's run list cuts long names at their end.
-        run_name = " ".join(part for part in ("/".join(key_path), arm.name if arm else "") if part)
-        with mlflow.start_run(run_name=run_name, tags=tags) as run:
+        if arm is not None:
+            tags |= {ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment}
+            params = {"arm": arm.spec.model_dump(exclude_none=True)} | dict(params)
+        with mlflow.start_run(run_name=run_name(key_path, arm.name if arm else None), tags=tags) as run:
             mlflow.log_params(flatten_params(params))
             yield run
-
-    def _arm_parent(self, experiment_id: str, arm: Arm) -> str:
-        """The id of the arm's parent run (made on first use, holding the arm's spec as params)."""
-        client = self._client()
-        found = client.search_runs(
-            [experiment_id], filter_string=f"tags.{PARENT_OF_ARM_TAG} = '{arm.name}'", max_results=1
-        )
-        if found:
-            return found[0].info.run_id
-        parent = client.create_run(
-            experiment_id,
-            run_name=f"arm {arm.name}",
-            tags={PARENT_OF_ARM_TAG: arm.name, ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment},
-        )
-        for key, value in flatten_params({"arm": arm.spec.model_dump(exclude_none=True)}).items():
-            client.log_param(parent.info.run_id, key, value)
-        client.set_terminated(parent.info.run_id)
-        return parent.info.run_id
-
-    def _client(self):
-        import mlflow
-
-        return mlflow.MlflowClient(self.resolved_tracking_uri)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log `metrics` into the active run (see `start_run`) under MLflow-safe names (`metric_name`)."""

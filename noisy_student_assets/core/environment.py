@@ -20,6 +20,9 @@ EXPERIMENTS = "NOISY_STUDENT_EXPERIMENTS"
 """The experiment files' directory (default: the repository's `experiments/`)."""
 EXPLORER_URL = "NOISY_STUDENT_EXPLORER_URL"
 """Where the explorer (`make explore`) serves, for the links to it in the Dagster UI (default `http://127.0.0.1:7860`)."""
+MLFLOW_URL = "NOISY_STUDENT_MLFLOW_URL"
+"""Where `mlflow ui` serves the tracking store, for the links to its runs in the Dagster UI (default
+`http://127.0.0.1:5000`, what `mlflow ui` serves unless told a --host or --port)."""
 LAUNCHER = "NOISY_STUDENT_LAUNCHER"
 """The launcher kind of the code location's runs (the UI's, the CLI's, the daemon's); unset: the profile's. The grid's
 `--launcher` and an experiment's `launcher:` still win for the grid's runs."""
@@ -71,6 +74,10 @@ def database_url() -> str | None:
 
 def explorer_url() -> str:
     return (_read(EXPLORER_URL) or "http://127.0.0.1:7860").rstrip("/")
+
+
+def mlflow_url() -> str:
+    return (_read(MLFLOW_URL) or "http://127.0.0.1:5000").rstrip("/")
 
 
 def ray_address() -> str | None:

@@ -81,6 +81,9 @@ class StageRun:
     """What of its settings the data version covers (`lineage.made_with`)."""
     stage_version: str
     metadata: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    """The `timed` blocks' seconds, logged to MLflow as the stage ends: after its results, since MLflow's Compare
+    view opens on a run's first-logged metric (an eval's would be `eval_seconds`, not its accuracy)."""
 
     @property
     def partition(self) -> str | None:
@@ -92,12 +95,11 @@ class StageRun:
 
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
-        """Time the block as metadata and an MLflow metric `name` (e.g. "training_seconds")."""
+        """Time the block as metadata and an MLflow metric `name` (e.g. "training_seconds"; see `timings`)."""
         started = time.perf_counter()
         yield
         seconds = time.perf_counter() - started
-        self.metadata[name] = seconds
-        self.log_metrics({name: seconds})
+        self.metadata[name] = self.timings[name] = seconds
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         self.resources.tracking.log_metrics(metrics)
@@ -146,6 +148,7 @@ def stage(
                 version,
             )
             yield current
+            current.log_metrics(current.timings)
     except Exception as error:
         # Retried here, not by a Dagster RetryPolicy: Dagster retries an interrupted step that has one, so Ctrl-C
         # or SIGTERM would start an in-process stage over. An interrupt (not an Exception) stops the run.
