@@ -500,6 +500,7 @@ class StudentSettings(_RewardedStage):
     TRAINING_OPTIONS: ClassVar[tuple[str, ...]] = (
         "mode",
         "reward",
+        "unlabeled_share",
         "prompt_noise",
         "model_dropout",
         "sft_samples_per_problem",

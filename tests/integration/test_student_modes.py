@@ -19,6 +19,7 @@ MODES = {
     "sft": {"mode": "sft", "sft_samples_per_problem": 1},
     "dpo": {"mode": "dpo", "dpo_beta": 0.2},
     "grpo-soft-noisy": {"reward": "vote_share", "prompt_noise": True, "model_dropout": 0.1, "agreement_low": 0.3},
+    "grpo-unlabeled-share": {"unlabeled_share": 0.75},
 }
 
 
@@ -49,7 +50,9 @@ def test_a_student_of_any_mode_spends_its_labeled_only_control_s_compute(
         assert student[f"compute/total_{field}"].value == control[f"compute/total_{field}"].value
     checks = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in result.get_asset_check_evaluations()}
     assert checks[(CONTROL, "compute_matched")] and checks[(STUDENT, "finite_weights")]
-    if variant == "grpo-soft-noisy":
+    if variant == "grpo-unlabeled-share":  # 2 steps x 2 prompts: 3 pseudo-labeled, 1 labeled
+        assert (student["train_rows"].value, student["pseudo_rows"].value, student["gold_rows"].value) == (4, 3, 1)
+    elif variant == "grpo-soft-noisy":
         assert student["pseudo_labels_in_band"].value > 0
         assert student["pseudo_rows"].value == student["pseudo_labels_in_band"].value
     else:

@@ -9,6 +9,7 @@ import datasets
 import polars as pl
 import pytest
 
+from noisy_student_assets.core.layout import GOLD_LABEL, LABELED_ONLY
 from noisy_student_assets.core.prompts import NOISY_TEMPLATES, build_messages, prompt_template
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
@@ -73,6 +74,9 @@ def test_an_unlabeled_share_without_pseudo_labels_or_in_another_mode_is_refused(
         StudentSettings(pseudo_only=True, unlabeled_share=0.5)
     with pytest.raises(ValueError, match="unlabeled_share sets a GRPO run's prompts; mode 'sft'"):
         student_mode_for(StudentSettings(mode="sft", unlabeled_share=0.5))
+    shared = StudentSettings(unlabeled_share=0.5)
+    assert student_mode_for(shared).admits(LABELED_ONLY, shared)
+    assert not student_mode_for(shared).admits(GOLD_LABEL, shared), "its rows cannot keep the student's share"
 
 
 def test_targets_are_gold_answers_and_pseudo_labels():

@@ -184,7 +184,7 @@ def _refuse_unmatched_training(current: StageRun, control: str) -> None:
     if not student_mode(settings.mode).admits(control, settings):
         raise dg.Failure(
             f"{'/'.join(current.context.asset_key.path)} trains GRPO with the hard reward on its own labels, no "
-            f"counterpart of mode={settings.mode}, reward={settings.reward}: list only labeled_only under the "
-            "experiment's controls",
+            f"counterpart of mode={settings.mode}, reward={settings.reward}, "
+            f"unlabeled_share={settings.unlabeled_share}: list only labeled_only under the experiment's controls",
             allow_retries=False,
         )

@@ -54,4 +54,8 @@ class GRPOMode(StudentMode):
         )
 
     def admits(self, control: str, settings: StudentSettings) -> bool:
-        return super().admits(control, settings) or settings.reward == HARD_REWARD
+        # the gold- and random-label controls' rows carry no mark of which problems were unlabeled, so they could not
+        # keep the student's unlabeled share
+        return super().admits(control, settings) or (
+            settings.reward == HARD_REWARD and settings.unlabeled_share is None
+        )
