@@ -140,7 +140,9 @@ class DagsterCli:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             stacks = log.read_text().split("\nExtension modules:")[0]  # faulthandler's list of them says nothing
-            raise AssertionError(f"the grid still ran after {timeout:.0f} s; its log ends:\n{stacks[-12000:]}") from None
+            raise AssertionError(
+                f"the grid still ran after {timeout:.0f} s; its log ends:\n{stacks[-12000:]}"
+            ) from None
 
     @staticmethod
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:
