@@ -52,7 +52,7 @@ RUN_TIME_LIMIT_S = 7 * 24 * 3600
 """Dagster's run monitoring stops a run the daemon launched (a job's, the sensor's, a backfill's) past this
 (`dagster/max_runtime`; mirrored in dagster.yaml for asset backfills, whose runs carry no job tags): a backstop above
 the heavy stages' own time limits, for a run whose worker died or hangs outside them."""
-HARD_REWARD, VOTE_SHARE_REWARD = "hard", "vote_share"
+HARD_REWARD, VOTE_SHARE_REWARD, GROUP_MAJORITY_REWARD = "hard", "vote_share", "group_majority"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 """TRL 1.16 loss aggregations usable with token-level importance sampling ("luspo" needs sequence-level).
 TRL itself only rejects an unknown one after the first generation batch, hence the early check."""
@@ -467,9 +467,10 @@ class StudentSettings(_RewardedStage):
     mode: str = Field(
         default="grpo", description="how the student trains: a mode registered in training/modes/registry.py"
     )
-    reward: Literal["hard", "vote_share"] = Field(
+    reward: Literal["hard", "vote_share", "group_majority"] = Field(
         default=HARD_REWARD,
-        description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes)",
+        description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes) "
+        "| group_majority (0/1 vs the majority answer of the completion's own GRPO group, no offline label: TTRL)",
     )
     agreement_low: Share = Field(default=0.0, description="train on kept pseudo-labels with agreement >= this")
     agreement_high: Share = Field(default=1.0, description="... and <= this (difficulty band; 1: no upper edge)")
@@ -514,6 +515,10 @@ class StudentSettings(_RewardedStage):
         # (`modes.registry.accepted`): the modes import this module.
         if self.agreement_low > self.agreement_high:
             raise ValueError(f"agreement_low {self.agreement_low} > agreement_high {self.agreement_high}")
+        if self.reward == GROUP_MAJORITY_REWARD and self.grpo.processes > 1:
+            raise ValueError(
+                "reward group_majority needs grpo.processes 1: each process would vote on its own share of a group"
+            )
         if self.pseudo_only and self.unlabeled_share is not None:
             raise ValueError("pseudo_only trains on pseudo-labeled problems alone: it leaves no unlabeled_share to set")
         return self

@@ -20,6 +20,7 @@ MODES = {
     "dpo": {"mode": "dpo", "dpo_beta": 0.2},
     "grpo-soft-noisy": {"reward": "vote_share", "prompt_noise": True, "model_dropout": 0.1, "agreement_low": 0.3},
     "grpo-unlabeled-share": {"unlabeled_share": 0.75},
+    "grpo-group-majority": {"reward": "group_majority"},
 }
 
 
@@ -52,6 +53,8 @@ def test_a_student_of_any_mode_spends_its_labeled_only_control_s_compute(
     assert checks[(CONTROL, "compute_matched")] and checks[(STUDENT, "finite_weights")]
     if variant == "grpo-unlabeled-share":  # 2 steps x 2 prompts: 3 pseudo-labeled, 1 labeled
         assert (student["train_rows"].value, student["pseudo_rows"].value, student["gold_rows"].value) == (4, 3, 1)
+    elif variant == "grpo-group-majority":  # labeled rows keep their gold reward, pseudo rows vote online
+        assert student["gold_rows"].value > 0 and student["pseudo_rows"].value > 0
     elif variant == "grpo-soft-noisy":
         assert student["pseudo_labels_in_band"].value > 0
         assert student["pseudo_rows"].value == student["pseudo_labels_in_band"].value

@@ -18,6 +18,7 @@ from noisy_student_assets.core.training.grpo import (
     answer_reward,
     build_training_dataset,
     format_reward_fn,
+    group_majority_reward,
     vote_share_reward,
 )
 from noisy_student_assets.core.training.modes.registry import student_mode_for
@@ -248,6 +249,25 @@ def test_vote_share_reward_pays_the_answer_s_share_of_the_votes_and_gold_rows_ha
         "answer_reward/ungraded_share": 0.0,
         "vote_share_reward/ungraded_share": 0.0,
     }
+
+
+def test_group_majority_reward_pays_agreement_with_the_group_s_own_majority_not_the_offline_label():
+    """TTRL's online reward: problem p's group says 5, 5.0, 3 (its offline label, 3, is outvoted), q's says nothing
+    gradable (no majority: 0 for all), and the labeled row g keeps its reward against the gold answer."""
+    completions = ["\\boxed{5}", "\\boxed{5.0}", "\\boxed{3}", "no answer", "none either", "\\boxed{8}", "\\boxed{9}"]
+    logged = {}
+    rewards = group_majority_reward(
+        completions,
+        ["3", "3", "3", "4", "4", "8", "8"],
+        ["p", "p", "p", "q", "q", "g", "g"],
+        label_source=["pseudo"] * 5 + ["gold"] * 2,
+        log_metric=logged.__setitem__,
+    )
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert logged["group_majority_reward/differs_from_offline_label"] == 1.0  # p's majority 5 is not 3; q has none
+    assert logged["group_majority_reward/pseudo"] == 0.4 and logged["group_majority_reward/gold"] == 0.5
+    with pytest.raises(ValueError, match=r"group_majority needs grpo\.processes 1"):
+        StudentSettings(reward="group_majority", grpo=GRPOSettings(processes=2, prompts_per_step=2, num_generations=2))
 
 
 def test_vote_shares_join_the_pseudo_labeled_rows_only():

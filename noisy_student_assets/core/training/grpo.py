@@ -22,8 +22,9 @@ import polars as pl
 
 from noisy_student_assets.core import grading
 from noisy_student_assets.core.prompts import student_messages
+from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
-from noisy_student_assets.core.settings import HARD_REWARD, VOTE_SHARE_REWARD
+from noisy_student_assets.core.settings import GROUP_MAJORITY_REWARD, HARD_REWARD, VOTE_SHARE_REWARD
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Loss, Rows, TrainerSetup, check_step_fits
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from noisy_student_assets.core.settings import GRPOSettings
     from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
 
-REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD)
+REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD, GROUP_MAJORITY_REWARD)
 """GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), or the vote share
 of the completion's answer (`vote_share_reward`)."""
 
@@ -156,15 +157,57 @@ def answer_reward(completions, target, label_source=None, log_metric=None, **kwa
     """
     rewards = [grading.answer_reward(completion_text(c), t) for c, t in zip(completions, target, strict=True)]
     if log_metric is not None:
-        _log_ungraded("answer_reward", rewards, log_metric)
-        for name in STEP_COUNTS:  # under dynamic sampling, the step's rollout counted these (one value a step)
-            if name in kwargs:
-                log_metric(name, kwargs[name][0])
-        for source in sorted(set(label_source or [])):
-            source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source and r is not None]
-            if source_rewards:
-                log_metric(f"answer_reward/{source}", sum(source_rewards) / len(source_rewards))
+        _log_answer_rewards("answer_reward", rewards, label_source, log_metric, kwargs)
     return rewards
+
+
+def group_majority_reward(
+    completions, target, problem_id, label_source=None, log_metric=None, **kwargs
+) -> list[float | None]:
+    """TRL reward function, the online pseudo-reward of TTRL (Zuo et al. 2025): on a pseudo-labeled row, 1.0 where
+    the completion's answer is equivalent to the majority answer of its own group (the completions of its problem
+    in this call: `consensus.majority_vote`), 0.0 where it is not or the group has no majority; the row's offline
+    pseudo-label is not read. A labeled row keeps its 0/1 reward against the gold answer. None where ungraded, as in
+    `answer_reward`. Logs the share of groups whose online majority differs from the offline label
+    (`group_majority_reward/differs_from_offline_label`) beside `answer_reward`'s figures."""
+    texts = [completion_text(c) for c in completions]
+    rows_of: dict[str, list[int]] = {}
+    for row, problem in enumerate(problem_id):
+        rows_of.setdefault(problem, []).append(row)
+    online = list(target)
+    differs = []
+    for rows in rows_of.values():
+        if label_source is not None and label_source[rows[0]] != PSEUDO:
+            continue
+        majority = majority_vote([grading.extract_answer(texts[row]) for row in rows]).answer
+        for row in rows:
+            online[row] = majority
+        differs.append(majority is None or grading.answers_equivalent(target[rows[0]], majority) is not True)
+    rewards = [grading.answer_reward(text, label) if label else 0.0 for text, label in zip(texts, online, strict=True)]
+    if log_metric is not None:
+        _log_answer_rewards("group_majority_reward", rewards, label_source, log_metric, kwargs)
+        if differs:
+            log_metric("group_majority_reward/differs_from_offline_label", sum(differs) / len(differs))
+    return rewards
+
+
+def _log_answer_rewards(
+    reward_name: str,
+    rewards: list[float | None],
+    label_source: list[str] | None,
+    log_metric: Callable[[str, float], None],
+    columns: dict,
+) -> None:
+    """The ungraded share, the step's dynamic-sampling counts and the mean graded reward per label source: on pseudo
+    rows it measures agreement with the label, which only the gold rows can tell apart from accuracy."""
+    _log_ungraded(reward_name, rewards, log_metric)
+    for name in STEP_COUNTS:  # under dynamic sampling, the step's rollout counted these (one value a step)
+        if name in columns:
+            log_metric(name, columns[name][0])
+    for source in sorted(set(label_source or [])):
+        source_rewards = [r for r, s in zip(rewards, label_source, strict=True) if s == source and r is not None]
+        if source_rewards:
+            log_metric(f"{reward_name}/{source}", sum(source_rewards) / len(source_rewards))
 
 
 def vote_share_reward(
@@ -215,7 +258,11 @@ def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completi
     advantages into the work dir (`logged_completions` reads them)."""
     from trl import GRPOConfig, GRPOTrainer
 
-    answer = vote_share_reward if reward == VOTE_SHARE_REWARD else answer_reward
+    answer = {
+        HARD_REWARD: answer_reward,
+        VOTE_SHARE_REWARD: vote_share_reward,
+        GROUP_MAJORITY_REWARD: group_majority_reward,
+    }[reward]
     with_format = settings.format_reward_weight > 0
     config = {name: getattr(settings, name) for name in GRPO_CONFIG_FIELDS} | {
         "reward_weights": [1.0, settings.format_reward_weight] if with_format else None,
