@@ -19,7 +19,8 @@ version, its effective settings - profile defaults, run config, arm overrides - 
 what is downstream of a redone asset is redone too, and each redone asset is printed with the reason. A killed grid
 therefore resumes where it stopped, and a stage killed midway resumes from its own shards and TRL
 checkpoints. Ctrl-C or SIGTERM stops the grid in the step it is in: that step is not retried, and no step or
-run follows (one arm at a time; under `--parallel-arms` only a kill of the process group stops it at once).
+run follows (one arm at a time; under `--parallel-arms` only a kill of the process group stops it at once), and
+the process leaves within `EXIT_GRACE_S` even where a library's exit handler hangs (every thread's stack printed).
 A check that runs as a step of its own (`finite_weights`, `smoke_generation`, `compute_matched`) and never
 judged its asset's latest materialization, because the grid was killed between the two steps, is evaluated
 alone, without materializing the asset again. A failed run is reported and the grid goes on to the next arm (an
@@ -35,11 +36,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import fcntl
 import json
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -51,6 +55,9 @@ from noisy_student_assets.core.settings import Launcher, LauncherSettings
 GRID_TAG = "noisy_student/experiment"
 INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
 """The errors of a step stopped by a signal: Dagster fails the step with the interrupt itself (nothing retries it)."""
+EXIT_GRACE_S = 60.0
+"""Seconds an interrupted grid may spend exiting (its libraries' exit handlers, the threads they join) before it
+prints every thread's stack and leaves without them: Ctrl-C and SIGTERM must stop it."""
 
 
 def checks_not_waiting(graph, checks: Iterable, waiting: set) -> list:
@@ -668,7 +675,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         during = f" during {interrupt}" if str(interrupt) else ""
         print(f"[grid] stopped by an interrupt{during}; re-run the grid to resume", flush=True)
+        exit_within(EXIT_GRACE_S, 130)
         return 130
+
+
+def exit_within(seconds: float, status: int) -> None:
+    """Leave the process with `status` if it still runs `seconds` from now, every thread's stack printed first (on
+    stderr), so that what held it is named."""
+
+    def leave() -> None:
+        print(f"[grid] still exiting after {seconds:.0f} s; every thread's stack:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(status)
+
+    timer = threading.Timer(seconds, leave)
+    timer.daemon = True
+    timer.start()
 
 
 @contextlib.contextmanager

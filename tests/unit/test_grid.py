@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import dagster as dg
 import pytest
@@ -16,6 +18,7 @@ from noisy_student_assets.defs.grid import (
     unevaluated_checks,
     with_experiment_resources,
 )
+from tests.cli import REPO_ROOT
 from tests.conftest import TEST_EXPERIMENTS
 
 
@@ -198,3 +201,21 @@ def test_the_tests_run_configs_pass_the_grid_s_check() -> None:
     job = defs.resolve_implicit_global_asset_job_def()
     assert run_config_errors(job, tiny_config(Path("tiny_model"), rounds=2)) == []
     assert run_config_errors(job, {"bogus": 1}) == ["the run config: unknown key bogus (at root)"]
+
+
+def test_an_interrupted_grid_leaves_when_an_exit_handler_hangs_naming_where() -> None:
+    """A library's exit handler that never returns (here: one that sleeps an hour) must not keep a stopped grid
+    running: it leaves with the interrupt's status, every thread's stack printed."""
+    hanging_exit = (
+        "import atexit, time\n"
+        "from noisy_student_assets.defs.grid import exit_within\n"
+        "def hang_at_exit():\n"
+        "    time.sleep(3600)\n"
+        "atexit.register(hang_at_exit)\n"
+        "exit_within(1.0, 130)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", hanging_exit], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 130, ran.stderr[-2000:]
+    assert "[grid] still exiting after 1 s" in ran.stderr and "in hang_at_exit" in ran.stderr, ran.stderr[-2000:]
