@@ -100,8 +100,8 @@ def test_a_backfill_launched_through_the_webserver_runs_on_the_shared_database(
     assert {"runs", "event_logs", "alembic_version"} <= tables(database_url, "public")
     assert {"runs", "experiments", "alembic_version"} <= tables(database_url, MLFLOW_SCHEMA)
     logged = {(run.data.tags.get("dagster.asset"), run.data.tags.get(ARM_TAG)) for run in mlflow_runs(database_url)}
-    # Per arm: a run per problem table of its task, one for the split (a multi-asset) and its parent run (no asset).
-    assert logged == {(name, arm) for arm in ARMS for name in (*TASK, "problem_split", None)}
+    # Per arm: a run per problem table of its task and one for the split (a multi-asset); no parent run per arm.
+    assert logged == {(name, arm) for arm in ARMS for name in (*TASK, "problem_split")}
     assert_nothing_embedded(shared_cli)
 
 
