@@ -177,15 +177,16 @@ def distributions_of(modules: set[str], providers: dict[str, set[str]]) -> tuple
     return found, sorted(unmapped)
 
 
-def record_imports(command: list[str], log_dir: Path, env: dict[str, str], timeout: float) -> set[str]:
-    """Run `command` with the import recorder in it and every process it starts: the modules they imported."""
+def record_imports(commands: list[list[str]], log_dir: Path, env: dict[str, str], timeout: float) -> set[str]:
+    """Run each of `commands` with the import recorder in it and every process it starts: the modules they imported."""
     log_dir.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join(filter(None, [str(RECORDER_DIR), str(REPO_ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        command, cwd=REPO_ROOT, env=env | {"PYTHONPATH": path, IMPORT_LOG: str(log_dir)}, timeout=timeout
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"the measured run failed (exit {result.returncode}): {shlex.join(command)}")
+    for command in commands:
+        result = subprocess.run(
+            command, cwd=REPO_ROOT, env=env | {"PYTHONPATH": path, IMPORT_LOG: str(log_dir)}, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"the measured run failed (exit {result.returncode}): {shlex.join(command)}")
     return {name for log in log_dir.glob("*.txt") for name in log.read_text().split()}
 
 
@@ -228,11 +229,7 @@ def measure_closure(work: Path, leave_out: set[str], timeout: float) -> set[str]
     ]
     problems = [str(python), "-c", "from tools.gpu_check import generate_smollm2_problems; generate_smollm2_problems()"]
     environment = {name: value for name, value in os.environ.items() if name not in {"VIRTUAL_ENV", "PYTHONHOME"}}
-    return {
-        name
-        for command in (functional, problems)
-        for name in record_imports(command, work / "imports", environment, timeout)
-    }
+    return record_imports([functional, problems], work / "imports", environment, timeout)
 
 
 # ---- fetching the files ----

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
 
 REWARDS = (HARD_REWARD, VOTE_SHARE_REWARD, GROUP_MAJORITY_REWARD)
-"""GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), or the vote share
-of the completion's answer (`vote_share_reward`)."""
+"""GRPO's reward on pseudo-labeled rows: 1 for the pseudo-label's answer (`answer_reward`), the vote share
+of the completion's answer (`vote_share_reward`), or 1 for its own group's majority answer (`group_majority_reward`)."""
 
 TRL_COMPLETIONS_DIR = "completions"
 """Where TRL's GRPOTrainer writes each logged step's completions (`log_completions`), under its output directory."""
@@ -175,18 +175,19 @@ def group_majority_reward(
     for row, problem in enumerate(problem_id):
         rows_of.setdefault(problem, []).append(row)
     online = list(target)
-    differs = []
-    for rows in rows_of.values():
-        if label_source is not None and label_source[rows[0]] != PSEUDO:
-            continue
+    voted = [rows for rows in rows_of.values() if label_source is None or label_source[rows[0]] == PSEUDO]
+    for rows in voted:
         majority = majority_vote([grading.extract_answer(texts[row]) for row in rows]).answer
         for row in rows:
             online[row] = majority
-        differs.append(majority is None or grading.answers_equivalent(target[rows[0]], majority) is not True)
     rewards = [grading.answer_reward(text, label) if label else 0.0 for text, label in zip(texts, online, strict=True)]
     if log_metric is not None:
         _log_answer_rewards("group_majority_reward", rewards, label_source, log_metric, kwargs)
-        if differs:
+        if voted:  # only where logged: each group's comparison is a math-verify check
+            differs = [
+                online[rows[0]] is None or grading.answers_equivalent(target[rows[0]], online[rows[0]]) is not True
+                for rows in voted
+            ]
             log_metric("group_majority_reward/differs_from_offline_label", sum(differs) / len(differs))
     return rewards
 
