@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from playwright.sync_api import Error as PlaywrightError
 
 from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.experiments.arms import load_experiment
@@ -43,6 +44,7 @@ LOCATION = "noisy_student"
 """workspace.yaml's code location."""
 ROUND_JOB = f"{layout.round_prefix(NEW_ROUND)}_job"
 RUN_TIMEOUT_S = 900
+PARTITION_PLACEHOLDER = "Select a partition or create one"
 IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 """Every step in the run's process: no Python start and torch import per step (CI time)."""
 
@@ -75,6 +77,25 @@ def _job_ops(url: str, job: str) -> set[str]:
     }"""
     selector = {"pipelineName": job, "repositoryName": "__repository__", "repositoryLocationName": LOCATION}
     return {solid["name"] for solid in graphql(url, query, {"selector": selector})["pipelineOrError"]["solids"]}
+
+
+PICK_ATTEMPTS = 4
+
+
+def _pick_partition(page, key: str) -> None:
+    """Picks `key` in the launchpad's partition menu. The menu can re-render while the launchpad loads: a fresh-clone
+    CI run saw the option detach under the click and the menu close, so a pick that did not take opens it again."""
+    placeholder = page.get_by_text(PARTITION_PLACEHOLDER)
+    for _ in range(PICK_ATTEMPTS):
+        try:
+            placeholder.click(timeout=15000)
+            page.get_by_text(key, exact=True).filter(visible=True).first.click(timeout=15000)
+        except PlaywrightError:
+            pass
+        page.keyboard.press("Escape")
+        if not placeholder.count():
+            return
+    raise AssertionError(f"the partition menu never took {key!r} in {PICK_ATTEMPTS} attempts")
 
 
 def _missing_upstream(page) -> list[str]:
@@ -184,9 +205,7 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         # an arm whose label source reads a verifier makes (with `round_003_verifier_job`). The controls the experiment
         # does not list are in the job (and skip), so Dagster lists none of them.
         assert _missing_upstream(page) == [f"{new_round} / {layout.VERIFIER_SCORES}"]
-        page.get_by_text("Select a partition or create one").click()
-        page.get_by_text(ARM, exact=True).filter(visible=True).first.click()
-        page.keyboard.press("Escape")
+        _pick_partition(page, ARM)
         page.get_by_text("Config", exact=True).click()
         page.get_by_role("button", name="Add config").click()
         ops = _job_ops(url, ROUND_JOB)
