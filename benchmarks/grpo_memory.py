@@ -1,14 +1,16 @@
-"""Peak resident memory of a GRPO process: SmolLM2 GRPO-trained on the CPU profile's task at the student's settings,
-each variant in a process of its own (a process's peak is its own), with the peak of each phase of the step.
+"""A GRPO process's time and peak memory: SmolLM2 GRPO-trained on the CPU profile's task at the student's settings,
+each variant in a process of its own (a process tree's peak is its own), with the peak of each phase of the step.
 
     .venv/bin/python -m benchmarks.grpo_memory    # writes benchmarks/results/grpo_memory.json
 
-The variants differ only in how a step's completions reach the loss (`grpo.gradient_accumulation_steps`, the
-micro-batches) and whether activations are recomputed (`grpo.gradient_checkpointing`); a step trains the same
-completions in all of them. The phases are TRL's own: `_generate` (sampling the groups) and `_compute_loss` (the
-loss forward); the rest of a step is the backward pass and the optimizer step. A phase's figure is the process's
-resident high-water mark while in it: memory that torch freed but the allocator kept counts, so the second step's
-generation starts at the level the first step's backward left.
+The variants differ in how a step's completions reach the loss (`grpo.gradient_accumulation_steps`, the
+micro-batches), whether activations are recomputed (`grpo.gradient_checkpointing`) and who samples the groups
+(`grpo.rollouts`: TRL's transformers generation, or the vLLM engine through the step's LoRA adapter). The phases are
+TRL's own: `_generate` (sampling the groups, timed per step) and `_compute_loss` (the loss forward); the rest of a
+step is the backward pass and the optimizer step. A phase's figure is the resident high-water mark of the process
+and its children (vLLM's engine processes) while in it: memory that torch freed but the allocator kept counts, so a
+step's generation starts at the level the previous step's backward left. The first step's generation includes the
+vLLM engine's start, so a variant's steady step is the mean of the steps after the first.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ VARIANTS = (
     {"gradient_accumulation_steps": 1},
     {"gradient_accumulation_steps": 4},
     {"gradient_accumulation_steps": 4, "gradient_checkpointing": True},
+    {"gradient_accumulation_steps": 4, "rollouts": "vllm_lora"},
 )
-STEPS = 2
+STEPS = 4
 RSS_SAMPLE_S = 0.02
 
 
@@ -38,28 +41,31 @@ def measure(update: dict, base_dir: Path) -> dict:
     import psutil
     import trl
 
+    from benchmarks.run import tree_rss
     from noisy_student_assets.core.problems import load_problems
     from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT
     from noisy_student_assets.core.settings import ProblemPoolSettings, ProblemSplitSettings, StudentSettings
     from noisy_student_assets.core.training.base import TrainingRun
     from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
 
-    process, phase, peaks = psutil.Process(), ["load"], {}
+    process, phase, peaks, generation_seconds = psutil.Process(), ["load"], {}, []
 
     def sample() -> None:
         while True:
-            peaks[phase[0]] = max(peaks.get(phase[0], 0), process.memory_info().rss)
+            peaks[phase[0]] = max(peaks.get(phase[0], 0), tree_rss(process))
             time.sleep(RSS_SAMPLE_S)
 
     def entering(name: str, method: str, after: str) -> None:
         original = getattr(trl.GRPOTrainer, method)
 
         def timed(self, *args, **kwargs):
-            phase[0] = name
+            phase[0], started = name, time.perf_counter()
             try:
                 return original(self, *args, **kwargs)
             finally:
                 phase[0] = after
+                if name == "generation":
+                    generation_seconds.append(time.perf_counter() - started)
 
         setattr(trl.GRPOTrainer, method, timed)
 
@@ -72,12 +78,19 @@ def measure(update: dict, base_dir: Path) -> dict:
     work = Path(tempfile.mkdtemp(prefix="grpo-memory-"))
     result = train_grpo(base_dir, dataset, settings, work / "merged", TrainingRun(work / "work"))
     lengths = [entry["completions/mean_length"] for entry in result.log_history if "completions/mean_length" in entry]
+    step_seconds = [entry["step_time"] for entry in result.log_history if "step_time" in entry]
+    tokens = sum(lengths[1:]) * settings.completions_per_step
     return {
         "settings": update,
         "max_completion_length": settings.max_completion_length,
         "completions_per_step": settings.completions_per_step,
         "mean_completion_length": sum(lengths) / len(lengths),
         "seconds_per_step": result.metrics["seconds_per_step"],
+        "step_seconds": step_seconds,
+        "generation_seconds": generation_seconds,
+        "steady_seconds_per_step": sum(step_seconds[1:]) / len(step_seconds[1:]),
+        "steady_generation_seconds_per_step": sum(generation_seconds[1:]) / len(generation_seconds[1:]),
+        "steady_generation_tokens_per_second": tokens / sum(generation_seconds[1:]),
         "peak_rss_gib": max(peaks.values()) / 2**30,
         "peak_rss_gib_by_phase": {name: peak / 2**30 for name, peak in peaks.items()},
     }

@@ -51,6 +51,15 @@ import psutil
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def tree_rss(process: psutil.Process) -> int:
+    """Resident bytes of `process` and its children (vLLM's workers, the grader's)."""
+    total = process.memory_info().rss
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a worker that exited between listing and reading
+            total += child.memory_info().rss
+    return total
+
+
 class MemorySampler:
     """Resident memory of this process tree over time, so any stage's peak can be read back."""
 
@@ -71,11 +80,7 @@ class MemorySampler:
     def _run(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            total = me.memory_info().rss
-            for child in me.children(recursive=True):
-                with contextlib.suppress(psutil.Error):  # a worker that exited between listing and reading
-                    total += child.memory_info().rss
-            self.samples.append((time.time(), total))
+            self.samples.append((time.time(), tree_rss(me)))
             self._stop.wait(self.interval_s)
 
     def peak_gib(self, start: float, end: float) -> float:

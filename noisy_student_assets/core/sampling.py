@@ -529,7 +529,7 @@ def _sample_with_vllm(work: _Work, problem_ids: list[str], gpu_memory_utilizatio
         seed=work.settings_list[0].seed,
         max_model_len=max_model_len,
         logprobs_mode="raw_logprobs",  # vLLM's default, named: the logprobs must be untempered and unfiltered
-        **(_vllm_cpu_engine_args(max_model_len) if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
+        **(vllm_cpu_engine_args(max_model_len) if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
     )
     sample_sets: list[list[list[Sample]]] = []
     try:
@@ -559,7 +559,7 @@ def _vllm_sample(completion: CompletionOutput) -> Sample:
     return Sample(completion.text, len(completion.token_ids), completion.finish_reason, logprobs)
 
 
-def _vllm_cpu_engine_args(max_model_len: int) -> dict:
+def vllm_cpu_engine_args(max_model_len: int) -> dict:
     """Engine settings for vLLM on CPU (timings measured with SmolLM2-135M on 2 cores)."""
     return {
         # torch.compile triples start-up (about 35 s to 80-110 s) for about 20% more tokens/s.

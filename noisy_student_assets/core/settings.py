@@ -58,6 +58,10 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 TRL itself only rejects an unknown one after the first generation batch, hence the early check."""
 SCALE_REWARDS = ("group", "batch", "none")
 """TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
+TRL_ROLLOUTS, VLLM_LORA_ROLLOUTS = "trl", "vllm_lora"
+ROLLOUTS = (TRL_ROLLOUTS, VLLM_LORA_ROLLOUTS)
+"""Who samples GRPO's groups (`training/rollouts.py`): TRL's own generation (transformers, or its colocated vLLM with
+`use_vllm`), or the project's vLLM engine through the step's LoRA adapter."""
 
 # The bounds and settings that several stages share, each declared once; a field annotated with one of these takes
 # its bounds (and, for a shared setting, its default and help) from it. pydantic's `NonNegativeInt` is a count where
@@ -392,6 +396,12 @@ class GRPOSettings(Settings):
     use_vllm: bool = Field(
         default=by_profile(cpu=False, gpu=True), description="sample the groups with vLLM colocated on the GPU (TRL)"
     )
+    rollouts: str = Field(
+        default=TRL_ROLLOUTS,
+        description="who samples the groups: " + " | ".join(ROLLOUTS) + " (trl: TRL's own generation, transformers or "
+        "its colocated vLLM; vllm_lora: a vLLM engine over the initial checkpoint sampling through each step's LoRA "
+        "adapter, CPU too)",
+    )
     gradient_checkpointing: bool = Field(
         default=by_profile(cpu=False, gpu=True),
         description="recompute activations in the backward pass: less memory, about 20% slower",
@@ -412,6 +422,13 @@ class GRPOSettings(Settings):
             raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
+        if self.rollouts not in ROLLOUTS:
+            raise ValueError(f"rollouts {self.rollouts!r} is not one of {ROLLOUTS}")
+        if self.rollouts == VLLM_LORA_ROLLOUTS and (not self.use_lora or self.use_vllm or self.processes > 1):
+            raise ValueError(
+                "rollouts vllm_lora samples through the policy's LoRA adapter from one engine: it needs use_lora, "
+                "processes 1 and use_vllm false (TRL's colocated vLLM is the other way to sample with vLLM)"
+            )
         if self.dynamic_sampling_replacements and self.processes > 1:
             raise ValueError(
                 "dynamic_sampling_replacements needs processes 1: each process would replace and count its own "

@@ -22,6 +22,7 @@ from noisy_student_assets.core.training.grpo import (
     vote_share_reward,
 )
 from noisy_student_assets.core.training.modes.registry import student_mode_for
+from noisy_student_assets.core.training.rollouts import vllm_lora_rank
 from tests.training_data import SEVEN, SYSTEM_PROMPT, labeled_frame, pseudo_frame
 
 
@@ -130,6 +131,10 @@ def test_missing_target_names_the_row():
         {"scale_rewards": "std"},
         {"processes": 3},  # a step of 16 completions cannot be split over 3 processes
         {"dynamic_sampling_replacements": 2, "processes": 2},
+        {"rollouts": "vllm"},
+        {"rollouts": "vllm_lora", "use_lora": False},  # the engine samples through the policy's adapter
+        {"rollouts": "vllm_lora", "processes": 2},
+        {"rollouts": "vllm_lora", "use_vllm": True},
     ],
 )
 def test_invalid_settings_are_rejected(change):
@@ -279,3 +284,13 @@ def test_vote_shares_join_the_pseudo_labeled_rows_only():
         "pseudo-0": '[["7", 0.75]]',
         "pseudo-1": '[["7", 1.0]]',
     }
+
+
+@pytest.mark.parametrize(("rank", "engine_rank"), [(1, 1), (4, 8), (16, 16), (17, 32), (512, 512)])
+def test_the_rollout_engine_is_built_for_the_smallest_vllm_rank_that_holds_the_adapter(rank: int, engine_rank: int):
+    assert vllm_lora_rank(rank) == engine_rank
+
+
+def test_an_adapter_too_large_for_vllm_is_refused():
+    with pytest.raises(ValueError, match="at most 512"):
+        vllm_lora_rank(513)

@@ -5,8 +5,9 @@ A GRPO group whose completions all get the same reward has zero advantage, so it
 full share of the step. Each step's groups are sampled, and every group of equal rewards is dropped and replaced by a
 group of another training prompt, drawn by the run's seed, until none is left or the step has replaced
 `max_replacements` groups; past the bound, the groups of equal rewards that remain are trained on (they add nothing
-to the gradient). The groups are sampled the way TRL samples them (its own generation, vLLM or transformers), and the
-rewards that decide are the loss's own reward functions and weights; TRL grades the kept groups again for the loss.
+to the gradient). The groups are sampled as the run samples without it (`sample`: TRL's own generation, or the
+project's vLLM engine through the step's adapter, `rollouts`), and the rewards that decide are the loss's own reward
+functions and weights; TRL grades the kept groups again for the loss.
 
 A replacement group trains on its own prompt and is rewarded against its own row: the rollout returns the kept rows'
 fields (target, label source, ...) with the completions, which TRL hands the reward functions in place of the
@@ -25,6 +26,8 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from noisy_student_assets.core.training.rollouts import Sample, trl_sample
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -66,6 +69,8 @@ class DynamicSampling:
     num_generations: int
     max_replacements: int
     seed: int
+    sample: Sample = trl_sample
+    """Who samples the groups (`rollouts`): TRL's own generation, or `rollouts.VllmLoraRollouts.sample`."""
 
     def __post_init__(self) -> None:
         self._rows = list(self.dataset)
@@ -103,14 +108,10 @@ class DynamicSampling:
         }
 
     def _sample(self, rows: list[dict], trainer) -> list[tuple[dict, list, list, list]]:
-        """Each row's group as TRL samples it: the row, its prompt ids and completion ids, and the completions'
-        rewards."""
+        """Each row's group as the run samples it (`sample`): the row, its prompt ids and completion ids, and the
+        completions' rewards."""
         size = self.num_generations
-        prompts = [row["prompt"] for row in rows for _ in range(size)]
-        # TRL has no public call that samples as its own generation does (vLLM or transformers, its generation
-        # config, its EOS handling); these two are what its `_generate` calls, called here, not overridden.
-        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
-        completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, size)
+        prompt_ids, completion_ids = self.sample([row["prompt"] for row in rows for _ in range(size)], trainer)
         texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         groups = []
         for index, row in enumerate(rows):

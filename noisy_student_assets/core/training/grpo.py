@@ -24,9 +24,15 @@ from noisy_student_assets.core import grading
 from noisy_student_assets.core.prompts import student_messages
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
-from noisy_student_assets.core.settings import GROUP_MAJORITY_REWARD, HARD_REWARD, VOTE_SHARE_REWARD
+from noisy_student_assets.core.settings import (
+    GROUP_MAJORITY_REWARD,
+    HARD_REWARD,
+    VLLM_LORA_ROLLOUTS,
+    VOTE_SHARE_REWARD,
+)
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Loss, Rows, TrainerSetup, check_step_fits
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
+from noisy_student_assets.core.training.rollouts import VllmLoraRollouts, trl_sample
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -275,18 +281,25 @@ def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completi
     return Loss("GRPO", GRPOTrainer, GRPOConfig, config, GRPO_LOGGED, {"reward_funcs": reward_funcs})
 
 
-def with_dynamic_sampling(loss: Loss, dataset: Dataset, settings: GRPOSettings) -> Loss:
-    """`loss` whose groups are sampled by `dynamic_sampling.DynamicSampling` (TRL's `rollout_func`): a group of equal
-    rewards is replaced by another prompt's of `dataset`, up to `settings.dynamic_sampling_replacements` a step."""
-    reward_funcs = loss.trainer_options["reward_funcs"]
-    rollout = DynamicSampling(
-        dataset,
-        reward_funcs,
-        loss.config["reward_weights"] or [1.0] * len(reward_funcs),
-        settings.num_generations,
-        settings.dynamic_sampling_replacements,
-        settings.seed,
-    )
+def with_rollouts(loss: Loss, dataset: Dataset, settings: GRPOSettings, engine: VllmLoraRollouts | None) -> Loss:
+    """`loss` whose groups `engine` samples (None: TRL's own generation) through TRL's `rollout_func`, and, with
+    `settings.dynamic_sampling_replacements`, `dynamic_sampling.DynamicSampling` over that sampling: a group of equal
+    rewards is replaced by another prompt's of `dataset`, up to that many a step."""
+    if settings.dynamic_sampling_replacements:
+        reward_funcs = loss.trainer_options["reward_funcs"]
+        rollout = DynamicSampling(
+            dataset,
+            reward_funcs,
+            loss.config["reward_weights"] or [1.0] * len(reward_funcs),
+            settings.num_generations,
+            settings.dynamic_sampling_replacements,
+            settings.seed,
+            engine.sample if engine else trl_sample,
+        )
+    elif engine:
+        rollout = engine
+    else:
+        return loss
     return replace(loss, trainer_options=loss.trainer_options | {"rollout_func": rollout})
 
 
@@ -345,8 +358,15 @@ def train_grpo(
     if reward not in REWARDS:
         raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
-    loss = grpo_loss(settings, reward=reward, log_completions=log_completions)
-    if settings.dynamic_sampling_replacements:
-        loss = with_dynamic_sampling(loss, dataset, settings)
+    engine = (
+        VllmLoraRollouts(init_checkpoint, settings.lora_r, settings.seed, run.dtype, run.device)
+        if settings.rollouts == VLLM_LORA_ROLLOUTS
+        else None
+    )
+    loss = with_rollouts(grpo_loss(settings, reward=reward, log_completions=log_completions), dataset, settings, engine)
     setup = TrainerSetup.for_student(settings, model_dropout)
-    return setup.train(loss, grpo_rows(settings), init_checkpoint, dataset, out_dir, run)
+    try:
+        return setup.train(loss, grpo_rows(settings), init_checkpoint, dataset, out_dir, run)
+    finally:
+        if engine:
+            engine.close()

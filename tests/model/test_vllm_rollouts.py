@@ -1,0 +1,113 @@
+"""GRPO's groups sampled by the project's vLLM engine through the step's LoRA adapter (`rollouts: vllm_lora`), in real
+TRL runs on the tiny "sevens" model (whose rewards vary within a group, so that a step moves the weights): the loss is
+TRL's own on the same completions, and the engine samples from the weights the trainer holds at each step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from noisy_student_assets.core.settings import TRL_ROLLOUTS, VLLM_LORA_ROLLOUTS
+from noisy_student_assets.core.training.base import TrainingRun
+from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
+from noisy_student_assets.core.training.rollouts import VllmLoraRollouts
+from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame
+
+LOGPROB_TOLERANCE = 1e-4
+"""vLLM's float32 log-probs against the trainer's forward pass on the same tokens (the probe saw 0 to 1e-6)."""
+
+
+def _settings(rollouts: str, steps: int):
+    return TINY_RUN.model_copy(update=dict(save_steps=0, max_steps=steps, rollouts=rollouts, num_generations=8))
+
+
+def _step_losses(log_history: list[dict]) -> list[float]:
+    return [entry["loss"] for entry in log_history if "loss" in entry]
+
+
+def test_a_step_sampled_by_vllm_has_trl_s_own_loss_on_the_same_completions(
+    sevens_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
+    sampled: list[tuple[list, list]] = []
+    engine_sample = VllmLoraRollouts.sample
+
+    def recorded(self, prompts, trainer):
+        sampled.append(engine_sample(self, prompts, trainer))
+        return sampled[-1]
+
+    monkeypatch.setattr(VllmLoraRollouts, "sample", recorded)
+    with_vllm = train_grpo(
+        sevens_model_dir, dataset, _settings(VLLM_LORA_ROLLOUTS, 1), tmp_path / "vllm", TrainingRun(tmp_path / "w1")
+    )
+    assert len(sampled) == 1
+    prompt_ids, completion_ids = sampled[0]
+
+    # TRL's own path (no rollout function), its generation handing back the completions vLLM sampled.
+    def replayed(self, prompt_ids_in, images, multimodal_fields, num_generations, has_tool_images=False):
+        assert prompt_ids_in == prompt_ids  # TRL tokenized the step's prompts as the rollout did
+        return completion_ids, None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", replayed)
+    with_trl = train_grpo(
+        sevens_model_dir, dataset, _settings(TRL_ROLLOUTS, 1), tmp_path / "trl", TrainingRun(tmp_path / "w2")
+    )
+    vllm_loss, trl_loss = _step_losses(with_vllm.log_history), _step_losses(with_trl.log_history)
+    assert len(vllm_loss) == len(trl_loss) == 1
+    assert math.isfinite(vllm_loss[0]) and vllm_loss[0] != 0.0  # a step that carried a gradient
+    assert vllm_loss[0] == pytest.approx(trl_loss[0], rel=1e-5, abs=1e-7)
+
+
+def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
+    sevens_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """At each step's sampling, the log-probs the engine gives a sampled sequence through the step's adapter are the
+    trainer's own at that moment; and the trainer's moved between the steps, so step 0's adapter would not do."""
+    from vllm import SamplingParams
+
+    dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
+    probes: list[dict] = []
+    engine_sample = VllmLoraRollouts.sample
+
+    def probed(self, prompts, trainer):
+        prompt_ids, completion_ids = engine_sample(self, prompts, trainer)
+        sequence = prompt_ids[0] + completion_ids[0]
+        step = trainer.state.global_step
+        scored = self._engine.generate(
+            [{"prompt_token_ids": sequence}],
+            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
+            lora_request=self._adapter(trainer, step),
+            use_tqdm=False,
+        )[0].prompt_logprobs
+        engine = torch.tensor([scored[index][token].logprob for index, token in enumerate(sequence) if index])
+        with torch.no_grad():
+            logits = trainer.model(torch.tensor([sequence])).logits[0, :-1].float()
+        trainer_logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sequence[1:])[:, None])[:, 0]
+        probes.append({"step": step, "sequence": sequence, "engine": engine, "trainer": trainer_logprobs})
+        return prompt_ids, completion_ids
+
+    monkeypatch.setattr(VllmLoraRollouts, "sample", probed)
+    result = train_grpo(
+        sevens_model_dir, dataset, _settings(VLLM_LORA_ROLLOUTS, 2), tmp_path / "merged", TrainingRun(tmp_path / "w")
+    )
+    assert [probe["step"] for probe in probes] == [0, 1]
+    for probe in probes:
+        assert (probe["engine"] - probe["trainer"]).abs().max() < LOGPROB_TOLERANCE, probe["step"]
+    assert _step_losses(result.log_history)[0] != 0.0  # step 0 carried a gradient
+    # The weights moved: step 1's sequence scored by step 0's engine adapter (the base, LoRA's B starting at 0)
+    # differs from what the trainer held at step 1.
+    base = _base_logprobs(sevens_model_dir, probes[1]["sequence"])
+    assert (base - probes[1]["trainer"]).abs().max() > 100 * LOGPROB_TOLERANCE
+
+
+def _base_logprobs(checkpoint: Path, sequence: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([sequence])).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sequence[1:])[:, None])[:, 0]
