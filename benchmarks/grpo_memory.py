@@ -27,10 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "grpo_memory.json"
 VARIANTS = (
-    {"gradient_accumulation_steps": 1},
-    {"gradient_accumulation_steps": 4},
-    {"gradient_accumulation_steps": 4, "gradient_checkpointing": True},
-    {"gradient_accumulation_steps": 4, "rollouts": "vllm_lora"},
+    {"gradient_accumulation_steps": 1, "rollouts": "trl"},
+    {"gradient_accumulation_steps": 4, "rollouts": "trl"},
+    {"gradient_accumulation_steps": 4, "gradient_checkpointing": True, "rollouts": "trl"},
+    {"gradient_accumulation_steps": 4, "rollouts": "vllm"},
 )
 STEPS = 4
 RSS_SAMPLE_S = 0.02

@@ -130,7 +130,6 @@ ARM = "default"
 SKIPPABLE = ("transformers", "control", "launcher")
 PROFILING_PREFIX = "profiling/Time taken: "
 STEP_PHASES = {
-    "generation": ".transformers.generate",
     "generation + rewards": "._prepare_inputs",
     "loss forward": ".compute_loss",
     "rewards": ".answer_reward",
@@ -138,16 +137,20 @@ STEP_PHASES = {
 """TRL's own timers, which it logs into the active MLflow run (the training asset's) at every step, named
 after the trainer class (`profiling/Time taken: <trainer class>.compute_loss`): matched by their ends, since
 the project's trainer classes (the step guard) are subclasses with names of their own."""
+TRL_GENERATION = ".transformers.generate"
+"""TRL's timer of its own generation; a rollout function's (`grpo.rollouts: vllm`) has none, and its generation is
+what `_prepare_inputs` took beyond the rewards."""
 
 
 def phase_metrics(metric_names: list[str]) -> dict[str, str]:
-    """Each step phase's MLflow metric among a training run's `metric_names`."""
+    """Each step phase's MLflow metric among a training run's `metric_names`, "generation" only where TRL generated."""
     found = {}
-    for phase, suffix in STEP_PHASES.items():
+    for phase, suffix in STEP_PHASES.items() | {("generation", TRL_GENERATION)}:
         matches = [name for name in metric_names if name.startswith(PROFILING_PREFIX) and name.endswith(suffix)]
-        if len(matches) != 1:
+        if len(matches) > 1 or (not matches and phase != "generation"):
             raise ValueError(f"expected one TRL timer ending in {suffix!r}, found {matches}")
-        found[phase] = matches[0]
+        if matches:
+            found[phase] = matches[0]
     return found
 
 
@@ -164,6 +167,7 @@ def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
 
     metrics = phase_metrics(list(client.get_run(run_id).data.metrics))
     phases = {phase: mean(metric) for phase, metric in metrics.items()}
+    phases.setdefault("generation", phases["generation + rewards"] - phases["rewards"])
     phases["step"] = mean("step_time")
     phases["backward + optimizer"] = phases["step"] - phases["generation + rewards"] - phases["loss forward"]
     return phases

@@ -5,10 +5,16 @@ model's skill does not matter. `tiny_config` holds config of every op of the cod
 from pathlib import Path
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.settings import TWO_DIGIT_ADDITION
+from noisy_student_assets.core.settings import TRL_ROLLOUTS, TWO_DIGIT_ADDITION
 from noisy_student_assets.defs.checks import SMOKE_GENERATION
 
-TINY_GRPO = {"max_steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8}
+TINY_GRPO = {
+    "max_steps": 1,
+    "num_generations": 2,
+    "prompts_per_step": 2,
+    "max_completion_length": 8,
+    "rollouts": TRL_ROLLOUTS,  # a vLLM engine's start would cost more than a tiny run's sampling
+}
 # A random model runs every completion to its (8-token) limit, often in whitespace alone, and answers nothing:
 # the degenerate-output checks would stop every run, so their thresholds are off here (tests/unit/test_guards.py and
 # tests/integration/test_broken_models.py test them).

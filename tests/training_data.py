@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.settings import TRL_ROLLOUTS, GRPOSettings
 
 SYSTEM_PROMPT = "Answer with \\boxed{}."
 SEVEN = "7"
@@ -19,6 +19,7 @@ TINY_RUN = GRPOSettings(
     learning_rate=1e-2,
     temperature=1.0,
     save_steps=1,
+    rollouts=TRL_ROLLOUTS,  # a vLLM engine's start would cost more than a tiny run's sampling
 )
 
 

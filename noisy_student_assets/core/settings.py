@@ -58,10 +58,10 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 TRL itself only rejects an unknown one after the first generation batch, hence the early check."""
 SCALE_REWARDS = ("group", "batch", "none")
 """TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
-TRL_ROLLOUTS, VLLM_LORA_ROLLOUTS = "trl", "vllm_lora"
-ROLLOUTS = (TRL_ROLLOUTS, VLLM_LORA_ROLLOUTS)
+TRL_ROLLOUTS, VLLM_ROLLOUTS = "trl", "vllm"
+ROLLOUTS = (TRL_ROLLOUTS, VLLM_ROLLOUTS)
 """Who samples GRPO's groups (`training/rollouts.py`): TRL's own generation (transformers, or its colocated vLLM with
-`use_vllm`), or the project's vLLM engine through the step's LoRA adapter."""
+`use_vllm`), or the project's vLLM engine loaded with the policy's weights at each step."""
 
 # The bounds and settings that several stages share, each declared once; a field annotated with one of these takes
 # its bounds (and, for a shared setting, its default and help) from it. pydantic's `NonNegativeInt` is a count where
@@ -396,11 +396,13 @@ class GRPOSettings(Settings):
     use_vllm: bool = Field(
         default=by_profile(cpu=False, gpu=True), description="sample the groups with vLLM colocated on the GPU (TRL)"
     )
+    # On CPU the engine's start (about 19 s for SmolLM2) is repaid after about 3 steps: vLLM sampled a step's groups in
+    # 4.5 s where transformers took 12.9 (docs/benchmark.md).
     rollouts: str = Field(
-        default=TRL_ROLLOUTS,
+        default=by_profile(cpu=VLLM_ROLLOUTS, gpu=TRL_ROLLOUTS),
         description="who samples the groups: " + " | ".join(ROLLOUTS) + " (trl: TRL's own generation, transformers or "
-        "its colocated vLLM; vllm_lora: a vLLM engine over the initial checkpoint sampling through each step's LoRA "
-        "adapter, CPU too)",
+        "its colocated vLLM; vllm: one vLLM engine for the run, loaded with the policy's weights at each step, CPU "
+        "too)",
     )
     gradient_checkpointing: bool = Field(
         default=by_profile(cpu=False, gpu=True),
@@ -424,10 +426,10 @@ class GRPOSettings(Settings):
             raise ValueError(f"scale_rewards {self.scale_rewards!r} is not one of {SCALE_REWARDS}")
         if self.rollouts not in ROLLOUTS:
             raise ValueError(f"rollouts {self.rollouts!r} is not one of {ROLLOUTS}")
-        if self.rollouts == VLLM_LORA_ROLLOUTS and (not self.use_lora or self.use_vllm or self.processes > 1):
+        if self.rollouts == VLLM_ROLLOUTS and (self.use_vllm or self.processes > 1):
             raise ValueError(
-                "rollouts vllm_lora samples through the policy's LoRA adapter from one engine: it needs use_lora, "
-                "processes 1 and use_vllm false (TRL's colocated vLLM is the other way to sample with vLLM)"
+                "rollouts vllm samples from one engine for the run's one process: it needs processes 1 and use_vllm "
+                "false (TRL's colocated vLLM, the other way to sample with vLLM)"
             )
         if self.dynamic_sampling_replacements and self.processes > 1:
             raise ValueError(

@@ -136,7 +136,7 @@ def test_a_control_trained_longer_fails_the_compute_match(two_rounds, lake, inst
     longer = with_op_config(
         config,
         op("round_001", "labeled_only_checkpoint"),
-        grpo={"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8},
+        grpo=TINY_GRPO | {"max_steps": 2},
     )
     result = materialize(lake, round_names(1, "labeled_only_checkpoint"), longer, ARM, instance, raise_on_error=False)
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "compute_matched"]

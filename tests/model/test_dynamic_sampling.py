@@ -1,12 +1,15 @@
-"""Dynamic sampling in a real TRL GRPO run on the tiny "sevens" model (no mocks): a step poisoned with prompts whose
-target no completion can reach (every completion rewarded 0: a group of equal rewards, no gradient)."""
+"""Dynamic sampling in a real TRL GRPO run on the tiny "sevens" model (no mocks), its groups sampled by TRL and by the
+vLLM engine (`grpo.rollouts`): a step poisoned with prompts whose target no completion can reach (every completion
+rewarded 0: a group of equal rewards, no gradient)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import polars as pl
+import pytest
 
+from noisy_student_assets.core.settings import ROLLOUTS
 from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.compute import MATCHED_FIELDS, grpo_compute
 from noisy_student_assets.core.training.dynamic_sampling import DROPPED_GROUPS, GENERATED_COMPLETIONS, carries_gradient
@@ -27,11 +30,14 @@ def poisoned_set():
     return build_training_dataset(pl.concat([labeled_frame(), poisoned]), None, SYSTEM_PROMPT)
 
 
+@pytest.mark.parametrize("rollouts", ROLLOUTS)
 def test_groups_of_equal_reward_are_dropped_replaced_counted_and_compute_stays_matched(
-    sevens_model_dir: Path, tmp_path: Path
+    sevens_model_dir: Path, tmp_path: Path, rollouts: str
 ):
     replacements = 16
-    settings = TINY_RUN.model_copy(update=dict(save_steps=0, dynamic_sampling_replacements=replacements))
+    settings = TINY_RUN.model_copy(
+        update=dict(save_steps=0, dynamic_sampling_replacements=replacements, rollouts=rollouts)
+    )
     dataset = poisoned_set()
     run = TrainingRun(tmp_path / "work")
     result = train_grpo(sevens_model_dir, dataset, settings, tmp_path / "merged", run, log_completions=True)

@@ -1,6 +1,7 @@
-"""GRPO's groups sampled by the project's vLLM engine through the step's LoRA adapter (`rollouts: vllm_lora`), in real
-TRL runs on the tiny "sevens" model (whose rewards vary within a group, so that a step moves the weights): the loss is
-TRL's own on the same completions, and the engine samples from the weights the trainer holds at each step."""
+"""GRPO's groups sampled by the project's vLLM engine loaded with the policy's weights at each step (`rollouts: vllm`),
+in real TRL runs on the tiny "sevens" model (whose rewards vary within a group, so that a step moves the weights): the
+loss is TRL's own on the same completions, and the engine samples from the weights the trainer holds at each step,
+with LoRA and without."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
-from noisy_student_assets.core.settings import TRL_ROLLOUTS, VLLM_LORA_ROLLOUTS
+from noisy_student_assets.core.settings import TRL_ROLLOUTS, VLLM_ROLLOUTS
 from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
-from noisy_student_assets.core.training.rollouts import VllmLoraRollouts
+from noisy_student_assets.core.training.rollouts import VllmRollouts
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame
 
 LOGPROB_TOLERANCE = 1e-4
@@ -34,15 +35,15 @@ def test_a_step_sampled_by_vllm_has_trl_s_own_loss_on_the_same_completions(
 ):
     dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
     sampled: list[tuple[list, list]] = []
-    engine_sample = VllmLoraRollouts.sample
+    engine_sample = VllmRollouts.sample
 
     def recorded(self, prompts, trainer):
         sampled.append(engine_sample(self, prompts, trainer))
         return sampled[-1]
 
-    monkeypatch.setattr(VllmLoraRollouts, "sample", recorded)
+    monkeypatch.setattr(VllmRollouts, "sample", recorded)
     with_vllm = train_grpo(
-        sevens_model_dir, dataset, _settings(VLLM_LORA_ROLLOUTS, 1), tmp_path / "vllm", TrainingRun(tmp_path / "w1")
+        sevens_model_dir, dataset, _settings(VLLM_ROLLOUTS, 1), tmp_path / "vllm", TrainingRun(tmp_path / "w1")
     )
     assert len(sampled) == 1
     prompt_ids, completion_ids = sampled[0]
@@ -62,16 +63,18 @@ def test_a_step_sampled_by_vllm_has_trl_s_own_loss_on_the_same_completions(
     assert vllm_loss[0] == pytest.approx(trl_loss[0], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.parametrize("use_lora", [True, False], ids=["lora", "every-weight"])
 def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
-    sevens_model_dir: Path, tmp_path: Path, monkeypatch
+    sevens_model_dir: Path, tmp_path: Path, monkeypatch, use_lora: bool
 ):
-    """At each step's sampling, the log-probs the engine gives a sampled sequence through the step's adapter are the
-    trainer's own at that moment; and the trainer's moved between the steps, so step 0's adapter would not do."""
+    """At each step's sampling, the log-probs the engine gives a sequence it sampled are the trainer's own at that
+    moment; and the trainer's moved between the steps, so step 0's weights would not do. The sequence's prompt was
+    sampled at step 0 too, so keys and values cached then would fail it."""
     from vllm import SamplingParams
 
     dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
     probes: list[dict] = []
-    engine_sample = VllmLoraRollouts.sample
+    engine_sample = VllmRollouts.sample
 
     def probed(self, prompts, trainer):
         prompt_ids, completion_ids = engine_sample(self, prompts, trainer)
@@ -80,7 +83,6 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
         scored = self._engine.generate(
             [{"prompt_token_ids": sequence}],
             SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-            lora_request=self._adapter(trainer, step),
             use_tqdm=False,
         )[0].prompt_logprobs
         engine = torch.tensor([scored[index][token].logprob for index, token in enumerate(sequence) if index])
@@ -90,16 +92,15 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
         probes.append({"step": step, "sequence": sequence, "engine": engine, "trainer": trainer_logprobs})
         return prompt_ids, completion_ids
 
-    monkeypatch.setattr(VllmLoraRollouts, "sample", probed)
-    result = train_grpo(
-        sevens_model_dir, dataset, _settings(VLLM_LORA_ROLLOUTS, 2), tmp_path / "merged", TrainingRun(tmp_path / "w")
-    )
+    monkeypatch.setattr(VllmRollouts, "sample", probed)
+    settings = _settings(VLLM_ROLLOUTS, 2).model_copy(update={"use_lora": use_lora})
+    result = train_grpo(sevens_model_dir, dataset, settings, tmp_path / "merged", TrainingRun(tmp_path / "w"))
     assert [probe["step"] for probe in probes] == [0, 1]
     for probe in probes:
         assert (probe["engine"] - probe["trainer"]).abs().max() < LOGPROB_TOLERANCE, probe["step"]
     assert _step_losses(result.log_history)[0] != 0.0  # step 0 carried a gradient
-    # The weights moved: step 1's sequence scored by step 0's engine adapter (the base, LoRA's B starting at 0)
-    # differs from what the trainer held at step 1.
+    # The weights moved: step 1's sequence scored by the initial weights (the engine's before any load) differs from
+    # what the trainer held at step 1.
     base = _base_logprobs(sevens_model_dir, probes[1]["sequence"])
     assert (base - probes[1]["trainer"]).abs().max() > 100 * LOGPROB_TOLERANCE
 

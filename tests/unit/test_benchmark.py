@@ -47,6 +47,8 @@ def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
     assert found["loss forward"].endswith(".compute_loss") and found["rewards"].endswith(".answer_reward")
     with pytest.raises(ValueError, match="compute_loss"):
         phase_metrics([n for n in names if not n.endswith("compute_loss")])
+    # Sampled by a rollout function (`grpo.rollouts: vllm`): TRL times no generation of its own.
+    assert "generation" not in phase_metrics([n for n in names if not n.endswith("transformers.generate")])
 
 
 def test_a_step_lasts_from_its_start_to_its_success_less_its_wait_for_the_device_lock() -> None:

@@ -12,7 +12,7 @@ import pytest
 from noisy_student_assets.core.layout import GOLD_LABEL, LABELED_ONLY
 from noisy_student_assets.core.prompts import NOISY_TEMPLATES, build_messages, prompt_template
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
-from noisy_student_assets.core.settings import GRPOSettings, StudentSettings
+from noisy_student_assets.core.settings import TRL_ROLLOUTS, GRPOSettings, StudentSettings
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Lora, Rows, TrainerSetup
 from noisy_student_assets.core.training.grpo import (
     answer_reward,
@@ -22,7 +22,6 @@ from noisy_student_assets.core.training.grpo import (
     vote_share_reward,
 )
 from noisy_student_assets.core.training.modes.registry import student_mode_for
-from noisy_student_assets.core.training.rollouts import vllm_lora_rank
 from tests.training_data import SEVEN, SYSTEM_PROMPT, labeled_frame, pseudo_frame
 
 
@@ -130,11 +129,10 @@ def test_missing_target_names_the_row():
         {"loss_type": "ppo"},
         {"scale_rewards": "std"},
         {"processes": 3},  # a step of 16 completions cannot be split over 3 processes
-        {"dynamic_sampling_replacements": 2, "processes": 2},
-        {"rollouts": "vllm"},
-        {"rollouts": "vllm_lora", "use_lora": False},  # the engine samples through the policy's adapter
-        {"rollouts": "vllm_lora", "processes": 2},
-        {"rollouts": "vllm_lora", "use_vllm": True},
+        {"dynamic_sampling_replacements": 2, "processes": 2, "rollouts": TRL_ROLLOUTS},
+        {"rollouts": "sglang"},
+        {"rollouts": "vllm", "processes": 2},
+        {"rollouts": "vllm", "use_vllm": True},
     ],
 )
 def test_invalid_settings_are_rejected(change):
@@ -144,9 +142,10 @@ def test_invalid_settings_are_rejected(change):
 
 def test_a_student_s_setup_is_its_grpo_settings_with_its_dropout_noise():
     budget = dict(max_steps=7, learning_rate=3e-4, seed=5, save_steps=2, gradient_accumulation_steps=2, processes=2)
+    sampling = dict(rollouts=TRL_ROLLOUTS)  # one vLLM engine cannot serve two processes
     guards = dict(gradient_checkpointing=True, max_consecutive_skipped_steps=4)
     lora = dict(lora_r=4, lora_alpha=8, lora_dropout=0.1, lora_target_modules=["q_proj"])
-    settings = GRPOSettings(**budget, **guards, **lora, use_lora=True)
+    settings = GRPOSettings(**budget, **sampling, **guards, **lora, use_lora=True)
     expected = TrainerSetup(**budget, **guards, lora=Lora(4, 8, 0.1, ["q_proj"]), model_dropout=0.2)
     assert TrainerSetup.for_student(settings, model_dropout=0.2) == expected
     assert TrainerSetup.for_student(settings.model_copy(update={"use_lora": False})).lora is None
@@ -162,14 +161,14 @@ def test_a_student_s_setup_is_its_grpo_settings_with_its_dropout_noise():
     ],
 )
 def test_the_step_budget_is_checked_before_any_model_loads(rows: Rows, n_rows: int, message: str):
-    setup = TrainerSetup.for_student(GRPOSettings(gradient_accumulation_steps=2, processes=2))
+    setup = TrainerSetup.for_student(GRPOSettings(gradient_accumulation_steps=2, processes=2, rollouts=TRL_ROLLOUTS))
     with pytest.raises(ValueError, match=message):
         setup.check_budget(rows, datasets.Dataset.from_list([{"row": index} for index in range(n_rows)]))
     setup.check_budget(Rows(8, "pairs", GOLD, needed=1), datasets.Dataset.from_list([{"row": 0}]))
 
 
 def test_a_step_too_small_for_its_micro_batches_is_split_into_fewer():
-    setup = TrainerSetup.for_student(GRPOSettings(gradient_accumulation_steps=4, processes=2))
+    setup = TrainerSetup.for_student(GRPOSettings(gradient_accumulation_steps=4, processes=2, rollouts=TRL_ROLLOUTS))
     assert setup.micro_batches(Rows(16, "completions", PSEUDO)) == 4
     assert setup.micro_batches(Rows(4, "pairs", PSEUDO)) == 2  # 2 pairs a process
     assert setup.micro_batches(Rows(6, "pairs", PSEUDO)) == 1  # 3 pairs a process split evenly only whole
@@ -272,7 +271,10 @@ def test_group_majority_reward_pays_agreement_with_the_group_s_own_majority_not_
     assert logged["group_majority_reward/differs_from_offline_label"] == 1.0  # p's majority 5 is not 3; q has none
     assert logged["group_majority_reward/pseudo"] == 0.4 and logged["group_majority_reward/gold"] == 0.5
     with pytest.raises(ValueError, match=r"group_majority needs grpo\.processes 1"):
-        StudentSettings(reward="group_majority", grpo=GRPOSettings(processes=2, prompts_per_step=2, num_generations=2))
+        StudentSettings(
+            reward="group_majority",
+            grpo=GRPOSettings(processes=2, prompts_per_step=2, num_generations=2, rollouts=TRL_ROLLOUTS),
+        )
 
 
 def test_vote_shares_join_the_pseudo_labeled_rows_only():
@@ -284,13 +286,3 @@ def test_vote_shares_join_the_pseudo_labeled_rows_only():
         "pseudo-0": '[["7", 0.75]]',
         "pseudo-1": '[["7", 1.0]]',
     }
-
-
-@pytest.mark.parametrize(("rank", "engine_rank"), [(1, 1), (4, 8), (16, 16), (17, 32), (512, 512)])
-def test_the_rollout_engine_is_built_for_the_smallest_vllm_rank_that_holds_the_adapter(rank: int, engine_rank: int):
-    assert vllm_lora_rank(rank) == engine_rank
-
-
-def test_an_adapter_too_large_for_vllm_is_refused():
-    with pytest.raises(ValueError, match="at most 512"):
-        vllm_lora_rank(513)

@@ -6,7 +6,7 @@ full share of the step. Each step's groups are sampled, and every group of equal
 group of another training prompt, drawn by the run's seed, until none is left or the step has replaced
 `max_replacements` groups; past the bound, the groups of equal rewards that remain are trained on (they add nothing
 to the gradient). The groups are sampled as the run samples without it (`sample`: TRL's own generation, or the
-project's vLLM engine through the step's adapter, `rollouts`), and the rewards that decide are the loss's own reward
+project's vLLM engine holding the step's weights, `rollouts`), and the rewards that decide are the loss's own reward
 functions and weights; TRL grades the kept groups again for the loss.
 
 A replacement group trains on its own prompt and is rewarded against its own row: the rollout returns the kept rows'
@@ -70,7 +70,7 @@ class DynamicSampling:
     max_replacements: int
     seed: int
     sample: Sample = trl_sample
-    """Who samples the groups (`rollouts`): TRL's own generation, or `rollouts.VllmLoraRollouts.sample`."""
+    """Who samples the groups (`rollouts`): TRL's own generation, or `rollouts.VllmRollouts.sample`."""
 
     def __post_init__(self) -> None:
         self._rows = list(self.dataset)

@@ -27,12 +27,12 @@ from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
 from noisy_student_assets.core.settings import (
     GROUP_MAJORITY_REWARD,
     HARD_REWARD,
-    VLLM_LORA_ROLLOUTS,
+    VLLM_ROLLOUTS,
     VOTE_SHARE_REWARD,
 )
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Loss, Rows, TrainerSetup, check_step_fits
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
-from noisy_student_assets.core.training.rollouts import VllmLoraRollouts, trl_sample
+from noisy_student_assets.core.training.rollouts import VllmRollouts, trl_sample
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -281,7 +281,7 @@ def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completi
     return Loss("GRPO", GRPOTrainer, GRPOConfig, config, GRPO_LOGGED, {"reward_funcs": reward_funcs})
 
 
-def with_rollouts(loss: Loss, dataset: Dataset, settings: GRPOSettings, engine: VllmLoraRollouts | None) -> Loss:
+def with_rollouts(loss: Loss, dataset: Dataset, settings: GRPOSettings, engine: VllmRollouts | None) -> Loss:
     """`loss` whose groups `engine` samples (None: TRL's own generation) through TRL's `rollout_func`, and, with
     `settings.dynamic_sampling_replacements`, `dynamic_sampling.DynamicSampling` over that sampling: a group of equal
     rewards is replaced by another prompt's of `dataset`, up to that many a step."""
@@ -359,8 +359,8 @@ def train_grpo(
         raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
     engine = (
-        VllmLoraRollouts(init_checkpoint, settings.lora_r, settings.seed, run.dtype, run.device)
-        if settings.rollouts == VLLM_LORA_ROLLOUTS
+        VllmRollouts(init_checkpoint, settings.seed, run.dtype, run.device)
+        if settings.rollouts == VLLM_ROLLOUTS
         else None
     )
     loss = with_rollouts(grpo_loss(settings, reward=reward, log_completions=log_completions), dataset, settings, engine)

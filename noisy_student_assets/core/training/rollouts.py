@@ -1,11 +1,16 @@
-"""Who samples a GRPO step's groups (no Dagster here): TRL's own generation, or the project's vLLM engine with the
-step's LoRA adapter, through TRL's extension point for custom generation (`GRPOTrainer(rollout_func=...)`).
+"""Who samples a GRPO step's groups (no Dagster here): TRL's own generation, or the project's vLLM engine holding the
+policy's current weights, through TRL's extension point for custom generation (`GRPOTrainer(rollout_func=...)`).
 
 TRL samples with transformers' `generate` unless its colocated vLLM is on, and that one fails on CPU at the weight
-sync. `VllmLoraRollouts` keeps one vLLM engine over the run's initial checkpoint for the whole training and, at each
-optimizer step, saves the policy's current LoRA adapter and samples through it (vLLM's LoRA requests, which CPU
-serves too): the engine's weights are the trainer's, adapter for adapter. Only the token ids cross over; the
-log-probs of TRL's loss are TRL's own forward pass, as on its own path.
+sync: vLLM's CPU linear layers repack their weights after loading and drop the checkpoint's, so a model's own
+`load_weights` finds them gone. `VllmRollouts` keeps one vLLM engine over the run's initial checkpoint for the whole
+training and, at each optimizer step, loads the policy's weights into it before sampling: with LoRA, each adapted
+layer's merged weight (the base weight plus the adapter's delta, the only weights LoRA training changes); without,
+every parameter. They reach the engine's worker as a safetensors file, which a vLLM worker extension
+(`PolicyWeightsLoader`) reloads in place, kernel formats rebuilt. Sampling through the step's adapter as a vLLM LoRA
+request would need no weight transfer, but vLLM's LoRA kernels on CPU sampled SmolLM2's groups at a quarter of the
+unadapted speed (docs/benchmark.md). Only token ids cross back; the log-probs of TRL's loss are TRL's own forward
+pass, as on its own path.
 """
 
 from __future__ import annotations
@@ -18,9 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The adapter ranks a vLLM engine can be built for (its `max_lora_rank`); an adapter of lower rank is padded."""
 
 Sample = Callable[[list, Any], tuple[list[list[int]], list[list[int]]]]
 """Samples one completion for each of a step's prompts (each group's prompt repeated, as TRL's sampler gives them):
@@ -42,32 +44,48 @@ def rollout_output(prompt_ids: list[list[int]], completion_ids: list[list[int]])
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
 
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest rank a vLLM engine can be built for that holds adapters of `rank`."""
-    fitting = [allowed for allowed in VLLM_LORA_RANKS if allowed >= rank]
-    if not fitting:
-        raise ValueError(f"vLLM serves LoRA adapters of rank at most {VLLM_LORA_RANKS[-1]}, not {rank}")
-    return fitting[0]
+def policy_weights(model) -> list[tuple[str, Any]]:
+    """`model`'s weights as its checkpoint names them, for an engine loaded from that checkpoint: under peft, each
+    LoRA-adapted layer's merged weight (base plus the active adapter's delta), the only weights LoRA training
+    changes; otherwise every parameter."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return [(name, parameter.detach()) for name, parameter in model.named_parameters()]
+    return [
+        (f"{name}.weight", (module.base_layer.weight + module.get_delta_weight(module.active_adapters[0])).detach())
+        for name, module in model.get_base_model().named_modules()
+        if isinstance(module, LoraLayer)
+    ]
+
+
+class PolicyWeightsLoader:
+    """vLLM worker extension (`LLM(worker_extension_cls=...)`): the worker's model loads the weights of a safetensors
+    file (vLLM's RPC is for control messages: its serializer turns a tensor argument into nested lists)."""
+
+    def load_policy_weights(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        self.model_runner.reload_weights(weights_iterator=load_file(path).items(), is_checkpoint_format=True)
 
 
 @dataclass
-class VllmLoraRollouts:
-    """TRL's `rollout_func` sampling through a vLLM engine over `init_checkpoint`, loaded once, with the policy's LoRA
-    adapter as it stands at each optimizer step. Each completion's request carries its own seed, drawn from (`seed`,
-    step, call, position), so that a resumed run samples what an uninterrupted one would. `close` stops the engine."""
+class VllmRollouts:
+    """TRL's `rollout_func` sampling through a vLLM engine over `init_checkpoint`, started once, whose weights are the
+    policy's as it stands at each optimizer step (`policy_weights`). Each completion's request carries its own seed,
+    drawn from (`seed`, step, call, position), so that a resumed run samples what an uninterrupted one would. `close`
+    stops the engine."""
 
     init_checkpoint: Path
-    lora_rank: int
     seed: int
     dtype: str = "float32"
     device: str = "cpu"
     gpu_memory_utilization: float = 0.3
     _engine: Any = field(default=None, init=False, repr=False)
-    _adapter_root: Path | None = field(default=None, init=False, repr=False)
+    _weights_dir: Path | None = field(default=None, init=False, repr=False)
     _loaded_step: int | None = field(default=None, init=False, repr=False)
     _calls: dict[int, int] = field(default_factory=dict, init=False, repr=False)
-    adapters_loaded: int = field(default=0, init=False)
-    """Adapters the engine sampled through: one per optimizer step that sampled."""
 
     def __call__(self, prompts: list, trainer) -> dict:
         return rollout_output(*self.sample(prompts, trainer))
@@ -81,7 +99,8 @@ class VllmLoraRollouts:
         if self._engine is None:
             self._engine = self._start(trainer)
         step = trainer.state.global_step
-        request = self._adapter(trainer, step)
+        if self._loaded_step != step:
+            self.load_weights(trainer)
         call = self._calls[step] = self._calls.get(step, -1) + 1
         params = [
             SamplingParams(
@@ -97,20 +116,32 @@ class VllmLoraRollouts:
             )
             for position in range(len(prompt_ids))
         ]
-        outputs = self._engine.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids], params, lora_request=request, use_tqdm=False
-        )
+        outputs = self._engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         return prompt_ids, [list(output.outputs[0].token_ids) for output in outputs]
 
+    def load_weights(self, trainer) -> None:
+        """Load the trainer's current weights into the engine, and drop the prompts' cached keys and values, which
+        the previous weights computed."""
+        import torch
+        from safetensors.torch import save_file
+
+        with torch.no_grad():
+            weights = policy_weights(trainer.accelerator.unwrap_model(trainer.model))
+        path = self._weights_dir / "policy.safetensors"
+        save_file({name: weight.contiguous() for name, weight in weights}, str(path))
+        self._engine.collective_rpc("load_policy_weights", args=(str(path),))
+        path.unlink()
+        self._engine.reset_prefix_cache()
+        self._loaded_step = trainer.state.global_step
+
     def close(self) -> None:
-        """Stop the engine's processes now, freeing their memory and cores for what runs next, and delete the saved
-        adapters."""
+        """Stop the engine's processes now, freeing their memory and cores for what runs next."""
         if self._engine is not None:
             self._engine.llm_engine.engine_core.shutdown()
             self._engine = None
-        if self._adapter_root is not None:
-            shutil.rmtree(self._adapter_root, ignore_errors=True)
-            self._adapter_root = None
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            self._weights_dir = None
 
     def _start(self, trainer):
         from noisy_student_assets.core.sampling import VLLM_CPU_ENV_DEFAULTS, vllm_cpu_engine_args
@@ -124,35 +155,19 @@ class VllmLoraRollouts:
         prompts = list(trainer.train_dataset["prompt"])
         longest_prompt = max(len(ids) for ids in trainer._tokenize_prompts(prompts)[0])
         max_model_len = longest_prompt + trainer.max_completion_length
-        self._adapter_root = Path(tempfile.mkdtemp(prefix="rollout-adapters-"))
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="rollout-weights-"))
         return LLM(
             model=str(self.init_checkpoint),
             dtype=self.dtype,
             seed=self.seed,
             max_model_len=max_model_len,
-            enable_lora=True,
-            max_lora_rank=vllm_lora_rank(self.lora_rank),
-            max_loras=1,
+            worker_extension_cls=f"{__name__}.{PolicyWeightsLoader.__qualname__}",
             **(
                 vllm_cpu_engine_args(max_model_len)
                 if on_cpu
                 else {"gpu_memory_utilization": self.gpu_memory_utilization}
             ),
         )
-
-    def _adapter(self, trainer, step: int):
-        """vLLM's request for the policy's adapter at `step`, saved from the trainer on the step's first call (a new
-        id per step, so that the engine loads it rather than reuse its cached copy of the last)."""
-        from vllm.lora.request import LoRARequest
-
-        path = self._adapter_root / f"step-{step}"
-        if self._loaded_step != step:
-            trainer.accelerator.unwrap_model(trainer.model).save_pretrained(str(path))
-            if self._loaded_step is not None:
-                shutil.rmtree(self._adapter_root / f"step-{self._loaded_step}", ignore_errors=True)
-            self._loaded_step = step
-            self.adapters_loaded += 1
-        return LoRARequest(f"policy-step-{step}", step + 1, str(path))
 
 
 def _request_seed(seed: int, step: int, call: int, position: int) -> int:
