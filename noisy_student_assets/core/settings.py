@@ -396,8 +396,8 @@ class GRPOSettings(Settings):
     use_vllm: bool = Field(
         default=by_profile(cpu=False, gpu=True), description="sample the groups with vLLM colocated on the GPU (TRL)"
     )
-    # On CPU the engine's start (about 19 s for SmolLM2) is repaid after about 3 steps: vLLM sampled a step's groups in
-    # 4.5 s where transformers took 12.9 (docs/benchmark.md).
+    # On CPU the engine's start (about 20 s for SmolLM2) is repaid after about 5 steps: vLLM sampled a step's groups in
+    # 5.3 s where transformers took 11.5 (docs/benchmark.md).
     rollouts: str = Field(
         default=by_profile(cpu=VLLM_ROLLOUTS, gpu=TRL_ROLLOUTS),
         description="who samples the groups: " + " | ".join(ROLLOUTS) + " (trl: TRL's own generation, transformers or "
