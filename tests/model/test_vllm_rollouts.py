@@ -86,9 +86,7 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
             use_tqdm=False,
         )[0].prompt_logprobs
         engine = torch.tensor([scored[index][token].logprob for index, token in enumerate(sequence) if index])
-        with torch.no_grad():
-            logits = trainer.model(torch.tensor([sequence])).logits[0, :-1].float()
-        trainer_logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sequence[1:])[:, None])[:, 0]
+        trainer_logprobs = _sequence_logprobs(trainer.model, sequence)
         probes.append({"step": step, "sequence": sequence, "engine": engine, "trainer": trainer_logprobs})
         return prompt_ids, completion_ids
 
@@ -108,7 +106,11 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
 def _base_logprobs(checkpoint: Path, sequence: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    return _sequence_logprobs(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32), sequence)
+
+
+def _sequence_logprobs(model, sequence: list[int]) -> torch.Tensor:
+    """The log-probability `model` gives each token of `sequence` after the first."""
     with torch.no_grad():
         logits = model(torch.tensor([sequence])).logits[0, :-1].float()
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sequence[1:])[:, None])[:, 0]

@@ -81,11 +81,10 @@ class VllmRollouts:
     seed: int
     dtype: str = "float32"
     device: str = "cpu"
-    gpu_memory_utilization: float = 0.3
     _engine: Any = field(default=None, init=False, repr=False)
     _weights_dir: Path | None = field(default=None, init=False, repr=False)
     _loaded_step: int | None = field(default=None, init=False, repr=False)
-    _calls: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _calls_in_step: int = field(default=0, init=False, repr=False)
 
     def __call__(self, prompts: list, trainer) -> dict:
         return rollout_output(*self.sample(prompts, trainer))
@@ -101,7 +100,7 @@ class VllmRollouts:
         step = trainer.state.global_step
         if self._loaded_step != step:
             self.load_weights(trainer)
-        call = self._calls[step] = self._calls.get(step, -1) + 1
+        call, self._calls_in_step = self._calls_in_step, self._calls_in_step + 1
         params = [
             SamplingParams(
                 n=1,
@@ -132,7 +131,7 @@ class VllmRollouts:
         self._engine.collective_rpc("load_policy_weights", args=(str(path),))
         path.unlink()
         self._engine.reset_prefix_cache()
-        self._loaded_step = trainer.state.global_step
+        self._loaded_step, self._calls_in_step = trainer.state.global_step, 0
 
     def close(self) -> None:
         """Stop the engine's processes now, freeing their memory and cores for what runs next."""
@@ -165,7 +164,8 @@ class VllmRollouts:
             **(
                 vllm_cpu_engine_args(max_model_len)
                 if on_cpu
-                else {"gpu_memory_utilization": self.gpu_memory_utilization}
+                # beside the trainer on its GPU: TRL's own share for a vLLM colocated with training
+                else {"gpu_memory_utilization": trainer.args.vllm_gpu_memory_utilization}
             ),
         )
 
