@@ -102,6 +102,8 @@ $(VENV)/.installed-ray: pyproject.toml
 # (benchmarks/results/<profile>.json and .md).
 benchmark: setup
 	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python -m benchmarks.run
+	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python -m benchmarks.grpo_memory
+	NOISY_STUDENT_PROFILE=$(PROFILE) $(BIN)/python -m benchmarks.publish
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml

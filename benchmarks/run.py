@@ -515,6 +515,8 @@ def markdown(results: dict) -> str:
         for phase in ("generation", "rewards", "loss forward", "backward + optimizer", "step")
     ]
     lines.append(f"| completion tokens generated in the run | {step['completion_tokens']:.0f} |")
+    generation_seconds = step["phases"]["generation"] * round_["grpo_steps"]
+    lines += ["", f"Tokens/s in GRPO's generation: {step['completion_tokens'] / generation_seconds:.0f}."]
     lines += framework_cost_lines(s["framework_cost"])
     if "launcher" not in s:
         return "\n".join(lines) + "\n"

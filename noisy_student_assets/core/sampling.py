@@ -59,13 +59,16 @@ GENERATION_SCHEMA = pl.Schema(
     }
 )
 
-# vLLM on CPU, when the caller's environment does not say otherwise. Without an explicit KV cache
-# size the CPU worker claims gpu_memory_utilization (0.92 by default) of *all* RAM, and fails on a
-# shared machine; 2 GiB holds 41k tokens of SmolLM2-135M in float32 (64 problems x 8 samples x
-# 80 tokens), and sequences beyond it wait their turn rather than fail. vLLM also keeps one core
-# away from its compute threads for the scheduler process; on 2 cores that halves the compute, and
-# giving both to compute sampled 48 x 4 completions in 130 s instead of 190 s (SmolLM2-135M).
-VLLM_CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+# vLLM on CPU, when the caller's environment does not say otherwise: vLLM keeps one core away from its compute
+# threads for the scheduler process; on 2 cores that halves the compute, and giving both to compute sampled 48 x 4
+# completions in 130 s instead of 190 s (SmolLM2-135M).
+VLLM_CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+# Without an explicit KV cache size the CPU worker claims gpu_memory_utilization (0.92 by default) of *all* RAM, and
+# fails on a shared machine; 2 GiB holds 41k tokens of SmolLM2-135M in float32 (64 problems x 8 samples x 80 tokens),
+# and sequences beyond it wait their turn rather than fail. vLLM's legacy `VLLM_CPU_KVCACHE_SPACE` (GiB), where the
+# caller's environment sets it, overrides this.
+SAMPLING_KV_CACHE_BYTES = 2 * 2**30
 
 VLLM_MIN_BATCHED_TOKENS = 4096
 """vLLM's own default token budget per engine step on CPU; raised only for longer sequences."""
@@ -529,7 +532,11 @@ def _sample_with_vllm(work: _Work, problem_ids: list[str], gpu_memory_utilizatio
         seed=work.settings_list[0].seed,
         max_model_len=max_model_len,
         logprobs_mode="raw_logprobs",  # vLLM's default, named: the logprobs must be untempered and unfiltered
-        **(vllm_cpu_engine_args(max_model_len) if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
+        **(
+            vllm_cpu_engine_args(max_model_len, SAMPLING_KV_CACHE_BYTES)
+            if on_cpu
+            else {"gpu_memory_utilization": gpu_memory_utilization}
+        ),
     )
     sample_sets: list[list[list[Sample]]] = []
     try:
@@ -559,9 +566,10 @@ def _vllm_sample(completion: CompletionOutput) -> Sample:
     return Sample(completion.text, len(completion.token_ids), completion.finish_reason, logprobs)
 
 
-def vllm_cpu_engine_args(max_model_len: int) -> dict:
-    """Engine settings for vLLM on CPU (timings measured with SmolLM2-135M on 2 cores)."""
+def vllm_cpu_engine_args(max_model_len: int, kv_cache_bytes: int) -> dict:
+    """Engine settings for vLLM on CPU, a KV cache of `kv_cache_bytes` (timings measured with SmolLM2-135M, 2 cores)."""
     return {
+        "kv_cache_memory_bytes": kv_cache_bytes,
         # torch.compile triples start-up (about 35 s to 80-110 s) for about 20% more tokens/s.
         "enforce_eager": True,
         # Per-request seeds crash vLLM on CPU when a prompt's prefill is split across steps ("CPU

@@ -12,10 +12,11 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+from noisy_student_assets.core.sampling import SAMPLING_KV_CACHE_BYTES
 from noisy_student_assets.core.settings import TRL_ROLLOUTS, VLLM_ROLLOUTS
 from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
-from noisy_student_assets.core.training.rollouts import VllmRollouts
+from noisy_student_assets.core.training.rollouts import VllmRollouts, kv_cache_bytes
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame
 
 LOGPROB_TOLERANCE = 1e-4
@@ -74,6 +75,7 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
 
     dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
     probes: list[dict] = []
+    cache_bytes: list[tuple[int, int]] = []
     engine_sample = VllmRollouts.sample
 
     def probed(self, prompts, trainer):
@@ -88,12 +90,21 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
         engine = torch.tensor([scored[index][token].logprob for index, token in enumerate(sequence) if index])
         trainer_logprobs = _sequence_logprobs(trainer.model, sequence)
         probes.append({"step": step, "sequence": sequence, "engine": engine, "trainer": trainer_logprobs})
+        config = self._engine.llm_engine.vllm_config
+        cache_bytes.append(
+            (
+                config.cache_config.kv_cache_memory_bytes,
+                kv_cache_bytes(trainer.model.config, "float32", len(prompt_ids), config.model_config.max_model_len),
+            )
+        )
         return prompt_ids, completion_ids
 
     monkeypatch.setattr(VllmRollouts, "sample", probed)
     settings = _settings(VLLM_ROLLOUTS, 2).model_copy(update={"use_lora": use_lora})
     result = train_grpo(sevens_model_dir, dataset, settings, tmp_path / "merged", TrainingRun(tmp_path / "w"))
     assert [probe["step"] for probe in probes] == [0, 1]
+    # the engine's KV cache is a step's groups', not the sampling stage's 2 GiB
+    assert all(engine == step for engine, step in cache_bytes) and cache_bytes[0][0] < SAMPLING_KV_CACHE_BYTES / 8
     for probe in probes:
         assert (probe["engine"] - probe["trainer"]).abs().max() < LOGPROB_TOLERANCE, probe["step"]
     assert _step_losses(result.log_history)[0] != 0.0  # step 0 carried a gradient

@@ -72,3 +72,21 @@ def test_the_cost_ratio_is_project_over_plain_from_either_timer() -> None:
     cost = cost_ratio(stage_seconds=105.0, step_seconds=120.0, plain_seconds=100.0)
     assert cost["stage_ratio"] == pytest.approx(1.05) and cost["step_ratio"] == pytest.approx(1.2)
     assert cost["stage_extra_seconds"] == pytest.approx(5.0) and cost["step_extra_seconds"] == pytest.approx(20.0)
+
+
+def test_publishing_replaces_only_the_text_between_the_markers(tmp_path, monkeypatch) -> None:
+    from benchmarks import publish
+
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "cpu.md").write_text("round table\n")
+    (results / "grpo_memory.md").write_text("step table\n")
+    monkeypatch.setattr(publish, "REPO", tmp_path)
+    page = f"intro\n{publish.BEGIN}\nold figures\n{publish.END}\nlater\n"
+
+    published = publish.publish(page, "cpu")
+
+    assert published.startswith(f"intro\n{publish.BEGIN}\n")
+    assert published.endswith(f"{publish.END}\nlater\n")
+    assert "round table" in published and "step table" in published and "old figures" not in published
+    assert publish.publish(published, "cpu") == published

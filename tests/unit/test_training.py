@@ -286,3 +286,18 @@ def test_vote_shares_join_the_pseudo_labeled_rows_only():
         "pseudo-0": '[["7", 0.75]]',
         "pseudo-1": '[["7", 1.0]]',
     }
+
+
+def test_the_rollout_engine_s_kv_cache_holds_a_step_s_sequences_in_whole_blocks() -> None:
+    from types import SimpleNamespace
+
+    from noisy_student_assets.core.training.rollouts import KV_CACHE_BLOCK_TOKENS, kv_cache_bytes
+
+    smollm2 = SimpleNamespace(num_hidden_layers=30, num_key_value_heads=3, hidden_size=576, num_attention_heads=9)
+    per_token_float32 = 2 * 30 * 3 * 64 * 4  # keys and values, every layer's 3 heads of 64
+
+    assert kv_cache_bytes(smollm2, "float32", 16, 300) == 16 * 2 * KV_CACHE_BLOCK_TOKENS * per_token_float32
+    assert kv_cache_bytes(smollm2, "bfloat16", 16, 256) == 16 * KV_CACHE_BLOCK_TOKENS * per_token_float32 // 2
+    assert kv_cache_bytes(SimpleNamespace(**vars(smollm2), head_dim=32), "float32", 1, 1) == (
+        KV_CACHE_BLOCK_TOKENS * per_token_float32 // 2
+    )

@@ -96,7 +96,7 @@ class VllmRollouts:
 
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's chat template and tokenization, as `trl_sample`
         if self._engine is None:
-            self._engine = self._start(trainer)
+            self._engine = self._start(trainer, sequences=len(prompt_ids))
         step = trainer.state.global_step
         if self._loaded_step != step:
             self.load_weights(trainer)
@@ -142,7 +142,8 @@ class VllmRollouts:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
             self._weights_dir = None
 
-    def _start(self, trainer):
+    def _start(self, trainer, sequences: int):
+        """The engine, its KV cache (on CPU) sized to hold `sequences` sequences at once, a step's groups."""
         from noisy_student_assets.core.sampling import VLLM_CPU_ENV_DEFAULTS, vllm_cpu_engine_args
 
         on_cpu = self.device == "cpu"
@@ -162,12 +163,31 @@ class VllmRollouts:
             max_model_len=max_model_len,
             worker_extension_cls=f"{__name__}.{PolicyWeightsLoader.__qualname__}",
             **(
-                vllm_cpu_engine_args(max_model_len)
+                vllm_cpu_engine_args(
+                    max_model_len, kv_cache_bytes(trainer.model.config, self.dtype, sequences, max_model_len)
+                )
                 if on_cpu
                 # beside the trainer on its GPU: TRL's own share for a vLLM colocated with training
                 else {"gpu_memory_utilization": trainer.args.vllm_gpu_memory_utilization}
             ),
         )
+
+
+KV_CACHE_BLOCK_TOKENS = 256
+"""The largest block of tokens a vLLM KV cache allocates on CPU: each sequence's room is rounded up to it."""
+
+
+def kv_cache_bytes(config, dtype: str, sequences: int, max_model_len: int) -> int:
+    """Bytes of KV cache that hold `sequences` sequences of `max_model_len` tokens at once for a model of `config`
+    (keys and values of every layer's key-value heads). A step's groups need this much, where vLLM's sampling
+    default of 2 GiB was 5 times that for SmolLM2's 16 completions of a step and cost a GRPO process its memory."""
+    import torch
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+    per_token *= torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    blocks = -(-max_model_len // KV_CACHE_BLOCK_TOKENS)
+    return sequences * blocks * KV_CACHE_BLOCK_TOKENS * per_token
 
 
 def _request_seed(seed: int, step: int, call: int, position: int) -> int:
