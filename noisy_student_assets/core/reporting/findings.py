@@ -1,0 +1,144 @@
+"""The findings table (no Dagster here): each question the committed results answer, with its effect, its interval,
+the effect it could have missed (MDE at 80% power), its seeds, its verdict by the one rule (`verdict.wording`) and the
+command that prints those figures. docs/results.md opens with it and the README's Results show it, both copied from
+`python -m noisy_student_assets.findings --write` (a test fails when either differs from what the command prints).
+
+The questions, all from `results/`:
+- data headroom, per task of the headroom experiment: gold labels minus the labels alone (`headroom.data_headroom`);
+- the majority-label student minus its labeled-only control, per task, at the experiment's last round (`summary`);
+- the label sources' direct effect on the label-source grid's task: each source's kept-label accuracy minus the head
+  count's at full coverage (`summary.sources_against`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import load_experiment
+from noisy_student_assets.core.reporting import verdict
+from noisy_student_assets.core.reporting.headroom import headroom_table
+from noisy_student_assets.core.reporting.summary import collect, group_label, sources_against
+
+BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
+"""The markers around the findings table in README.md and docs/results.md."""
+HEADROOM, LABEL_SOURCE_GRID = "headroom.yaml", "label_source_grid.yaml"
+DIRECT_EFFECT_COVERAGE = "at 100%"
+LABEL_SOURCES = ("confidence", "verifier")
+
+
+@dataclass(frozen=True)
+class Finding:
+    question: str
+    estimate: float
+    low: float | None
+    high: float | None
+    mde: float | None
+    seeds: int
+    outcome: str
+    command: str
+
+    @property
+    def verdict(self) -> str:
+        return verdict.wording(self.outcome, self.mde) if self.mde is not None else self.outcome
+
+
+def _command(module: str, experiment: str | None = None) -> str:
+    return (
+        f"python -m noisy_student_assets.{module}"
+        + (f" --experiment experiments/{experiment}" if experiment else "")
+        + " --lake results"
+    )
+
+
+def findings(results: Path, experiments_dir: Path) -> list[Finding]:
+    """The findings of the results directory `results`, from the experiment files in `experiments_dir`."""
+    headroom = load_experiment(experiments_dir / HEADROOM)
+    rows = [
+        Finding(
+            f"Gold labels beat the labels alone (data headroom), {row['task']}",
+            row["data_headroom"],
+            row["data_headroom_low"],
+            row["data_headroom_high"],
+            row["data_headroom_mde"],
+            row["data_headroom_seeds"],
+            row["outcome"],
+            _command("headroom"),
+        )
+        for row in headroom_table(results, headroom.all_arms()).iter_rows(named=True)
+        if row["data_headroom"] is not None
+    ]
+    task_of = {group_label(arm): arm.spec.task for arm in headroom.all_arms()}
+    differences = collect(results, headroom.all_arms(), headroom.max_rounds).differences
+    last = differences.filter(
+        (pl.col("control") == layout.LABELED_ONLY) & (pl.col("eval_set") == "all"),
+        pl.col("round") == pl.col("round").max().over("group"),
+    )
+    rows += [
+        Finding(
+            f"The majority-label student beats labeled-only (round {row['round']}), {task_of[row['group']]}",
+            row["estimate"],
+            row["low"],
+            row["high"],
+            row["mde"],
+            row["seeds"],
+            row["outcome"],
+            _command("summary", HEADROOM),
+        )
+        for row in last.iter_rows(named=True)
+    ]
+    grid = load_experiment(experiments_dir / LABEL_SOURCE_GRID)
+    collected = collect(results, grid.all_arms(), grid.max_rounds)
+    sources = sources_against(collected.sources, collected.curves, margins=collected.margins)
+    if sources.height:
+        task = grid.all_arms()[0].spec.task
+        sources = sources.filter(pl.col("coverage") == DIRECT_EFFECT_COVERAGE, pl.col("source").is_in(LABEL_SOURCES))
+        rows += [
+            Finding(
+                f"{row['source'].capitalize()} labels are right more often than the head count's, all problems "
+                f"labeled, {task}",
+                row["minus majority"],
+                row["low"],
+                row["high"],
+                row["mde"],
+                row["seeds"],
+                row["outcome"],
+                _command("summary", LABEL_SOURCE_GRID),
+            )
+            for row in sources.iter_rows(named=True)
+        ]
+    return rows
+
+
+def findings_markdown(rows: list[Finding]) -> str:
+    """The findings as a markdown table, between the markers that `with_findings` replaces."""
+
+    def interval(row: Finding) -> str:
+        return "n/a" if row.low is None else f"{row.low:+.3f} to {row.high:+.3f}"
+
+    lines = [
+        BEGIN,
+        "| question | effect | 95% interval | MDE (80% power) | seeds | verdict | printed by |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row.question} | {row.estimate:+.3f} | {interval(row)} | "
+        f"{'n/a' if row.mde is None else f'{row.mde:.3f}'} | {row.seeds} | {row.verdict} | `{row.command}` |"
+        for row in rows
+    ]
+    return "\n".join([*lines, END])
+
+
+def with_findings(page: str, table: str) -> str:
+    """`page` with the text from its `BEGIN` marker through its `END` marker replaced by `table` (which has both)."""
+    before, rest = page.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    return before + table + after
+
+
+def findings_block(page: str) -> str:
+    """The findings table `page` holds, markers included."""
+    return BEGIN + page.split(BEGIN, 1)[1].split(END, 1)[0] + END

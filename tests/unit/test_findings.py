@@ -1,0 +1,47 @@
+"""The findings table: what the pages show is what the command prints from `results/`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from noisy_student_assets.core.reporting.findings import (
+    BEGIN,
+    END,
+    findings,
+    findings_block,
+    findings_markdown,
+    with_findings,
+)
+from noisy_student_assets.findings import PAGES, REPO
+
+
+@pytest.fixture(scope="module")
+def printed() -> str:
+    return findings_markdown(findings(REPO / "results", REPO / "experiments"))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_each_page_shows_the_findings_the_command_prints_from_results(page: Path, printed: str) -> None:
+    assert findings_block(page.read_text()) == printed, (
+        f"{page.name}'s findings differ from the results: python -m noisy_student_assets.findings --write"
+    )
+
+
+def test_every_finding_has_its_interval_mde_verdict_and_command(printed: str) -> None:
+    rows = findings(REPO / "results", REPO / "experiments")
+    assert len(rows) >= 8
+    for row in rows:
+        assert row.low is not None and row.low <= row.estimate <= row.high and row.mde > 0 and row.seeds >= 3
+        assert row.verdict.startswith(("better", "worse", "inconclusive: could have missed", "no effect larger than"))
+        assert row.command.startswith("python -m noisy_student_assets.") and row.command.endswith("--lake results")
+
+
+def test_writing_replaces_only_the_table_between_the_markers() -> None:
+    page = f"intro\n{BEGIN}\n| old |\n{END}\nlater\n"
+    table = f"{BEGIN}\n| new |\n{END}"
+
+    written = with_findings(page, table)
+
+    assert written == f"intro\n{table}\nlater\n" and with_findings(written, table) == written
