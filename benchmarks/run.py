@@ -156,19 +156,22 @@ def phase_metrics(metric_names: list[str]) -> dict[str, str]:
 
 def step_profile(tracking_uri: str, run_id: str) -> dict[str, float]:
     """Mean seconds per GRPO step of each phase, from the training run's MLflow metrics; the backward pass and
-    the optimizer step are what the step took beyond generation, rewards and the loss forward."""
+    the optimizer step are what the step took beyond generation, rewards and the loss forward. TRL times each call:
+    with micro-batches (`gradient_accumulation_steps`) a step makes several, so a phase's seconds per step are its
+    calls' total over the steps."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri)
+    steps = len(client.get_metric_history(run_id, "step_time"))
 
-    def mean(name: str) -> float:
+    def per_step(name: str) -> float:
         values = [m.value for m in client.get_metric_history(run_id, name)]
-        return sum(values) / len(values) if values else float("nan")
+        return sum(values) / steps if values else float("nan")
 
     metrics = phase_metrics(list(client.get_run(run_id).data.metrics))
-    phases = {phase: mean(metric) for phase, metric in metrics.items()}
+    phases = {phase: per_step(metric) for phase, metric in metrics.items()}
     phases.setdefault("generation", phases["generation + rewards"] - phases["rewards"])
-    phases["step"] = mean("step_time")
+    phases["step"] = per_step("step_time")
     phases["backward + optimizer"] = phases["step"] - phases["generation + rewards"] - phases["loss forward"]
     return phases
 
@@ -516,7 +519,11 @@ def markdown(results: dict) -> str:
     ]
     lines.append(f"| completion tokens generated in the run | {step['completion_tokens']:.0f} |")
     generation_seconds = step["phases"]["generation"] * round_["grpo_steps"]
-    lines += ["", f"Tokens/s in GRPO's generation: {step['completion_tokens'] / generation_seconds:.0f}."]
+    lines += [
+        "",
+        f"Tokens/s in GRPO's generation over the {round_['grpo_steps']:.0f} steps (the first one's includes the vLLM "
+        f"engine's start under `grpo.rollouts: vllm`): {step['completion_tokens'] / generation_seconds:.0f}.",
+    ]
     lines += framework_cost_lines(s["framework_cost"])
     if "launcher" not in s:
         return "\n".join(lines) + "\n"

@@ -51,6 +51,31 @@ def test_step_phases_are_found_whatever_the_trainer_class_is_called() -> None:
     assert "generation" not in phase_metrics([n for n in names if not n.endswith("transformers.generate")])
 
 
+def test_a_phase_s_seconds_per_step_total_its_micro_batches_calls(tmp_path) -> None:
+    """With 4 micro-batches a step, TRL times 4 calls of the loss forward and of `_prepare_inputs` (one of which
+    samples): a phase's seconds per step are its calls' total over the steps, not one call's mean."""
+    import mlflow
+
+    from benchmarks.run import step_profile
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("steps")).info.run_id
+    timer = "profiling/Time taken: GuardedGRPOTrainer."
+    for step in range(2):
+        client.log_metric(run_id, "step_time", 20.0, step=step)
+        for call, sampled in enumerate([8.0, 0.0, 0.0, 0.0]):
+            client.log_metric(run_id, f"{timer}_prepare_inputs", sampled + 0.5, step=4 * step + call)
+            client.log_metric(run_id, f"{timer}answer_reward", 0.5 if sampled else 0.0, step=4 * step + call)
+            client.log_metric(run_id, f"{timer}compute_loss", 1.0, step=4 * step + call)
+
+    phases = step_profile(uri, run_id)
+
+    assert phases["step"] == 20.0 and phases["loss forward"] == 4.0
+    assert phases["generation + rewards"] == 10.0 and phases["rewards"] == 0.5 and phases["generation"] == 9.5
+    assert phases["backward + optimizer"] == 6.0
+
+
 def test_a_step_lasts_from_its_start_to_its_success_less_its_wait_for_the_device_lock() -> None:
     events = [
         ("sampling", "STEP_START", 10.0, ""),
