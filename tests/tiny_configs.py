@@ -37,6 +37,8 @@ TINY_VERIFIER = {
     "pairs_per_step": 2,
     "max_length": 64,
     "score_batch_size": 4,
+    # 3 validation problems cannot show a verifier informative at 95%: the bootstrap's median must be above chance
+    "informative_confidence": 0.0,
 }
 N_LABELED, N_UNLABELED, N_VALIDATION = 4, 6, 3
 TWO_DIGIT = {"kind": "reasoning_gym", "name": "basic_arithmetic", "task_options_json": TWO_DIGIT_ADDITION}

@@ -603,6 +603,10 @@ class PseudoLabelSettings(Settings):
     )
 
 
+INFORMATIVE_CONFIDENCE = 0.95
+"""The confidence at which a verifier must be shown to rank right samples above wrong ones (`verifier_informative`)."""
+
+
 class VerifierSettings(Settings):
     """A round's outcome verifier: the teacher's backbone with a scalar head and LoRA, trained with TRL's
     `RewardTrainer` (Bradley-Terry) on pairs of the teacher's right and wrong samples of labeled problems (graded
@@ -640,6 +644,13 @@ class VerifierSettings(Settings):
     lora_r: LoraRank
     lora_alpha: LoraAlpha
     score_batch_size: Count = Field(default=by_profile(cpu=16, gpu=64), description="samples scored per forward pass")
+    # Left out of a dump at its default, so that adding it changed no verifier's fingerprint or reuse key.
+    informative_confidence: Share = Field(
+        default=INFORMATIVE_CONFIDENCE,
+        exclude_if=lambda confidence: confidence == INFORMATIVE_CONFIDENCE,
+        description="verifier_informative: the confidence of the validation AUROC's interval (resampling problems) "
+        "that must lie above 0.5 (0: the bootstrap's median alone)",
+    )
 
 
 # --- evaluation and checks -------------------------------------------------------------------------------

@@ -35,8 +35,9 @@ REPORTED_CHECKS = {
     "labeled RL).",
     EVAL_NOT_DEGENERATE: "Blocking: greedy completions have answers, mostly end by themselves and differ between "
     "problems (a broken model scores 0.0 by running every completion to the token limit).",
-    VERIFIER_INFORMATIVE: "Blocking: the verifier's scores of the validation problems' samples are finite and not all "
-    "the same; otherwise its votes would be noise (or no votes at all) and nothing downstream runs.",
+    VERIFIER_INFORMATIVE: "Blocking: the verifier's scores of the validation problems' samples are finite, not all "
+    "the same, and rank right samples above wrong ones beyond chance (the AUROC's 95% interval, resampling problems, "
+    "lies above 0.5); otherwise its votes would be noise and nothing downstream runs.",
 }
 """The checks an asset evaluates itself and reports with its output, by name, with their descriptions; those that
 say "Blocking:" are."""
@@ -70,7 +71,8 @@ def eval_not_degenerate(asset_key: dg.AssetKey, health: OutputHealth, failure: s
 
 
 def verifier_informative(asset_key: dg.AssetKey, failure: str | None, metrics: dict[str, float]) -> dg.AssetCheckResult:
-    """ERROR when the verifier cannot tell samples apart (`failure`: why, from `verifier.score_failure`)."""
+    """ERROR when the verifier is not shown to tell right samples from wrong (`failure`: why, from
+    `verifier.verifier_failure`)."""
     measured = {name: float(value) for name, value in metrics.items() if value is not None}
     return _error_unless_passed(VERIFIER_INFORMATIVE, asset_key, failure, measured)
 

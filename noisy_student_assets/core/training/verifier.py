@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from noisy_student_assets.core.grading import answers_equivalent
 from noisy_student_assets.core.layout import parse_sidecar, read_sidecar
 from noisy_student_assets.core.prompts import build_messages
-from noisy_student_assets.core.settings import VerifierSettings
+from noisy_student_assets.core.settings import INFORMATIVE_CONFIDENCE, VerifierSettings
 from noisy_student_assets.core.training.base import GOLD, Lora, Loss, Rows, TrainerSetup, TrainingRun
 
 if TYPE_CHECKING:
@@ -315,6 +315,61 @@ def score_failure(scores: Sequence[float]) -> str | None:
     return None
 
 
+AUROC_RESAMPLES = 2000
+"""The bootstrap's resamples of the problems, for the validation AUROC's interval."""
+
+
+def auroc_interval(
+    scores: Sequence[float],
+    labels: Sequence[bool],
+    problems: Sequence[str],
+    confidence: float = INFORMATIVE_CONFIDENCE,
+    resamples: int = AUROC_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of the `auroc` of `scores` for `labels`, resampling whole problems (a problem's
+    samples share its difficulty, so they are not independent draws): None when no resample has both classes."""
+    values, right = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    _, problem_of = np.unique(np.asarray(problems), return_inverse=True)
+    members = [np.flatnonzero(problem_of == index) for index in range(problem_of.max() + 1)]
+    rng = np.random.default_rng(seed)
+    estimates = []
+    for _ in range(resamples):
+        rows = np.concatenate([members[index] for index in rng.integers(len(members), size=len(members))])
+        estimate = auroc(values[rows], right[rows])
+        if estimate is not None:
+            estimates.append(estimate)
+    if not estimates:
+        return None
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(estimates, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def verifier_failure(scored: pl.DataFrame, confidence: float = INFORMATIVE_CONFIDENCE) -> str | None:
+    """Why a verifier's scores of the validation samples (`scored`: `problem_id`, `correct`, `score`) are not shown to
+    rank right samples above wrong ones, or None: `score_failure`, or an AUROC whose interval at `confidence`
+    (`auroc_interval`) does not lie above 0.5, chance, or that no resample can measure (every validation sample right,
+    or every one wrong)."""
+    if failure := score_failure(scored["score"].to_list()):
+        return failure
+    interval = auroc_interval(
+        scored["score"].to_list(), scored["correct"].to_list(), scored["problem_id"].to_list(), confidence
+    )
+    if interval is None:
+        return "the validation samples are all right or all wrong: the verifier's AUROC cannot be measured"
+    low, high = interval
+    if low > 0.5:
+        return None
+    estimate = auroc(scored["score"].to_list(), scored["correct"].to_list())
+    where = "contains 0.5" if high >= 0.5 else "lies below 0.5"
+    return (
+        f"validation AUROC {estimate:.3f}, its {confidence:.0%} interval {low:.3f} to {high:.3f} over "
+        f"{scored['problem_id'].n_unique()} problems {where}: the verifier is not shown to rank right samples above "
+        "wrong ones"
+    )
+
+
 def build_verifier(
     teacher_dir: Path,
     labeled: pl.DataFrame,
@@ -434,7 +489,16 @@ def _scored(
 
 
 def read_verifier_metrics(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
-    """A built verifier's metrics, and why its validation scores cannot weigh a vote (None when they can)."""
-    return PublishedVerifier.read(verifier_dir).metrics.model_dump(), score_failure(
-        pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)["score"].to_list()
-    )
+    """A built verifier's metrics with its validation AUROC's interval (`auroc_interval`), and why its validation
+    scores are not shown to weigh a vote (`verifier_failure`; None when they are)."""
+    scored = pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)
+    published = PublishedVerifier.read(verifier_dir)
+    confidence = published.settings.informative_confidence
+    interval = None
+    if score_failure(scored["score"].to_list()) is None:
+        interval = auroc_interval(
+            scored["score"].to_list(), scored["correct"].to_list(), scored["problem_id"].to_list(), confidence
+        )
+    low, high = interval or (None, None)
+    metrics = published.metrics.model_dump() | {"validation_auroc_low": low, "validation_auroc_high": high}
+    return metrics, verifier_failure(scored, confidence)
