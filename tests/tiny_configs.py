@@ -58,6 +58,19 @@ def round_names(number: int, *names: str) -> list[str]:
     return ["/".join(layout.round_asset(number, name)) for name in names]
 
 
+K_CHANGED = round_names(
+    1,
+    layout.GENERATIONS,
+    layout.PSEUDO_LABELS,
+    layout.STUDENT,
+    layout.control_checkpoint(layout.LABELED_ONLY),  # its completion cap comes from the teacher's samples
+    layout.control_eval(layout.LABELED_ONLY),
+    layout.EVAL_REPORT,
+)
+"""What a changed default K redoes in round 1 of an arm whose experiment lists the labeled-only control alone
+(tests/experiments/grid.yaml): the samples and everything that reads them."""
+
+
 def round_chain(number: int, *controls: str) -> list[str]:
     """A round's student chain and the given controls, with their evaluations."""
     control_assets = [

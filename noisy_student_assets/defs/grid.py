@@ -405,7 +405,7 @@ class Grid:
 
         config_class = lineage.config_class(assets_def)
         op_config = self.run_config.get("ops", {}).get(assets_def.op.name, {}).get("config", {})
-        config = config_class(**op_config) if config_class is not None else None
+        config = lineage.run_config_of(assets_def, op_config) if config_class is not None else None
         compute = (
             self.resources["stage_resources"].compute.settings.model_dump() if lineage.is_heavy(assets_def.op) else None
         )

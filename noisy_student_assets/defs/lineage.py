@@ -43,6 +43,19 @@ def config_class(assets_def: dg.AssetsDefinition) -> type[StageConfig] | None:
     )
 
 
+def run_config_of(assets_def: dg.AssetsDefinition, op_config: Mapping) -> StageConfig:
+    """The config an asset's op runs with under `op_config` (a run config's `ops.<op>.config`), as Dagster resolves
+    it: a nested block given in part keeps the rest of the stage's own default block (a student's `grpo:
+    {max_steps: 1}` keeps its completion cap, labeled RL's its 6 steps), where the config class built from the dict
+    would take the block class's defaults."""
+    from dagster._config import process_config  # Dagster's own resolution of a run config against a schema
+
+    resolved = process_config(assets_def.op.config_schema.config_type, dict(op_config))
+    if not resolved.success:
+        raise ValueError(f"the run config of {assets_def.op.name}: {[error.message for error in resolved.errors]}")
+    return config_class(assets_def)(**resolved.value)
+
+
 def stage_version(config: type[StageConfig] | None) -> str:
     """The hand-raised version of the stage a config configures ('TeacherSamplingSettings@1'; 'none@0' without
     config)."""

@@ -4,6 +4,7 @@ in-process for arm `a` with a tiny random model."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -160,6 +161,31 @@ def test_a_control_trained_another_way_fails_the_compute_match(two_rounds, lake,
         and "completion tokens generated since the base model" in check.description
     )
     materialize(lake, round_names(1, "labeled_only_checkpoint"), config, ARM, instance)  # back to the matched control
+
+
+def test_a_cap_from_the_teacher_s_samples_is_the_student_s_and_every_control_s(two_rounds, lake, instance, config):
+    """With `grpo.completion_cap_margin`, the round's student and its three controls train with one cap: the round's
+    teacher samples' 99th percentile length plus the margin (the tiny model's samples run to their 8 tokens: 8 + 2),
+    recorded as each one's `max_completion_length`, and their compute still matches."""
+    trainers = [layout.STUDENT, *(layout.control_checkpoint(control) for control in layout.CONTROLS)]
+    capped = config
+    for name in trainers:
+        capped = with_op_config(
+            capped, op("round_001", name), grpo=TINY_GRPO | {"max_completion_length": 32, "completion_cap_margin": 2}
+        )
+    teacher_tokens = lake.read_table(key(1, layout.GENERATIONS), ARM)["n_tokens"]
+
+    result = materialize(lake, round_names(1, *trainers), capped, ARM, instance)
+
+    expected = min(32, teacher_tokens.sort()[math.ceil(0.99 * teacher_tokens.len()) - 1] + 2)
+    assert expected < 32
+    for name in trainers:
+        metadata = metadata_of(result, f"round_001/{name}")
+        assert metadata["completion_cap"].value == expected, name
+        assert metadata["grpo_settings"].value["max_completion_length"] == expected, name
+    matched = [check for check in result.get_asset_check_evaluations() if check.check_name == COMPUTE_MATCHED]
+    assert len(matched) == len(layout.CONTROLS) and all(check.passed for check in matched)
+    materialize(lake, round_names(1, *trainers), config, ARM, instance)  # back to the fixed cap
 
 
 def test_checkpoints_without_recorded_compute_fail_the_compute_match(two_rounds, lake, instance) -> None:

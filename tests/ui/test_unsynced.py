@@ -15,7 +15,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import arm_assets
 from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env, graphql, own_device_lock
-from tests.tiny_configs import TINY_SAMPLING, op, round_names, tiny_config
+from tests.tiny_configs import K_CHANGED, TINY_SAMPLING, op, tiny_config
 from tests.ui.conftest import CHROMIUM
 from tests.ui.test_ui import SCREENSHOTS, UI_START_TIMEOUT_S, _open
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.ui
 
 EXPERIMENT = REPO_ROOT / "tests" / "experiments" / "grid.yaml"
 ARM = "g"
-REDONE = set(round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, layout.EVAL_REPORT))
+REDONE = set(K_CHANGED)
 """What a changed default K redoes (tests/e2e/test_grid_cli.py shows the grid does just that)."""
 
 

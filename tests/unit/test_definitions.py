@@ -151,11 +151,19 @@ def test_every_real_input_is_a_drawn_edge() -> None:
         layout.BASE_MODEL_EVAL,
         layout.EVAL_PROBLEMS,
     }
-    assert _parents(_round(1, "labeled_only_checkpoint")) == {layout.LABELED_RL, layout.LABELED_PROBLEMS}
+    # a control's completion cap comes from the round's teacher samples, as the student's does
+    assert _parents(_round(1, "labeled_only_checkpoint")) == {
+        layout.LABELED_RL,
+        layout.LABELED_PROBLEMS,
+        _round(1, layout.GENERATIONS),
+    }
     assert _parents(_round(2, "labeled_only_checkpoint")) == {
         _round(1, "labeled_only_checkpoint"),
         layout.LABELED_PROBLEMS,
+        _round(2, layout.GENERATIONS),
     }
+    for control in (layout.GOLD_LABEL, layout.RANDOM_LABEL):
+        assert _round(2, layout.GENERATIONS) in _parents(_round(2, layout.control_checkpoint(control)))
     assert _round(2, layout.PSEUDO_LABELS) in _parents(_round(2, "random_label_checkpoint"))
     assert _round(2, "random_label_eval") in _parents(layout.VERDICT)
 

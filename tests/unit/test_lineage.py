@@ -186,4 +186,17 @@ def test_a_changed_default_k_changes_the_code_version_of_generations_and_what_fo
     }
     assert downstream <= differ
     labeled_only = "/".join(layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)))
-    assert labeled_only not in differ, "the labeled-only control reads no sample"
+    assert labeled_only in differ, "the labeled-only control's completion cap comes from the teacher's samples"
+
+
+def test_a_setting_added_at_the_behaviour_from_before_it_changes_no_fingerprint() -> None:
+    """`grpo.completion_cap_margin` null is the fixed cap, what every stage did before the field existed: its dump
+    leaves it out, so labeled RL's run config (which a fingerprint and a code version cover) is the one recorded
+    before; a round's student and controls cap by default, so theirs has it."""
+    from noisy_student_assets.core.settings import COMPLETION_CAP_MARGIN, LabeledRLSettings
+    from noisy_student_assets.defs.config import LabeledOnlyConfig, LabeledRLConfig, StudentConfig
+
+    for dumped in (LabeledRLSettings().model_dump(), LabeledRLConfig().model_dump()):
+        assert "completion_cap_margin" not in dumped["grpo"] and "max_completion_length" in dumped["grpo"]
+    for dumped in (StudentSettings().model_dump(), StudentConfig().model_dump(), LabeledOnlyConfig().model_dump()):
+        assert dumped["grpo"]["completion_cap_margin"] == COMPLETION_CAP_MARGIN

@@ -301,3 +301,22 @@ def test_the_rollout_engine_s_kv_cache_holds_a_step_s_sequences_in_whole_blocks(
     assert kv_cache_bytes(SimpleNamespace(**vars(smollm2), head_dim=32), "float32", 1, 1) == (
         KV_CACHE_BLOCK_TOKENS * per_token_float32 // 2
     )
+
+
+def test_a_round_s_completion_cap_is_the_teacher_s_p99_length_plus_the_margin_at_most_the_fixed_cap() -> None:
+    import polars as pl
+
+    from noisy_student_assets.core.training.grpo import completion_cap
+
+    lengths = pl.Series([11] * 95 + [14, 20, 21, 30, 96])  # the 99th of 100 sorted lengths is 30
+    fixed = GRPOSettings(seed=0, max_completion_length=96)
+    assert completion_cap(lengths, fixed) == (96, 30.0), "no margin: the fixed cap"
+    assert completion_cap(lengths, fixed.model_copy(update={"completion_cap_margin": 8})) == (38, 30.0)
+    assert completion_cap(lengths, fixed.model_copy(update={"completion_cap_margin": 80})) == (96, 30.0)
+
+
+def test_labeled_rl_refuses_a_cap_from_a_teacher_it_does_not_have() -> None:
+    from noisy_student_assets.core.settings import LabeledRLSettings
+
+    with pytest.raises(ValueError, match="no teacher samples"):
+        LabeledRLSettings(grpo=GRPOSettings(seed=0, completion_cap_margin=8))

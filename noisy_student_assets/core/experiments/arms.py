@@ -186,6 +186,11 @@ ARM_FIELDS: dict[str, ArmField] = {
         "prompts per GRPO step of each round's student and of each control",
     ),
     **_settings_of(STUDENT, "pseudo_only", "unlabeled_share"),
+    "completion_cap_margin": ArmField(
+        ((STUDENT, "grpo.completion_cap_margin"), (LABELED_ONLY, "grpo.completion_cap_margin")),
+        "each round's GRPO completions capped at the teacher's samples' 99th percentile length plus this many tokens "
+        "(the student and every control alike)",
+    ),
     "eval_samples": ArmField(
         ((EVAL, "samples"), (EVAL, "ks", _ks_for)),
         "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)",

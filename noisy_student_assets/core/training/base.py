@@ -302,7 +302,7 @@ def fit(
 
     `TrainerSetup.train` is its one caller; the payload fault tests (`tests/payload_faults`) wrap it where the
     trainer class and the callbacks meet."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
     from noisy_student_assets.core.training.guards import (
@@ -312,6 +312,9 @@ def fit(
     )
 
     guard = step_guard_callback(max_consecutive_skipped_steps, warn)
+    # TRL adds the LoRA adapters before the Trainer seeds itself: seeded here, their initial weights do not depend on
+    # what ran before in the process (another stage's sampling, in a Dagster run of several steps).
+    set_seed(trainer_kwargs["args"].seed)
     trainer = guarded_trainer_class(trainer_class)(**trainer_kwargs, callbacks=[guard, *(callbacks or [])])
     resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
     resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0

@@ -13,6 +13,7 @@ standard deviation), so no value model is needed.  The loss, sampling and LoRA a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +54,22 @@ GRPO_LOGGED = (
     ("rewards/vote_share_reward/mean", "vote_share_reward"),
 )
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
+
+
+COMPLETION_CAP_QUANTILE = 0.99
+"""The share of the teacher's samples whose length a round's completion cap covers (`completion_cap`)."""
+
+
+def completion_cap(teacher_tokens: pl.Series, settings: GRPOSettings) -> tuple[int, float]:
+    """A round's GRPO completion cap and the teacher's samples' length at `COMPLETION_CAP_QUANTILE`
+    (`teacher_tokens`: each sample's completion tokens): that length rounded up plus `settings.completion_cap_margin`,
+    at most `settings.max_completion_length`; without a margin, `max_completion_length`. A cap the task's answers
+    need, rather than a fixed one: a step samples until its longest completion stops, and pads the loss to it."""
+    # the shortest length that at least that share of the samples fit in
+    length = float(teacher_tokens.sort()[math.ceil(COMPLETION_CAP_QUANTILE * teacher_tokens.len()) - 1])
+    if settings.completion_cap_margin is None:
+        return settings.max_completion_length, length
+    return min(settings.max_completion_length, math.ceil(length) + settings.completion_cap_margin), length
 
 
 def build_training_dataset(

@@ -1,6 +1,7 @@
 """A round's compute-matched controls, per arm (made by `round_controls(n)`). Each trains the round's GRPO
-(the same steps, prompts per step and completions per prompt) on other labels, so that since the base
-model it has spent exactly what the round's student spent (the `compute_matched` check says so):
+(the same steps, prompts per step and completions per prompt, and the completion cap the teacher's samples give
+the student) on other labels, so that since the base model it has spent exactly what the round's student spent
+(the `compute_matched` check says so):
 
 - `labeled_only`: the labeled problems alone, continuing its own chain (round 1 from labeled RL, round N
   from labeled-only N-1): what the user would do anyway, train longer on the labels they have;
@@ -23,7 +24,14 @@ from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.core.training.modes.registry import student_mode
 from noisy_student_assets.defs.assets.models import checkpoint_eval
 from noisy_student_assets.defs.assets.rounds import BASE_MODEL_INPUT, kept_pseudo_labels, train_from_student_init
-from noisy_student_assets.defs.assets.stages import HEAVY, StageRun, not_asked_for, stage, train_on_labeled
+from noisy_student_assets.defs.assets.stages import (
+    HEAVY,
+    StageRun,
+    capped_to_teacher,
+    not_asked_for,
+    stage,
+    train_on_labeled,
+)
 from noisy_student_assets.defs.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.defs.config import LabeledOnlyConfig, StudentConfig
 from noisy_student_assets.defs.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
@@ -46,12 +54,14 @@ def round_controls(number: int) -> dg.Definitions:
     }
     teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
     labeled = dg.AssetIn(layout.LABELED_PROBLEMS)
+    generations = dg.AssetIn(key(layout.GENERATIONS))  # the cap of their completions comes from the teacher's samples
 
     @dg.asset(
         key=checkpoint_key[layout.LABELED_ONLY],
         ins={
             "init": dg.AssetIn(labeled_only_init_key(number), input_manager_key="checkpoint_io_manager"),
             "labeled_problems": labeled,
+            "generations": generations,
         },
         description="Control: the round's GRPO on the labeled problems alone, from the previous round's labeled-only "
         "checkpoint (round 1: labeled RL).",
@@ -62,12 +72,14 @@ def round_controls(number: int) -> dg.Definitions:
         config: LabeledOnlyConfig,
         init: Path,
         labeled_problems: pl.DataFrame,
+        generations: pl.DataFrame,
         stage_resources: StageResources,
     ) -> Iterator[dg.Output[Path]]:
         if skipped := not_asked_for(context, stage_resources):
             context.log.info(skipped)
             return
         with stage(context, config, stage_resources) as current:
+            capped_to_teacher(current, generations)
             staged = train_on_labeled(current, init, labeled_problems)
         yield current.output(staged)
 
@@ -79,6 +91,7 @@ def round_controls(number: int) -> dg.Definitions:
             "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
             "eval_problems": dg.AssetIn(layout.EVAL_PROBLEMS),  # read to refuse training on its gold
             "base_model": BASE_MODEL_INPUT,
+            "generations": generations,
         },
         description="Control: the round's GRPO from the student's init on the labeled problems and every unlabeled "
         "problem with its true answer (the upper bound; the only asset trained on the hidden gold). Refused on a "
@@ -93,6 +106,7 @@ def round_controls(number: int) -> dg.Definitions:
         unlabeled_problems: pl.DataFrame,
         eval_problems: pl.DataFrame,
         base_model: Path,
+        generations: pl.DataFrame,
         stage_resources: StageResources,
     ) -> Iterator[dg.Output[Path]]:
         def revealed(current: StageRun) -> StudentData:
@@ -108,7 +122,7 @@ def round_controls(number: int) -> dg.Definitions:
             return StudentData(pl.concat([gold, gold_revealed(unlabeled_problems)]))
 
         yield from _student_control(
-            context, config, stage_resources, layout.GOLD_LABEL, (teacher, base_model), revealed
+            context, config, stage_resources, layout.GOLD_LABEL, (teacher, base_model), generations, revealed
         )
 
     @dg.asset(
@@ -118,6 +132,7 @@ def round_controls(number: int) -> dg.Definitions:
             "labeled_problems": labeled,
             "pseudo_labels": dg.AssetIn(labels_key),
             "base_model": BASE_MODEL_INPUT,
+            "generations": generations,
         },
         description="Control: the student's training with the kept pseudo-labels shuffled among the kept problems "
         "(no problem keeps its own label).",
@@ -130,6 +145,7 @@ def round_controls(number: int) -> dg.Definitions:
         labeled_problems: pl.DataFrame,
         pseudo_labels: LakeTable,
         base_model: Path,
+        generations: pl.DataFrame,
         stage_resources: StageResources,
     ) -> Iterator[dg.Output[Path]]:
         def shuffled(current: StageRun) -> StudentData:
@@ -140,7 +156,7 @@ def round_controls(number: int) -> dg.Definitions:
             return StudentData(labeled_rows(labeled_problems, current.settings.pseudo_only), labels)
 
         yield from _student_control(
-            context, config, stage_resources, layout.RANDOM_LABEL, (teacher, base_model), shuffled
+            context, config, stage_resources, layout.RANDOM_LABEL, (teacher, base_model), generations, shuffled
         )
 
     checks = []
@@ -164,15 +180,18 @@ def _student_control(
     stage_resources: StageResources,
     control: str,
     inits: tuple[Path, Path],
+    generations: pl.DataFrame,
     training_data: Callable[[StageRun], StudentData],
 ) -> Iterator[dg.Output[Path]]:
-    """A control trained as the round's student is, from its init (`inits`: the teacher, the base model), on other
-    data (`training_data`, in the stage); nothing where the arm's experiment does not ask for it."""
+    """A control trained as the round's student is, from its init (`inits`: the teacher, the base model) and with its
+    completion cap (from the teacher's samples, `generations`), on other data (`training_data`, in the stage);
+    nothing where the arm's experiment does not ask for it."""
     if skipped := not_asked_for(context, stage_resources):
         context.log.info(skipped)
         return
     with stage(context, config, stage_resources) as current:
         _refuse_unmatched_training(current, control)
+        capped_to_teacher(current, generations)
         staged = train_from_student_init(current, *inits, training_data(current))
     yield current.output(staged)
 

@@ -43,6 +43,7 @@ from noisy_student_assets.defs.assets.stages import (
     PROBLEMS_FILE,
     HeavyStage,
     StageRun,
+    capped_to_teacher,
     evaluate,
     run_heavy,
     stage,
@@ -197,7 +198,8 @@ def round_definitions(number: int) -> dg.Definitions:
         ins={
             "teacher": teacher,
             "pseudo_labels": dg.AssetIn(labels_key),
-            "generations": dg.AssetIn(generations_key),  # sft rows, dpo pairs and vote-share rewards come from them
+            # sft rows, dpo pairs, vote-share rewards and the completion cap come from them
+            "generations": dg.AssetIn(generations_key),
             "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
             "base_model": BASE_MODEL_INPUT,
         },
@@ -218,6 +220,7 @@ def round_definitions(number: int) -> dg.Definitions:
         with stage(context, config, stage_resources) as current:
             kept = kept_pseudo_labels(current, pseudo_labels, labels_key)
             labeled = labeled_rows(labeled_problems, current.settings.pseudo_only)
+            capped_to_teacher(current, generations)
             staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, kept, generations))
         return current.output(staged, metadata={"teacher": dg.MetadataValue.path(str(teacher))})
 

@@ -423,6 +423,29 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     return staged
 
 
+def capped_to_teacher(current: StageRun, generations: pl.DataFrame) -> None:
+    """Cap the stage's GRPO completions by the round's teacher samples' lengths (`grpo.completion_cap`: `generations`,
+    the round's) where its settings give a `completion_cap_margin`, so that the student and each control of a round
+    train with the same cap; the cap and the length it came from go into the metadata."""
+    from noisy_student_assets.core.training.grpo import COMPLETION_CAP_QUANTILE, completion_cap
+
+    grpo = current.settings.grpo
+    if grpo.completion_cap_margin is None:
+        return
+    cap, length = completion_cap(generations["n_tokens"], grpo)
+    current.settings = current.settings.model_copy(
+        update={"grpo": grpo.model_copy(update={"max_completion_length": cap})}
+    )
+    current.metadata |= {
+        "completion_cap": cap,
+        f"teacher_completion_tokens_p{round(100 * COMPLETION_CAP_QUANTILE)}": length,
+    }
+    current.context.log.info(
+        f"completions capped at {cap} tokens: the teacher's samples' {COMPLETION_CAP_QUANTILE:.0%} length {length:g} "
+        f"+ margin {grpo.completion_cap_margin}, at most max_completion_length {grpo.max_completion_length}"
+    )
+
+
 def train_on_labeled(current: StageRun, init_dir: Path, labeled_problems: pl.DataFrame) -> Path:
     """GRPO (`current.settings.grpo`) from `init_dir` on the labeled problems alone, rewarded against their gold
     answers: labeled RL, and the labeled-only control that continues it."""
