@@ -34,9 +34,9 @@ def block(profile: str) -> str:
 
 def publish(page: str, profile: str) -> str:
     """`page` with the text between its markers replaced by the results of `profile`."""
-    before, rest = page.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    return before + block(profile) + after
+    from noisy_student_assets.core.reporting.markdown import with_block
+
+    return with_block(page, block(profile), BEGIN, END)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.headroom import headroom_table
+from noisy_student_assets.core.reporting.markdown import with_block
 from noisy_student_assets.core.reporting.summary import collect, group_label, sources_against
 
 BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
@@ -133,10 +134,8 @@ def findings_markdown(rows: list[Finding]) -> str:
 
 
 def with_findings(page: str, table: str) -> str:
-    """`page` with the text from its `BEGIN` marker through its `END` marker replaced by `table` (which has both)."""
-    before, rest = page.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    return before + table + after
+    """`page` with its findings table replaced by `table` (`findings_markdown`, markers included)."""
+    return with_block(page, table, BEGIN, END)
 
 
 def findings_block(page: str) -> str:

@@ -26,6 +26,14 @@ def markdown_table(frame: pl.DataFrame, max_rows: int | None = None, max_chars: 
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows.iter_rows()])
 
 
+def with_block(page: str, block: str, begin: str, end: str) -> str:
+    """`page` with the text from its `begin` marker through its `end` marker replaced by `block` (which carries both
+    markers, so that the page can be written again): a generated part of a hand-written page."""
+    before, rest = page.split(begin, 1)
+    _, after = rest.split(end, 1)
+    return before + block + after
+
+
 def png_data_uri(png: bytes) -> str:
     """A PNG as a data URI: an image that travels inside the text (Dagster metadata, an HTML artifact)."""
     return f"data:image/png;base64,{base64.b64encode(png).decode()}"
