@@ -72,7 +72,7 @@ def eval_not_degenerate(asset_key: dg.AssetKey, health: OutputHealth, failure: s
 
 def verifier_informative(asset_key: dg.AssetKey, failure: str | None, metrics: dict[str, float]) -> dg.AssetCheckResult:
     """ERROR when the verifier is not shown to tell right samples from wrong (`failure`: why, from
-    `verifier.verifier_failure`)."""
+    `verifier.judged_auroc`)."""
     measured = {name: float(value) for name, value in metrics.items() if value is not None}
     return _error_unless_passed(VERIFIER_INFORMATIVE, asset_key, failure, measured)
 

@@ -346,24 +346,26 @@ def auroc_interval(
     return float(low), float(high)
 
 
-def verifier_failure(scored: pl.DataFrame, confidence: float = INFORMATIVE_CONFIDENCE) -> str | None:
-    """Why a verifier's scores of the validation samples (`scored`: `problem_id`, `correct`, `score`) are not shown to
-    rank right samples above wrong ones, or None: `score_failure`, or an AUROC whose interval at `confidence`
-    (`auroc_interval`) does not lie above 0.5, chance, or that no resample can measure (every validation sample right,
-    or every one wrong)."""
+def judged_auroc(
+    scored: pl.DataFrame, confidence: float = INFORMATIVE_CONFIDENCE
+) -> tuple[tuple[float, float] | None, str | None]:
+    """A verifier's validation AUROC interval at `confidence` (`auroc_interval`; None where its scores are unusable or
+    no resample can measure one), and why the verifier is not shown to rank right samples above wrong ones, or None
+    (`scored`: its validation samples' `problem_id`, `correct`, `score`): `score_failure`, an interval that does not
+    lie above 0.5, chance, or samples all right or all wrong."""
     if failure := score_failure(scored["score"].to_list()):
-        return failure
+        return None, failure
     interval = auroc_interval(
         scored["score"].to_list(), scored["correct"].to_list(), scored["problem_id"].to_list(), confidence
     )
     if interval is None:
-        return "the validation samples are all right or all wrong: the verifier's AUROC cannot be measured"
+        return None, "the validation samples are all right or all wrong: the verifier's AUROC cannot be measured"
     low, high = interval
     if low > 0.5:
-        return None
+        return interval, None
     estimate = auroc(scored["score"].to_list(), scored["correct"].to_list())
     where = "contains 0.5" if high >= 0.5 else "lies below 0.5"
-    return (
+    return interval, (
         f"validation AUROC {estimate:.3f}, its {confidence:.0%} interval {low:.3f} to {high:.3f} over "
         f"{scored['problem_id'].n_unique()} problems {where}: the verifier is not shown to rank right samples above "
         "wrong ones"
@@ -489,16 +491,11 @@ def _scored(
 
 
 def read_verifier_metrics(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
-    """A built verifier's metrics with its validation AUROC's interval (`auroc_interval`), and why its validation
-    scores are not shown to weigh a vote (`verifier_failure`; None when they are)."""
-    scored = pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE)
+    """A built verifier's metrics with its validation AUROC's interval, and why its validation scores are not shown
+    to weigh a vote (None when they are): `judged_auroc`."""
     published = PublishedVerifier.read(verifier_dir)
-    confidence = published.settings.informative_confidence
-    interval = None
-    if score_failure(scored["score"].to_list()) is None:
-        interval = auroc_interval(
-            scored["score"].to_list(), scored["correct"].to_list(), scored["problem_id"].to_list(), confidence
-        )
+    interval, failure = judged_auroc(
+        pl.read_parquet(verifier_dir / VALIDATION_SCORES_FILE), published.settings.informative_confidence
+    )
     low, high = interval or (None, None)
-    metrics = published.metrics.model_dump() | {"validation_auroc_low": low, "validation_auroc_high": high}
-    return metrics, verifier_failure(scored, confidence)
+    return published.metrics.model_dump() | {"validation_auroc_low": low, "validation_auroc_high": high}, failure
