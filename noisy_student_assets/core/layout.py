@@ -70,6 +70,12 @@ SCORES_FILE = "scores.parquet"
 """In an eval's artifact: one row per eval problem (`problem_id`, `greedy_correct`, ...)."""
 COMPUTE_FILE = "compute.json"
 """In a trained checkpoint: the compute it spent and the compute of its whole lineage (`compute.TrainingCompute`)."""
+TRAINING_LOG_FILE = "training_log.json"
+"""In a trained checkpoint: the trainer's log of every step (`trainer.state.log_history`), the reward among them."""
+GRID_RUNS = "grid_runs"
+GRID_HOURS_FILE = "hours.json"
+"""`<lake>/grid_runs/<arm>/hours.json`: the hours the grid's runs of an arm took (`grid power` reads the cost of a seed
+from it, in a lake or a results directory)."""
 
 
 def round_prefix(number: int) -> str:

@@ -267,6 +267,7 @@ class Grid:
                     max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")
                 ) as pool:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
+            self.record_hours(arms)
             if through:  # the verdict reads every arm's students, which a partial run leaves out
                 return ok
             return self._materialize([layout.VERDICT], None, always=True) and ok
@@ -443,21 +444,25 @@ class Grid:
             "tags": {GRID_TAG: self.experiment.name},
         }
 
-    def hours_per_arm(self) -> float | None:
-        """The mean wall-clock hours of this experiment's finished grid runs per arm (each arm is a seed of its group)
-        in the Dagster instance; None where it holds none."""
+    def record_hours(self, arms: list) -> None:
+        """Record in the lake, per arm of `arms`, the hours this experiment's finished grid runs of it took in the
+        Dagster instance (`power.record_arm_hours`): what `power` reads as the cost of a seed."""
+        from noisy_student_assets.core.reporting.power import record_arm_hours
+
         finished = self.instance.get_run_records(
             self.dg.RunsFilter(
                 tags={GRID_TAG: self.experiment.name},
                 statuses=[self.dg.DagsterRunStatus.SUCCESS, self.dg.DagsterRunStatus.FAILURE],
             )
         )
-        seconds: dict[str, float] = {}
+        names = {arm.name for arm in arms}
+        seconds: dict[str, list[float]] = {}
         for record in finished:
             arm = record.dagster_run.tags.get("dagster/partition")
-            if arm and record.start_time and record.end_time:
-                seconds[arm] = seconds.get(arm, 0.0) + record.end_time - record.start_time
-        return sum(seconds.values()) / len(seconds) / 3600 if seconds else None
+            if arm in names and record.start_time and record.end_time:
+                seconds.setdefault(arm, []).append(record.end_time - record.start_time)
+        for arm, spans in seconds.items():
+            record_arm_hours(layout.default_lake_root(), arm, self.experiment.name, sum(spans) / 3600, len(spans))
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
@@ -536,23 +541,25 @@ def _print_check_outcomes(rows: list[dict]) -> None:
 
 
 def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: float | None) -> None:
-    """The seeds each comparison of the experiment needs for `effects` (`core.reporting.power`), and their cost."""
+    """The seeds each comparison of the experiment needs for `effects` (`core.reporting.power`), and their cost: the
+    hours given, else the mean of those the grid recorded for the experiment's arms in `lake`."""
     from noisy_student_assets.core.reporting.markdown import markdown_table
-    from noisy_student_assets.core.reporting.power import PILOT_SEEDS, power_table
+    from noisy_student_assets.core.reporting.power import PILOT_SEEDS, arm_hours, power_table
 
-    measured = grid.hours_per_arm()
-    hours = hours_per_seed if hours_per_seed is not None else measured
-    table = power_table(lake, grid.experiment.all_arms(), effects, hours)
+    arms = grid.experiment.all_arms()
+    recorded = arm_hours(lake, arms)
+    hours = hours_per_seed if hours_per_seed is not None else (sum(recorded) / len(recorded) if recorded else None)
+    table = power_table(lake, arms, effects, hours)
     if not table.height:
         print(f"{grid.experiment.name}: no round evaluated in {lake}; a pilot needs {PILOT_SEEDS} seeds per group")
         return
     print(markdown_table(table))
-    cost = (
-        f"{hours:.2f} h per seed ({'given' if hours_per_seed is not None else 'measured on this instance'})"
-        if hours is not None
-        else "no measured cost per seed: no finished run of this experiment in this Dagster instance "
-        "(--hours-per-seed gives one)"
-    )
+    if hours_per_seed is not None:
+        cost = f"{hours:.2f} h per seed (given)"
+    elif recorded:
+        cost = f"{hours:.2f} h per seed (the mean of the grid's runs of {len(recorded)} arms, recorded in {lake})"
+    else:
+        cost = f"no cost per seed recorded in {lake} (the grid records it; --hours-per-seed gives one)"
     print(f"\nSeeds for 80% power at the verdicts' own two-sided 95% intervals; {cost}.")
 
 

@@ -15,7 +15,7 @@ from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import GRPOSettings
 from noisy_student_assets.core.training import grpo
 from noisy_student_assets.core.training.base import TrainerSetup, TrainingRun
-from noisy_student_assets.core.training.grpo import build_training_dataset, logged_completions, train_grpo
+from noisy_student_assets.core.training.grpo import build_training_dataset, logged_completions, step_rewards, train_grpo
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
 
 
@@ -55,6 +55,8 @@ def test_lora_run_reports_rewards_and_counts(lora_run):
     assert any(entry["reward_std"] > 0 for entry in step_logs)  # else no advantage, no learning signal
     assert result.metrics["steps"] == 2 and result.metrics["resumed_from_step"] == 0
     assert 0.0 <= result.metrics["answer_reward_last_quarter"] <= 1.0
+    # the checkpoint keeps the steps' rewards, which the headroom table reads for the reward's saturation
+    assert step_rewards(result.checkpoint_dir) == [entry["reward"] for entry in step_logs]
 
 
 def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir: Path, training_set, tmp_path: Path):

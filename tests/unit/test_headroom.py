@@ -119,7 +119,7 @@ def test_the_committed_results_print_the_table(capsys) -> None:
 
     assert headroom.main(["--lake", str(Path(__file__).resolve().parents[2] / "results")]) == 0
     printed = capsys.readouterr().out
-    assert "| two-digit-sums | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 0.594 | 0.608 | 0.014 |" in printed
+    assert "| two-digit-sums | defaults | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 2 | 0.4 | 0.594 | 0.608 | 0.014 |" in printed
     assert "No task has data headroom" not in printed
     assert "two-digit-sums: inconclusive: could have missed an effect up to" in printed
 

@@ -9,6 +9,7 @@ seeds than a pilot has nothing to project from, and the table says how many more
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,22 @@ PILOT_SEEDS = 3
 (1 degree of freedom), at 3 it is 5.7 (`verdict.minimum_detectable_effect`)."""
 MOST_SEEDS = 100
 """Past this many seeds the problems' own variance is what is left: more problems, not seeds."""
+
+
+def record_arm_hours(lake: Path, arm: str, experiment: str, hours: float, runs: int) -> None:
+    """Write the hours the grid's `runs` of `arm` took into `lake` (`layout.GRID_HOURS_FILE`; a results directory keeps
+    it, so the cost of a seed travels with the seed)."""
+    directory = layout.artifact_dir(lake, layout.GRID_RUNS, arm)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / layout.GRID_HOURS_FILE).write_text(
+        json.dumps({"experiment": experiment, "hours": hours, "runs": runs}, indent=2)
+    )
+
+
+def arm_hours(lake: Path, arms: list[Arm]) -> list[float]:
+    """The hours the grid's runs of each of `arms` took, for those `lake` (or a results directory) records."""
+    paths = [layout.artifact_dir(lake, layout.GRID_RUNS, arm.name) / layout.GRID_HOURS_FILE for arm in arms]
+    return [json.loads(path.read_text())["hours"] for path in paths if path.exists()]
 
 
 def seeds_needed(differences: np.ndarray, effect: float) -> int | None:

@@ -8,7 +8,8 @@ are partitions, their files never collide.
 What is kept, per arm: every evaluation's metrics, per-problem scores and report tables (not its completions), the
 base model's among them, each round's pseudo-label audit, frontier and settings (not the labels' table), the
 verifier's measures, the held-out problems and the unlabeled problems (their ids say which held-out problems a
-test-time arm trained on).
+test-time arm trained on), each trained checkpoint's compute and training log (not its weights), and the hours the
+grid's runs of the arm took.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ ROUND_EVAL_ASSETS = (
     *(layout.control_eval(control) for control in layout.CONTROLS),
 )
 TABLE_ASSETS = (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS)
+ROUND_CHECKPOINTS = (layout.STUDENT, *(layout.control_checkpoint(control) for control in layout.CONTROLS))
+CHECKPOINT_FILES = (layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE)
 COMPLETIONS = (GREEDY_FILE, SAMPLED_FILE)
 
 
@@ -34,10 +37,14 @@ def result_files(lake: Path, arms: list[str]) -> list[Path]:
     """The files of `arms` that a results directory keeps, as paths relative to `lake`."""
     directories = []
     for arm in arms:
-        directories += [layout.artifact_dir(lake, name, arm) for name in (*ARM_EVAL_ASSETS, *TABLE_ASSETS)]
+        directories += [
+            layout.artifact_dir(lake, name, arm)
+            for name in (*ARM_EVAL_ASSETS, *TABLE_ASSETS, layout.LABELED_RL, layout.GRID_RUNS)
+        ]
         for round_dir in sorted(lake.glob(f"{layout.ROUND_PREFIX}*")):
             directories += [
-                round_dir / name / arm for name in (*ROUND_EVAL_ASSETS, layout.PSEUDO_LABELS, layout.VERIFIER)
+                round_dir / name / arm
+                for name in (*ROUND_EVAL_ASSETS, *ROUND_CHECKPOINTS, layout.PSEUDO_LABELS, layout.VERIFIER)
             ]
     files = []
     for directory in directories:
@@ -55,6 +62,10 @@ def _kept(asset: str, file_name: str) -> bool:
         return file_name.endswith(".json")
     if asset == layout.VERIFIER:
         return file_name == VERIFIER_METRICS_FILE
+    if asset in (layout.LABELED_RL, *ROUND_CHECKPOINTS):
+        return file_name in CHECKPOINT_FILES
+    if asset == layout.GRID_RUNS:
+        return file_name == layout.GRID_HOURS_FILE
     return asset in TABLE_ASSETS and file_name == layout.TABLE_FILE_NAME
 
 

@@ -13,6 +13,7 @@ imports the settings) does not wait for torch, peft and TRL.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
+
+from noisy_student_assets.core.layout import TRAINING_LOG_FILE
 
 if TYPE_CHECKING:
     import datasets
@@ -328,6 +331,8 @@ def fit(
         save_merged(model, tokenizer, out_dir)
         assert_finite_checkpoint(out_dir, f"{what} from {init_checkpoint}")
     log_history = list(trainer.state.log_history)
+    if trainer.accelerator.is_main_process:
+        (out_dir / TRAINING_LOG_FILE).write_text(json.dumps(log_history))
     metrics = _final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step, logged)
     return TrainingResult(
         checkpoint_dir=out_dir,

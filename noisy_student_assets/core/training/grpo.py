@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from noisy_student_assets.core import grading
+from noisy_student_assets.core.layout import TRAINING_LOG_FILE
 from noisy_student_assets.core.prompts import student_messages
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
@@ -54,6 +55,42 @@ GRPO_LOGGED = (
     ("rewards/vote_share_reward/mean", "vote_share_reward"),
 )
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
+
+
+SATURATION_REWARD = 0.9
+"""A GRPO run's training reward has saturated once its mean over `SATURATION_WINDOW` steps reaches this (hard reward:
+nine completions in ten rewarded), where most groups are all right and give no gradient."""
+SATURATION_WINDOW = 4
+"""Steps the saturation's mean is taken over: one step's 4-prompt mean is too noisy to call."""
+
+
+def step_rewards(checkpoint_dir: Path) -> list[float] | None:
+    """The mean training reward of each step of the GRPO run that trained `checkpoint_dir` (its `TRAINING_LOG_FILE`);
+    None where it records none (a checkpoint trained before the log was kept, or not by GRPO)."""
+    path = checkpoint_dir / TRAINING_LOG_FILE
+    if not path.exists():
+        return None
+    rewards = [entry["reward"] for entry in json.loads(path.read_text()) if "reward" in entry]
+    return rewards or None
+
+
+def saturation_step(rewards: list[float]) -> int | None:
+    """The first step (from 1) at which the mean of the last `SATURATION_WINDOW` steps' rewards reaches
+    `SATURATION_REWARD`; None where it never does."""
+    for step in range(SATURATION_WINDOW, len(rewards) + 1):
+        if sum(rewards[step - SATURATION_WINDOW : step]) / SATURATION_WINDOW >= SATURATION_REWARD:
+            return step
+    return None
+
+
+def saturation_summary(rewards: list[float]) -> str:
+    """Where `rewards` (a run's step rewards) saturated, in words: 'step 12 of 24', or 'not in 24 steps (last
+    4-step mean 0.71)'."""
+    step = saturation_step(rewards)
+    if step is not None:
+        return f"step {step} of {len(rewards)}"
+    last = rewards[-SATURATION_WINDOW:]
+    return f"not in {len(rewards)} steps (last {len(last)}-step mean {sum(last) / len(last):.2f})"
 
 
 COMPLETION_CAP_QUANTILE = 0.99

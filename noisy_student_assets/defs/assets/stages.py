@@ -388,6 +388,7 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
     fail the asset before anything is published.
     """
+    from noisy_student_assets.core.training.grpo import saturation_summary, step_rewards
     from noisy_student_assets.core.training.student import training_fingerprint, training_set
 
     dataset = training_set(settings, data)
@@ -420,6 +421,8 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
             "grpo_settings": dg.MetadataValue.json(settings.grpo.model_dump()),
         }
     )
+    if rewards := step_rewards(staged):
+        current.metadata["reward_saturation"] = saturation_summary(rewards)
     return staged
 
 
