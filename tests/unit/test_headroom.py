@@ -12,10 +12,12 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment, load_experiment
+from noisy_student_assets.core.experiments.passes import arm_passes
 from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import load_problems
-from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, headroom_verdict, task_row
+from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, headroom_verdict, regime, task_row
 from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE
+from noisy_student_assets.core.training.grpo import saturation_step, saturation_summary
 from noisy_student_assets.defs.config import ProblemPoolConfig, with_arm
 from noisy_student_assets.headroom import EXPERIMENT
 from tests.unit.test_summary import write_audit
@@ -119,7 +121,9 @@ def test_the_committed_results_print_the_table(capsys) -> None:
 
     assert headroom.main(["--lake", str(Path(__file__).resolve().parents[2] / "results")]) == 0
     printed = capsys.readouterr().out
-    assert "| two-digit-sums | defaults | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 2 | 0.4 | 0.594 | 0.608 | 0.014 |" in printed
+    assert (
+        "| two-digit-sums | defaults | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 2 | 0.4 | 0.594 | 0.608 | 0.014 |" in printed
+    )
     assert "No task has data headroom" not in printed
     assert "two-digit-sums: inconclusive: could have missed an effect up to" in printed
 
@@ -135,3 +139,59 @@ def test_an_edited_tasks_file_is_read_again(tmp_path: Path) -> None:
     modified = tasks_file.stat().st_mtime_ns + 1_000_000  # a later version, however coarse the filesystem's clock
     os.utime(tasks_file, ns=(modified, modified))
     assert load_tasks([tmp_path])["sums"].eval_candidates == 300
+
+
+PASSES = load_experiment(EXPERIMENT.parent / "passes.yaml")
+
+
+def _training_log(lake: Path, arm: str, rewards: list[float]) -> None:
+    """The labeled-only control's checkpoint as the trainer leaves its step log (`layout.TRAINING_LOG_FILE`)."""
+    directory = layout.artifact_dir(lake, layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)), arm)
+    directory.mkdir(parents=True)
+    log = [{"step": step, "reward": reward, "loss": 0.0} for step, reward in enumerate(rewards, 1)]
+    (directory / layout.TRAINING_LOG_FILE).write_text(json.dumps([*log, {"train_runtime": 1.0}]))
+
+
+def test_each_run_s_passes_are_its_prompts_over_its_distinct_problems() -> None:
+    """headroom.yaml: 8 steps x 4 prompts over 16 labels (2 passes) and over 16 + 64 problems (0.4); labeled RL 16
+    steps x 2 prompts over the 16 labels."""
+    assert arm_passes(ARMS[0]) == {"labeled_rl": 2.0, "labeled_only": 2.0, "gold_label": 0.4}
+
+
+def test_the_passes_experiment_outruns_the_labels_and_not_the_gold_labels() -> None:
+    """The regime issue 47 asks for: labeled-only cycles its labels ten times or more, the gold-label control sees
+    each of its problems about twice at most, at the same prompts in every regime, 5 seeds of each."""
+    arms = PASSES.all_arms()
+    passes = {arm.name: arm_passes(arm) for arm in arms}
+    assert all(run["labeled_only"] >= 10 and run["gold_label"] <= 2 for run in passes.values())
+    prompts = {arm.spec.round_steps * arm.spec.prompts_per_step for arm in arms}
+    assert prompts == {96}
+    regimes = {regime(arm) for arm in arms}
+    assert regimes == {"n_labeled=2", "n_labeled=4", "n_labeled=8"}
+    assert all(sum(regime(arm) == name for arm in arms) >= 5 for name in regimes)
+    assert PASSES.equivalence_margin == 0.05
+
+
+def test_the_reward_saturates_where_its_4_step_mean_reaches_0_9() -> None:
+    rising = [0.5, 0.8, 0.9, 1.0, 1.0, 0.9, 1.0, 1.0]
+    assert saturation_step(rising) == 5  # 0.8, 0.9, 1.0, 1.0: 0.925
+    assert saturation_step(rising[:4]) is None and saturation_summary(rising) == "step 5 of 8"
+    assert saturation_summary([0.5] * 6) == "not in 6 steps (last 4-step mean 0.50)"
+
+
+def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_path: Path) -> None:
+    arms = [arm for arm in PASSES.all_arms() if arm.spec.seed < 3]
+    rng = np.random.default_rng(1)
+    for arm in arms:
+        _eval(tmp_path, layout.LABELED_RL_VALIDATION, arm.name, np.arange(100) < 40)
+        write_audit(tmp_path, arm.name, teacher_maj_at_k=0.5, teacher_pass_at_k=0.7)
+        for control in (layout.LABELED_ONLY, layout.GOLD_LABEL):
+            _eval(tmp_path, layout.round_asset(1, layout.control_eval(control)), arm.name, rng.random(PROBLEMS) < 0.5)
+        if arm.spec.n_labeled == 2:  # the fewest labels are learnt by step 5 on seeds 0 and 1
+            _training_log(tmp_path, arm.name, [0.6, 0.8, 1.0, 1.0, 1.0, 1.0] if arm.spec.seed < 2 else [0.6] * 6)
+    table = headroom_table(tmp_path, arms)
+    assert table["regime"].to_list() == ["n_labeled=2", "n_labeled=4", "n_labeled=8"]
+    assert table["labeled_only_passes"].to_list() == [48.0, 24.0, 12.0]
+    assert table["seeds"].to_list() == [3, 3, 3]
+    assert table["labeled_only_saturated"].to_list() == ["2 of 3 (steps 5, 5 of 6)", "not logged", "not logged"]
+    assert "two-digit-sums n_labeled=4: " in headroom_verdict(table)

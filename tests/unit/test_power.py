@@ -4,11 +4,20 @@ experiment has (issue 47, item 2)."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 
-from noisy_student_assets.core.reporting.power import PILOT_SEEDS, power_table, seeds_needed
+from noisy_student_assets.core.environment import EXPERIMENTS
+from noisy_student_assets.core.reporting.power import (
+    PILOT_SEEDS,
+    arm_hours,
+    power_table,
+    record_arm_hours,
+    seeds_needed,
+)
 from noisy_student_assets.core.reporting.verdict import crossed_errors, crossed_interval, widest_interval
 from noisy_student_assets.defs.grid import main
+from noisy_student_assets.headroom import EXPERIMENT
 from tests.conftest import TEST_EXPERIMENTS
 from tests.unit.test_headroom import ARMS, _task_seeds
 
@@ -61,3 +70,28 @@ def test_grid_power_without_a_pilot_says_how_many_seeds_it_needs(tmp_path, monke
     (tmp_path / "home").mkdir()
     assert main(["power", str(TEST_EXPERIMENTS / "grid.yaml"), "--lake", str(tmp_path / "lake")]) == 0
     assert f"no round evaluated in {tmp_path / 'lake'}; a pilot needs {PILOT_SEEDS} seeds" in capsys.readouterr().out
+
+
+def test_grid_power_reads_the_cost_of_a_seed_the_grid_recorded_in_a_results_directory(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """The hours per seed travel with the seeds: what the grid recorded per arm (`record_arm_hours`) is in a results
+    directory, and power prints the seeds to add and their hours from it, with no Dagster instance that ran them."""
+    from noisy_student_assets.core.reporting.results import export_results
+
+    lake = _task_seeds(tmp_path / "lake", "two-digit-sums", gold_gain=0.1)
+    arms = [arm for arm in ARMS if arm.spec.task == "two-digit-sums"]
+    for arm, hours in zip(arms, (0.5, 1.0, 1.5), strict=True):
+        record_arm_hours(lake, arm.name, "headroom", hours, runs=2)
+    results = tmp_path / "results"
+    export_results(lake, [arm.name for arm in ARMS], results)
+    assert arm_hours(results, ARMS) == [0.5, 1.0, 1.5]
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(EXPERIMENTS, str(EXPERIMENT.parent))
+    (tmp_path / "home").mkdir()
+    assert main(["power", str(EXPERIMENT), "--lake", str(results), "--effect", "0.05", "--effect", "0.1"]) == 0
+    printed = capsys.readouterr().out
+    assert "| hours to add for 0.05 |" in printed and "| hours to add for 0.1 |" in printed
+    assert f"1.00 h per seed (the mean of the grid's runs of 3 arms, recorded in {results})" in printed
+    rows = power_table(results, ARMS, [0.05], hours_per_seed=1.0).filter(pl.col("checkpoint") == "gold_label")
+    assert rows["hours to add for 0.05"][0] == float(rows["seeds for 0.05"][0] - 3)

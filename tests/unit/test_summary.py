@@ -289,13 +289,16 @@ def test_a_round_asked_for_and_not_evaluated_yet_is_said(lake: Path) -> None:
 
 
 def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: Path) -> None:
-    """`summary --export` keeps the evaluations and audits, not checkpoints or completions, in the lake's layout: the
-    summary of the copy is the lake's, and seeds exported at different times pool in one directory."""
+    """`summary --export` keeps the evaluations and audits, a checkpoint's compute and training log but not its weights,
+    and no completions, in the lake's layout: the summary of the copy is the lake's, and seeds exported at different
+    times pool in one directory."""
     from noisy_student_assets.core.reporting.results import export_results
 
     checkpoint = layout.artifact_dir(lake, layout.round_asset(1, layout.STUDENT), ARMS[0].name)
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.safetensors").write_bytes(b"weights")
+    for recorded in (layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE):
+        (checkpoint / recorded).write_text("{}")
     completions = layout.artifact_dir(lake, layout.round_asset(1, layout.EVAL_REPORT), ARMS[0].name) / "greedy.parquet"
     pl.DataFrame({"problem_id": ["p00"], "completion": ["42"]}).write_parquet(completions)
 
@@ -307,9 +310,9 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
         / layout.SCORES_FILE
         in copied
     )
-    assert (
-        not (results / checkpoint.relative_to(lake)).exists() and not (results / completions.relative_to(lake)).exists()
-    )
+    kept = sorted(path.name for path in (results / checkpoint.relative_to(lake)).iterdir())
+    assert kept == [layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE], "a checkpoint's records, not its weights"
+    assert not (results / completions.relative_to(lake)).exists()
     original, exported = collect(lake, ARMS, rounds=2), collect(results, ARMS, rounds=2)
     assert exported.sentences == original.sentences and exported.differences.equals(original.differences)
     assert exported.audits.equals(original.audits) and summary_markdown(exported) == summary_markdown(original)

@@ -4,7 +4,8 @@ command that prints those figures. docs/results.md opens with it and the README'
 `python -m noisy_student_assets.findings --write` (a test fails when either differs from what the command prints).
 
 The questions, all from `results/`:
-- data headroom, per task of the headroom experiment: gold labels minus the labels alone (`headroom.data_headroom`);
+- data headroom, per task of the headroom experiment and per regime of the passes experiment (the labeled set's size
+  at many passes over it): gold labels minus the labels alone (`headroom.data_headroom`);
 - the majority-label student minus its labeled-only control, per task, at the experiment's last round (`summary`);
 - the label sources' direct effect on the label-source grid's task: each source's kept-label accuracy minus the head
   count's at full coverage (`summary.sources_against`).
@@ -26,7 +27,7 @@ from noisy_student_assets.core.reporting.summary import collect, group_label, so
 
 BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
 """The markers around the findings table in README.md and docs/results.md."""
-HEADROOM, LABEL_SOURCE_GRID = "headroom.yaml", "label_source_grid.yaml"
+HEADROOM, PASSES, LABEL_SOURCE_GRID = "headroom.yaml", "passes.yaml", "label_source_grid.yaml"
 DIRECT_EFFECT_COVERAGE = "at 100%"
 LABEL_SOURCES = ("confidence", "verifier")
 
@@ -57,21 +58,23 @@ def _command(module: str, experiment: str | None = None) -> str:
 
 def findings(results: Path, experiments_dir: Path) -> list[Finding]:
     """The findings of the results directory `results`, from the experiment files in `experiments_dir`."""
-    headroom = load_experiment(experiments_dir / HEADROOM)
     rows = [
         Finding(
-            f"Gold labels beat the labels alone (data headroom), {row['task']}",
+            f"Gold labels beat the labels alone (data headroom), {row['task']}"
+            + ("" if row["regime"] == "defaults" else f", {row['regime']} ({row['labeled_only_passes']:g} passes)"),
             row["data_headroom"],
             row["data_headroom_low"],
             row["data_headroom_high"],
             row["data_headroom_mde"],
             row["data_headroom_seeds"],
             row["outcome"],
-            _command("headroom"),
+            _command("headroom", None if name == HEADROOM else name),
         )
-        for row in headroom_table(results, headroom.all_arms()).iter_rows(named=True)
+        for name in (HEADROOM, PASSES)
+        for row in headroom_table(results, load_experiment(experiments_dir / name).all_arms()).iter_rows(named=True)
         if row["data_headroom"] is not None
     ]
+    headroom = load_experiment(experiments_dir / HEADROOM)
     task_of = {group_label(arm): arm.spec.task for arm in headroom.all_arms()}
     differences = collect(results, headroom.all_arms(), headroom.max_rounds).differences
     last = differences.filter(

@@ -58,7 +58,9 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
         audit = PublishedAudit.read(labels_dir)
         controls = evals[arm.name]
         rewards = step_rewards(
-            layout.artifact_dir(lake, layout.round_asset(ROUND, layout.control_checkpoint(layout.LABELED_ONLY)), arm.name)
+            layout.artifact_dir(
+                lake, layout.round_asset(ROUND, layout.control_checkpoint(layout.LABELED_ONLY)), arm.name
+            )
         )
         rows.append(
             {
