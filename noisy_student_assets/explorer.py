@@ -15,18 +15,22 @@ Dagster UI's `explorer` metadata links here).
 from __future__ import annotations
 
 import argparse
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gradio as gr
 import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.grading import answers_equivalent
+from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 from noisy_student_assets.core.reporting.inspection import (
     BASE_MODEL_NAME,
     CHECKPOINT_CONFIG,
     RoundLake,
+    absent_sources,
     audit,
     greedy_answers,
     lake_checkpoints,
@@ -38,7 +42,11 @@ from noisy_student_assets.core.reporting.inspection import (
     source_labels,
     vote_summary,
 )
+from noisy_student_assets.core.sampling import load_transformers_model
 from noisy_student_assets.core.settings import EvalSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TITLE = "noisy-student explorer"
 NO_ROUND = "No round in this lake yet: `make run` makes one."
@@ -57,6 +65,16 @@ AGAINST_GOLD = {
     False: " ✗ (not the hidden gold)",
     None: " ? (ungraded: the grader timed out)",
 }
+RIGHT_MARKS = {True: "✓", False: "✗", None: "?"}
+"""The hidden gold's verdict on a label: right, wrong, or ungraded (the grader timed out)."""
+PROBLEM_LIST_LABEL = "Unlabeled problem (the arm's label kept or not at tau; ✓ right, ✗ wrong by the hidden gold)"
+SAMPLE_CELL_CHARACTERS = 160
+"""The samples table shows this much of a completion (a click on the cell shows it all), so that a long one does not
+crowd the other columns off a 1600-pixel page."""
+COMPLETION_SHARE = 40
+"""The completion's share of the samples table's width, in percent; the other columns share the rest."""
+PROGRESS = gr.Progress()
+"""The default of every event's `progress`: Gradio gives each call its own bar, shown on the event's outputs."""
 # System fonts: the default theme fetches its fonts from Google, which an offline machine cannot reach.
 THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
@@ -72,8 +90,26 @@ def _round_votes(round_lake: RoundLake, version: int) -> tuple[pl.DataFrame, pl.
 def _answer(checkpoint: Path, version: int, question: str, max_new_tokens: int) -> dict[str, str | None]:
     """A checkpoint's greedy answer to a question; `version` (its config's modification time) asks a re-trained one
     afresh."""
-    (answer,) = greedy_answers(checkpoint, [question], max_new_tokens=max_new_tokens)
+    (answer,) = greedy_answers(checkpoint, [question], max_new_tokens=max_new_tokens, model=_model(checkpoint, version))
     return answer
+
+
+_MODELS: OrderedDict[tuple[Path, int], PreTrainedModel] = OrderedDict()
+MODELS_KEPT = 4
+"""Checkpoints kept loaded at once (the last asked): a round's student and control, and the two a question was put
+to."""
+
+
+def _model(checkpoint: Path, version: int) -> PreTrainedModel:
+    """A checkpoint's model, loaded once and kept for the questions put to it after (`MODELS_KEPT`); `version` (its
+    config's modification time) loads a re-trained one afresh."""
+    key = (checkpoint, version)
+    if key not in _MODELS:
+        _MODELS[key] = load_transformers_model(checkpoint)
+        while len(_MODELS) > MODELS_KEPT:
+            _MODELS.popitem(last=False)
+    _MODELS.move_to_end(key)
+    return _MODELS[key]
 
 
 def _version(path: Path) -> int:
@@ -108,21 +144,35 @@ class Explorer:
         return _round_votes(round_lake, _version(round_lake.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME))
 
     def problems(self, round_lake: RoundLake) -> list[tuple[str, str]]:
-        """The round's unlabeled problems as (the first words of the question, its id)."""
-        unlabeled = round_lake.unlabeled_problems()
+        """The round's unlabeled problems as (its id, whether the arm's label was kept and is right by the hidden
+        gold, the first words of the question; its id)."""
+        _, labels = self.votes(round_lake)
+        chosen = labels.filter("chosen").select("problem_id", "kept", "label_correct")
+        unlabeled = round_lake.unlabeled_problems().join(chosen, on="problem_id", how="left", maintain_order="left")
         return [
-            (f"{problem_id}: {' '.join(prompt.split())[:80]}", problem_id)
-            for problem_id, prompt in unlabeled.select("problem_id", "prompt").iter_rows()
+            (
+                f"{problem_id} · {'kept' if kept else 'not kept'} {RIGHT_MARKS[right]}: "
+                f"{' '.join(prompt.split())[:80]}",
+                problem_id,
+            )
+            for problem_id, prompt, kept, right in unlabeled.select(
+                "problem_id", "prompt", "kept", "label_correct"
+            ).iter_rows()
         ]
 
     def answer(self, checkpoint: Path, question: str) -> dict[str, str | None]:
         return _answer(checkpoint, _version(checkpoint / CHECKPOINT_CONFIG), question, self.max_new_tokens)
 
+    def asking(self, name: str, checkpoint: Path) -> str:
+        """What the progress bar says while `checkpoint` answers: whether it is loaded first."""
+        loaded = (checkpoint, _version(checkpoint / CHECKPOINT_CONFIG)) in _MODELS
+        return f"Asking {name}" + ("" if loaded else " (loading it on CPU: once, then it is kept)")
+
     def problem_view(
         self, round_lake: RoundLake, problem_id: str
-    ) -> tuple[str, str, str, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-        """The problem's question, hidden gold and kept label, each source's vote, the vote per answer and the
-        samples."""
+    ) -> tuple[str, str, str, pl.DataFrame, str, pl.DataFrame, pl.DataFrame]:
+        """The problem's question, hidden gold and kept label, each source's vote and which sources the round has,
+        the vote per answer and the samples."""
         votes, labels = self.votes(round_lake)
         record = problem_record(round_lake, problem_id)
         settings = round_lake.label_settings()
@@ -148,13 +198,13 @@ class Explorer:
             pl.col("label_correct").alias("right (audit)"),
         )
         samples = votes.filter(pl.col("problem_id") == problem_id).select(
-            "sample_index",
+            pl.col("sample_index").alias("sample"),
             "answer",
             pl.col("correct").alias("right (audit)"),
             pl.col("^weight/.*$"),
+            pl.col("mean_logprob").alias("mean log-prob"),
+            pl.col("finish_reason").alias("finish"),
             "completion",
-            "mean_logprob",
-            "finish_reason",
         )
         summary = vote_summary(votes, problem_id).rename({"correct": "right (audit)"})
         return (
@@ -162,9 +212,18 @@ class Explorer:
             record["hidden_gold"],
             kept,
             _readable(by_source),
+            self.sources_note(round_lake),
             _readable(summary),
             _readable(samples),
         )
+
+    def sources_note(self, round_lake: RoundLake) -> str:
+        """Which label sources judged the round's samples, the arm's own named, and why any other is absent."""
+        absent, own = absent_sources(round_lake), round_lake.label_settings().label_source
+        present = [f"{name} (the arm's)" if name == own else name for name in SOURCES if name not in absent]
+        lines = [f"Label sources of this round: {', '.join(present)}."]
+        lines += [f"- **{name}** is absent: {reason}." for name, reason in absent.items()]
+        return "\n".join(lines)
 
     def round_header(self, round_lake: RoundLake) -> str:
         """The round's vote settings and its audit's figures."""
@@ -190,6 +249,14 @@ class Explorer:
         return text, _readable(table.select(pl.exclude("^.*/completion$")))
 
 
+def sample_widths(columns: list[str]) -> list[str]:
+    """The samples table's column widths: the completion takes what the narrow columns leave."""
+    return [
+        f"{COMPLETION_SHARE}%" if name == "completion" else f"{(100 - COMPLETION_SHARE) // (len(columns) - 1)}%"
+        for name in columns
+    ]
+
+
 def _answer_text(name: str, answer: dict[str, str | None], gold: str | None = None) -> str:
     """A checkpoint's answer and completion; against the hidden gold where it is given."""
     verdict = "" if gold is None else AGAINST_GOLD[answers_equivalent(gold, answer["answer"])]
@@ -204,7 +271,7 @@ def build(explorer: Explorer) -> gr.Blocks:
             with gr.Row():
                 arm = gr.Dropdown(label="Arm", choices=[])
                 number = gr.Dropdown(label="Round", choices=[])
-                problem = gr.Dropdown(label="Unlabeled problem", choices=[], scale=3)
+                problem = gr.Dropdown(label=PROBLEM_LIST_LABEL, choices=[], scale=3)
             header = gr.Markdown()
             question = gr.Textbox(label="Question", lines=2, interactive=False)
             with gr.Row():
@@ -213,14 +280,17 @@ def build(explorer: Explorer) -> gr.Blocks:
                 )
                 kept = gr.Markdown(elem_id="kept-label")
             by_source = gr.Dataframe(label="The vote per label source", interactive=False, elem_id="votes-by-source")
+            sources = gr.Markdown(elem_id="label-sources")
             summary = gr.Dataframe(
                 label="The K samples' answers: how many gave each, and its share of each source's weight",
                 interactive=False,
             )
             samples = gr.Dataframe(
-                label="The teacher's K samples, with each label source's weight",
+                label=f"The teacher's K samples, with each label source's weight (a completion's first "
+                f"{SAMPLE_CELL_CHARACTERS} characters: click it for the rest)",
                 interactive=False,
                 wrap=True,
+                max_chars=SAMPLE_CELL_CHARACTERS,
                 elem_id="samples",
             )
             ask_round = gr.Button(
@@ -243,35 +313,40 @@ def build(explorer: Explorer) -> gr.Blocks:
                 left_answer = gr.Markdown(elem_id="left-answer")
                 right_answer = gr.Markdown(elem_id="right-answer")
 
-        problem_outputs = [question, gold, kept, by_source, summary, samples, student_answer, control_answer]
+        problem_outputs = [question, gold, kept, by_source, sources, summary, samples, student_answer, control_answer]
         round_outputs = [header, held_out_text, held_out]
 
-        def show_problem(arm_name, round_number, problem_id):
+        def show_problem(arm_name, round_number, problem_id, progress=PROGRESS):
             if not problem_id:
                 return [gr.update()] * len(problem_outputs)
-            view = explorer.problem_view(explorer.round_lake(arm_name, round_number), problem_id)
-            return [*view, "", ""]
+            progress(0, desc=f"Reading problem {problem_id}")
+            *view, samples_table = explorer.problem_view(explorer.round_lake(arm_name, round_number), problem_id)
+            return [*view, gr.update(value=samples_table, column_widths=sample_widths(samples_table.columns)), "", ""]
 
-        def show_round(arm_name, round_number, problem_id=None):
+        def show_round(arm_name, round_number, problem_id=None, progress=PROGRESS):
             """The round's problem choices (on `problem_id`, else its first), the problem's view, the round's header and
             its held-out table."""
+            progress(0, desc=f"Reading round {round_number} of arm {arm_name}: grading its samples (once a round)")
             round_lake = explorer.round_lake(arm_name, round_number)
             choices = explorer.problems(round_lake)
             if problem_id not in {value for _, value in choices}:
                 problem_id = choices[0][1] if choices else None
             return [
                 gr.update(choices=choices, value=problem_id),
-                *show_problem(arm_name, round_number, problem_id),
+                *show_problem(arm_name, round_number, problem_id, progress),
                 explorer.round_header(round_lake),
                 *explorer.held_out(round_lake),
             ]
 
-        def show_arm(arm_name, round_number=None, problem_id=None):
+        def show_arm(arm_name, round_number=None, problem_id=None, progress=PROGRESS):
             numbers = explorer.round_numbers(arm_name)
             round_number = round_number if round_number in numbers else numbers[-1]
-            return [gr.update(choices=numbers, value=round_number), *show_round(arm_name, round_number, problem_id)]
+            return [
+                gr.update(choices=numbers, value=round_number),
+                *show_round(arm_name, round_number, problem_id, progress),
+            ]
 
-        def open_page(request: gr.Request):
+        def open_page(request: gr.Request, progress=PROGRESS):
             """The lake as it is now, on the view the link names (else the first arm's latest round)."""
             rounds, checkpoints = explorer.rounds(), list(lake_checkpoints(explorer.root))
             pair = _default_pair(checkpoints)
@@ -285,16 +360,21 @@ def build(explorer: Explorer) -> gr.Blocks:
                 ]
             arm_name, round_number, problem_id = linked_view(request.query_params)
             arm_name = arm_name if arm_name in arms else arms[0]
-            return [gr.update(choices=arms, value=arm_name), *show_arm(arm_name, round_number, problem_id), *ask]
+            return [
+                gr.update(choices=arms, value=arm_name),
+                *show_arm(arm_name, round_number, problem_id, progress),
+                *ask,
+            ]
 
-        def ask_round_checkpoints(arm_name, round_number, problem_id):
+        def ask_round_checkpoints(arm_name, round_number, problem_id, progress=PROGRESS):
             round_lake = explorer.round_lake(arm_name, round_number)
             record = problem_record(round_lake, problem_id)
             texts = []
-            for role in ANSWER_ROLES:
+            for index, role in enumerate(ANSWER_ROLES):
                 checkpoint = round_lake.checkpoint(role)
                 name = f"Round {round_number} {role}"
                 if (checkpoint / CHECKPOINT_CONFIG).is_file():
+                    progress((index, len(ANSWER_ROLES)), desc=explorer.asking(name, checkpoint), unit="checkpoints")
                     texts.append(
                         _answer_text(name, explorer.answer(checkpoint, record["prompt"]), record["hidden_gold"])
                     )
@@ -302,11 +382,15 @@ def build(explorer: Explorer) -> gr.Blocks:
                     texts.append(f"### {name}\n\nNot in the lake.")
             return texts
 
-        def ask_two(left_name, right_name, text):
+        def ask_two(left_name, right_name, text, progress=PROGRESS):
             if not (left_name and right_name and text.strip()):
                 return "Pick two checkpoints and type a question.", ""
             checkpoints = lake_checkpoints(explorer.root)
-            return [_answer_text(name, explorer.answer(checkpoints[name], text)) for name in (left_name, right_name)]
+            texts = []
+            for index, name in enumerate((left_name, right_name)):
+                progress((index, 2), desc=explorer.asking(name, checkpoints[name]), unit="checkpoints")
+                texts.append(_answer_text(name, explorer.answer(checkpoints[name], text)))
+            return texts
 
         arm_outputs = [number, problem, *problem_outputs, *round_outputs]
         page.load(open_page, outputs=[arm, *arm_outputs, left, right])

@@ -153,9 +153,11 @@ def generate_sample_sets(
     progress: Progress | None = None,
     checkpoint_label: str | None = None,
     gpu_memory_utilization: float = 0.85,
+    model: PreTrainedModel | None = None,
 ) -> list[pl.DataFrame]:
     """One ``generate_samples`` table per entry of ``settings_list``, all from one model load (one
-    vLLM engine, whose start-up dominates short runs on a CPU).
+    vLLM engine, whose start-up dominates short runs on a CPU), or none: ``model`` is the checkpoint's,
+    already loaded (``load_transformers_model``; transformers only), which a caller asking often keeps.
 
     Problems go to the backend ``shard_size`` at a time (vLLM batches a shard internally;
     transformers in batches of ``batch_size``). After each shard, ``on_shard`` gets its table (to
@@ -201,9 +203,16 @@ def generate_sample_sets(
     ]
     work = _Work(checkpoint_dir, prompt_ids, jobs, settings_list, device, dtype, shard_size, shard_done)
     if backend == "vllm":
+        if model is not None:
+            raise ValueError("a loaded model samples with transformers; vLLM loads its own engine")
         sample_sets = _sample_with_vllm(work, problem_ids, gpu_memory_utilization)
     else:
-        sample_sets = _sample_with_transformers(work, tokenizer, batch_size)
+        sample_sets = _sample_with_transformers(
+            work,
+            tokenizer,
+            batch_size,
+            model if model is not None else load_transformers_model(checkpoint_dir, dtype, device),
+        )
     return [table(set_index, jobs[set_index], samples) for set_index, samples in enumerate(sample_sets)]
 
 
@@ -415,16 +424,21 @@ class _Work:
     shard_done: ShardDone
 
 
+def load_transformers_model(checkpoint_dir: Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """A checkpoint's model as transformers' generation reads it: in `dtype`, on `device`, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=getattr(torch, dtype), use_safetensors=True)
+    return model.to(device).eval()
+
+
 def _sample_with_transformers(
-    work: _Work, tokenizer: PreTrainedTokenizerBase, batch_size: int
+    work: _Work, tokenizer: PreTrainedTokenizerBase, batch_size: int, model: PreTrainedModel
 ) -> list[list[list[Sample]]]:
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(work.checkpoint_dir), dtype=getattr(torch, work.dtype), use_safetensors=True
-    )
-    model.to(work.device).eval()
     stop_ids = _stop_token_ids(model.generation_config.eos_token_id, tokenizer)
     if tokenizer.pad_token_id is None:
         # Batches are left-padded; the pad positions are masked out, so any id serves (a base model's

@@ -4,6 +4,8 @@ on demand answers as its evaluation did."""
 
 from __future__ import annotations
 
+import shutil
+
 import polars as pl
 
 from noisy_student_assets.core import layout
@@ -11,6 +13,7 @@ from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 from noisy_student_assets.core.reporting.inspection import (
     WEIGHT_PREFIX,
     RoundLake,
+    absent_sources,
     audit,
     greedy_answers,
     lake_rounds,
@@ -20,6 +23,7 @@ from noisy_student_assets.core.reporting.inspection import (
     source_labels,
     vote_summary,
 )
+from noisy_student_assets.core.sampling import load_transformers_model
 from tests.conftest import INSPECTED_ARM
 from tests.tiny_configs import TINY_EVAL
 
@@ -70,3 +74,26 @@ def test_a_checkpoint_asked_on_demand_answers_as_its_evaluation_did(inspected_la
         round_lake.checkpoint(layout.STUDENT_ROLE), [first["prompt"]], max_new_tokens=TINY_EVAL["max_new_tokens"]
     )
     assert answer["completion"] == first["completion"]
+    # a model loaded once answers as one loaded for the question
+    model = load_transformers_model(round_lake.checkpoint(layout.STUDENT_ROLE))
+    (kept_loaded,) = greedy_answers(
+        round_lake.checkpoint(layout.STUDENT_ROLE),
+        [first["prompt"]],
+        max_new_tokens=TINY_EVAL["max_new_tokens"],
+        model=model,
+    )
+    assert kept_loaded == answer
+
+
+def test_a_source_the_round_cannot_judge_is_said_absent_with_why(inspected_lake, tmp_path) -> None:
+    """Every source judges the inspected round; without its verifier scores, the verifier is absent, and an arm
+    whose own source reads no verifier is told so."""
+    assert absent_sources(RoundLake(inspected_lake, INSPECTED_ARM, 1)) == {}
+    root = tmp_path / "lake"
+    shutil.copytree(inspected_lake, root, ignore=shutil.ignore_patterns("*.safetensors"))
+    round_lake = RoundLake(root, INSPECTED_ARM, 1)
+    shutil.rmtree(round_lake.artifact(layout.VERIFIER_SCORES))
+    absent = absent_sources(round_lake)
+    assert list(absent) == ["verifier"]
+    own = round_lake.label_settings().label_source
+    assert absent["verifier"].startswith(f"this arm's label source, {own}, reads no verifier")

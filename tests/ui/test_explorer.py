@@ -1,10 +1,13 @@
 """The explorer (`make explore`) in a real browser, used as a person uses it: on a lake holding a whole round 1
-(`inspected_lake`), pick a problem and see its samples, its votes and the hidden gold; ask the round's student and
-its labeled-only control and see both answers; open a link to a problem; put a question of one's own to two
-checkpoints and see two answers. Screenshots go to `ui-test-screenshots/` (`UI_TEST_SCREENSHOTS`)."""
+(`inspected_lake`, one problem's samples written out at length), pick a problem from a list that marks each label
+kept or not and right or wrong, and see its samples, its votes, which label sources judged them and the hidden gold;
+ask the round's student and its labeled-only control and see both answers; open a link to a problem; put a question
+of one's own to two checkpoints and see two answers. Every event shows a progress bar, and a checkpoint is loaded
+once for the questions put to it. Screenshots go to `ui-test-screenshots/` (`UI_TEST_SCREENSHOTS`)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,8 @@ from playwright.sync_api import expect
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.core.reporting.inspection import BASE_MODEL_NAME, RoundLake, explorer_link
+from noisy_student_assets.core.reporting.inspection import BASE_MODEL_NAME, RoundLake, explorer_link, source_labels
+from noisy_student_assets.core.sampling import load_transformers_model
 from tests.cli import DagsterCli, free_port, wait_until_serving
 from tests.conftest import INSPECTED_ARM
 from tests.tiny_configs import TINY_EVAL
@@ -29,9 +33,27 @@ PAGE_TIMEOUT_MS = 30_000  # the page's first load reads and re-grades the round
 ANSWER_TIMEOUT_MS = 180_000  # two checkpoints loaded and asked on CPU, beside whatever else the machine runs
 
 
+LONG_REASONING = "Add the tens, then the ones, carrying a ten where the ones pass nine. " * 40
+"""Written after each of one problem's samples: the 2,800 characters a model reasoning at length leaves."""
+
+
 @pytest.fixture(scope="module")
-def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module) -> str:
-    """The explorer on `inspected_lake`, on a free port of 127.0.0.1: its base URL, which its links also name."""
+def explored_lake(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`inspected_lake`, the second unlabeled problem's samples written out at length (their answers unchanged)."""
+    root = tmp_path_factory.mktemp("explored") / "lake"
+    shutil.copytree(inspected_lake, root)
+    round_lake = RoundLake(root, INSPECTED_ARM, 1)
+    second = round_lake.unlabeled_problems()["problem_id"][1]
+    path = round_lake.artifact(layout.GENERATIONS) / layout.TABLE_FILE_NAME
+    generations = pl.read_parquet(path)
+    long = pl.when(pl.col("problem_id") == second).then(pl.col("completion") + LONG_REASONING)
+    generations.with_columns(long.otherwise(pl.col("completion")).alias("completion")).write_parquet(path)
+    return root
+
+
+@pytest.fixture(scope="module")
+def explorer(explored_lake: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module) -> str:
+    """The explorer on `explored_lake`, on a free port of 127.0.0.1: its base URL, which its links also name."""
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no chromium at {CHROMIUM}: `apt-get install chromium` (or set CHROMIUM)")
     port = free_port()
@@ -43,7 +65,7 @@ def explorer(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory, mon
         "-m",
         "noisy_student_assets.explorer",
         "--lake",
-        str(inspected_lake),
+        str(explored_lake),
         "--port",
         str(port),
     ]
@@ -72,28 +94,43 @@ def _unlabeled(lake: Path) -> pl.DataFrame:
     return RoundLake(lake, INSPECTED_ARM, 1).unlabeled_problems()
 
 
-def test_a_problem_s_samples_votes_and_both_checkpoints_answers(browser, explorer: str, inspected_lake: Path) -> None:
+def test_a_problem_s_samples_votes_and_both_checkpoints_answers(browser, explorer: str, explored_lake: Path) -> None:
     page = browser.new_page(viewport={"width": 1600, "height": 1400})
     page.goto(explorer_link(INSPECTED_ARM, 1))
-    problems = _unlabeled(inspected_lake)
+    problems = _unlabeled(explored_lake)
     first, second = problems.row(0, named=True), problems.row(1, named=True)
     gold = page.get_by_label("Hidden gold (the audit's only: no vote reads it)")
     expect(gold).to_have_value(first[HIDDEN_GOLD_COLUMN], timeout=PAGE_TIMEOUT_MS)
 
-    # A person picks the second problem from the list.
+    # A person picks the second problem from the list, which marks each problem's label kept or not, right or wrong.
+    from noisy_student_assets.explorer import RIGHT_MARKS  # Gradio: the explore extra, which make ui-test installs
+
+    round_lake = RoundLake(explored_lake, INSPECTED_ARM, 1)
+    chosen = source_labels(round_lake).filter("chosen")
     page.get_by_label("Unlabeled problem").click()
-    page.get_by_role("option", name=f"{second['problem_id']}:").click()
+    for problem_id, kept, right in chosen.select("problem_id", "kept", "label_correct").iter_rows():
+        mark = f"{problem_id} · {'kept' if kept else 'not kept'} {RIGHT_MARKS[right]}:"
+        expect(page.get_by_role("option", name=mark)).to_have_count(1)
+    page.get_by_role("option", name=f"{second['problem_id']} · ").click()
     expect(gold).to_have_value(second[HIDDEN_GOLD_COLUMN], timeout=PAGE_TIMEOUT_MS)
     expect(page.get_by_label("Question")).to_have_value(second["prompt"])
     votes = page.locator("#votes-by-source")
     for source in ("majority (the arm's)", "confidence", "verifier"):
         expect(votes).to_contain_text(source)
-    samples = (
-        RoundLake(inspected_lake, INSPECTED_ARM, 1).generations().filter(pl.col("problem_id") == second["problem_id"])
+    expect(page.locator("#label-sources")).to_contain_text(
+        "Label sources of this round: majority (the arm's), confidence, verifier."
     )
+    samples = round_lake.generations().filter(pl.col("problem_id") == second["problem_id"])
     expect(page.locator("#samples").get_by_role("row")).to_have_count(
         1 + samples.height
     )  # the header, then each sample
+    # Long completions leave every column readable at 1600 pixels: no header squeezed to a letter a line, none
+    # pushed off the page.
+    headers = page.locator("#samples").get_by_role("columnheader")
+    widths = headers.evaluate_all("cells => cells.map(cell => cell.getBoundingClientRect().width)")
+    assert len(widths) >= 6 and min(widths) >= 40, widths
+    right_edge = headers.evaluate_all("cells => Math.max(...cells.map(cell => cell.getBoundingClientRect().right))")
+    assert right_edge <= 1600, (right_edge, headers.all_inner_texts())
 
     page.get_by_role("button", name="Ask the round's student and its labeled-only control").click()
     for answer, name in (("#student-answer", "Round 1 student"), ("#control-answer", "Round 1 labeled_only")):
@@ -103,8 +140,8 @@ def test_a_problem_s_samples_votes_and_both_checkpoints_answers(browser, explore
     page.screenshot(path=str(SCREENSHOTS / "explorer-round.png"), full_page=True)
 
 
-def test_a_link_opens_on_its_problem(browser, explorer: str, inspected_lake: Path) -> None:
-    last = _unlabeled(inspected_lake).row(-1, named=True)
+def test_a_link_opens_on_its_problem(browser, explorer: str, explored_lake: Path) -> None:
+    last = _unlabeled(explored_lake).row(-1, named=True)
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.goto(explorer_link(INSPECTED_ARM, 1, last["problem_id"]))
     expect(page.get_by_label("Hidden gold (the audit's only: no vote reads it)")).to_have_value(
@@ -132,3 +169,33 @@ def test_two_checkpoints_answer_a_question_of_one_s_own(browser, explorer: str) 
         expect(page.locator(answer)).to_contain_text("Answer:", timeout=ANSWER_TIMEOUT_MS)
         expect(page.locator(answer)).to_contain_text(name)
     page.screenshot(path=str(SCREENSHOTS / "explorer-ask.png"), full_page=True)
+
+
+def test_every_event_shows_its_progress(explored_lake: Path) -> None:
+    """Each of the page's events (opening it, an arm, a round, a problem, each ask) has a progress bar: Gradio shows it
+    on the event's outputs with the text the event gives."""
+    from noisy_student_assets.explorer import Explorer, build
+
+    page = build(Explorer(explored_lake, TINY_EVAL["max_new_tokens"]))
+    events = {function.name: function.tracks_progress for function in page.fns.values()}
+    assert set(events) == {"open_page", "show_arm", "show_round", "show_problem", "ask_round_checkpoints", "ask_two"}
+    assert all(events.values()), events
+
+
+def test_a_checkpoint_is_loaded_once_for_two_questions(explored_lake: Path, monkeypatch) -> None:
+    import noisy_student_assets.explorer as page_module
+    from noisy_student_assets.explorer import Explorer
+
+    loads = []
+
+    def counted(checkpoint: Path):
+        loads.append(checkpoint)
+        return load_transformers_model(checkpoint)
+
+    monkeypatch.setattr(page_module, "load_transformers_model", counted)
+    explorer = Explorer(explored_lake, TINY_EVAL["max_new_tokens"])
+    student = RoundLake(explored_lake, INSPECTED_ARM, 1).checkpoint(layout.STUDENT_ROLE)
+    assert explorer.asking("the student", student) == "Asking the student (loading it on CPU: once, then it is kept)"
+    first, second = explorer.answer(student, "What is 3 + 4?"), explorer.answer(student, "What is 5 + 2?")
+    assert loads == [student] and first["completion"] and second["completion"]
+    assert explorer.asking("the student", student) == "Asking the student"

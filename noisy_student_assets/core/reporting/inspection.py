@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import polars as pl
@@ -33,6 +34,9 @@ from noisy_student_assets.core.pseudo_labels.labels import (
 from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from noisy_student_assets.core.settings import PseudoLabelSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 WEIGHT_PREFIX = "weight/"
 """`sample_votes`' column of each label source's weight of a sample: `weight/majority`."""
@@ -115,6 +119,22 @@ def sample_votes(round_lake: RoundLake) -> pl.DataFrame:
     return samples.sort("problem_id", "sample_index")
 
 
+def absent_sources(round_lake: RoundLake) -> dict[str, str]:
+    """The label sources that cannot judge the round's samples, each with why: a verifier that the arm's own source
+    does not read was never trained for it; otherwise the source's own reason (`missing_input`)."""
+    generations, scores, settings = round_lake.generations(), round_lake.verifier_scores(), round_lake.label_settings()
+    absent = {}
+    for name, source in SOURCES.items():
+        if reason := source.missing_input(generations, scores):
+            if source.reads_verifier and name != settings.label_source:
+                reason = (
+                    f"this arm's label source, {settings.label_source}, reads no verifier, so its rounds train none "
+                    "(an arm with label_source: verifier does)"
+                )
+            absent[name] = reason
+    return absent
+
+
 def source_labels(round_lake: RoundLake) -> pl.DataFrame:
     """Each unlabeled problem under each label source that can judge its samples: the label it picks, its agreement,
     whether it is kept at the round's tau, and whether it matches the hidden gold (`label_correct`); `chosen` marks
@@ -181,10 +201,11 @@ def flipped_problems(round_lake: RoundLake) -> pl.DataFrame:
 
 
 def greedy_answers(
-    checkpoint_dir: Path, questions: list[str], max_new_tokens: int = 256
+    checkpoint_dir: Path, questions: list[str], max_new_tokens: int = 256, model: PreTrainedModel | None = None
 ) -> list[dict[str, str | None]]:
     """A checkpoint's greedy completion of each question and the answer the grader extracts from it, with the
-    pipeline's prompt and sampler (transformers, CPU)."""
+    pipeline's prompt and sampler (transformers, CPU); `model`: the checkpoint's, already loaded
+    (`sampling.load_transformers_model`), else it is loaded for these questions."""
     from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
 
     problems = pl.DataFrame({"problem_id": [str(index) for index in range(len(questions))], "prompt": questions})
@@ -193,6 +214,7 @@ def greedy_answers(
         problems,
         SamplingSettings(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
         backend="transformers",
+        model=model,
     )
     return [
         {"completion": completion, "answer": answer}
