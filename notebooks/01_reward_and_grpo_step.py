@@ -26,13 +26,23 @@
 
 # %% tags=["parameters"]
 from noisy_student_assets.core import environment, layout
-from noisy_student_assets.core.settings import LabeledRLSettings
+from noisy_student_assets.core.settings import TRL_ROLLOUTS, LabeledRLSettings
 
 LAKE = layout.default_lake_root()  # NOISY_STUDENT_DATA_LAKE, which `make setup` writes to .env
 ARM = environment.inspected_arm(layout.DEFAULT_ARM)  # NOISY_STUDENT_ARM; `default` is the arm `make run` makes
-# Labeled RL's own GRPO settings (the profile's group size, completion length, learning rate and LoRA), cut to one
-# step that keeps no TRL checkpoint: enough to see a step's groups and metrics in a few minutes on a 2-core CPU.
-GRPO = LabeledRLSettings().grpo.model_copy(update={"max_steps": 1, "save_steps": 0})
+# Labeled RL's own GRPO settings (the profile's learning rate, LoRA and loss), cut to a smaller step than the
+# pipeline's so that the notebook runs in under a minute on a 2-core CPU: one step, no TRL checkpoint, groups of 4
+# completions of at most 48 tokens, sampled by TRL's own generation (the pipeline's vLLM engine takes longer to start
+# than this whole step takes).
+GRPO = LabeledRLSettings().grpo.model_copy(
+    update={
+        "max_steps": 1,
+        "save_steps": 0,
+        "num_generations": 4,
+        "max_completion_length": 48,
+        "rollouts": TRL_ROLLOUTS,
+    }
+)
 
 # %%
 import tempfile

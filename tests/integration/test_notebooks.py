@@ -1,7 +1,8 @@
 """Every notebook runs from top to bottom on a round as `make run` leaves one (`inspected_lake`: a whole round 1 of arm
 `a` with all three label sources, tiny model), as `make notebooks` opens it: jupytext reads the committed
 percent-format source, nbclient runs it on this venv's python3 kernel, with the lake and the arm in the environment
-the kernel inherits. A cell that raises fails the test with its traceback."""
+the kernel inherits. A cell that raises fails the test with its traceback, and a library's warning printed in a cell
+fails it too: the reader learns nothing from it, so it is silenced where it is raised."""
 
 from __future__ import annotations
 
@@ -35,3 +36,11 @@ def test_the_notebook_runs_on_the_lake(source: Path, inspected_lake: Path, monke
         if "image/png" in output.get("data", {})
     ]
     assert images, "every notebook shows its figures"
+    warned = [
+        output["text"]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if output.get("name") == "stderr" and "Warning" in output["text"]
+    ]
+    assert not warned, f"a library warning the reader learns nothing from: {warned}"

@@ -409,3 +409,17 @@ def _results_with_sources(sources: pl.DataFrame, curves: pl.DataFrame) -> Experi
     """Results holding `sources` and `curves` and no other table."""
     tables = {field.name: pl.DataFrame() for field in fields(ExperimentResults) if field.type == "pl.DataFrame"}
     return ExperimentResults(**tables | {"sources": sources, "curves": curves}, sentences=[])
+
+
+def test_the_accuracy_figure_shows_only_the_chains_a_group_ran() -> None:
+    """Every chain starts at labeled RL (round 0): a control without a later round was never trained by the arm, and
+    stays out of the figure's legend (notebook 03, the verdict)."""
+    accuracy = pl.DataFrame(
+        {
+            "group": ["default"] * 5,
+            "checkpoint": ["student", "labeled_only", "gold_label", "student", "labeled_only"],
+            "round": [0, 0, 0, 1, 1],
+            "greedy_accuracy": [0.4, 0.4, 0.4, 0.45, 0.5],
+        }
+    )
+    assert plots.ran_chains(accuracy)["checkpoint"].to_list() == ["student", "labeled_only", "student", "labeled_only"]

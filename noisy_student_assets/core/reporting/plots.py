@@ -77,6 +77,13 @@ _ROLE_COLORS = {"student": "#4c72b0", "labeled_only": "#dd8452", "gold_label": "
 _GROUP_STYLES = ("-", "--", ":", "-.")
 
 
+def ran_chains(chains: pl.DataFrame) -> pl.DataFrame:
+    """The rows of the chains a group ran: the summary gives every chain round 0 (labeled RL, where each starts), so a
+    control with no later round is one the arm never trained, and is left out of the figure and its legend."""
+    ran = chains.filter((pl.col("round") > 0) | (pl.col("checkpoint") == "student")).select("group", "checkpoint")
+    return chains.join(ran.unique(), on=["group", "checkpoint"], how="semi", maintain_order="left")
+
+
 def accuracy_by_round(accuracy: pl.DataFrame, metric: str = "greedy_accuracy") -> bytes:
     """`metric` per round for each chain (the student and each control; round 0 is labeled RL), the mean
     over seeds with one standard deviation as error bars; one line style per arm group when the table has
@@ -90,7 +97,7 @@ def accuracy_by_round(accuracy: pl.DataFrame, metric: str = "greedy_accuracy") -
     base = table.filter(pl.col("checkpoint") == "base_model")[metric].drop_nulls()
     if base.len():
         ax.axhline(base.mean(), color="grey", linestyle=":", label=f"base model ({base.mean():.3f})")
-    chains = table.filter(pl.col("checkpoint") != "base_model")
+    chains = ran_chains(table.filter(pl.col("checkpoint") != "base_model"))
     groups = chains["group"].unique(maintain_order=True).to_list()
     for group_index, group in enumerate(groups):
         for role in chains.filter(pl.col("group") == group)["checkpoint"].unique(maintain_order=True).to_list():
