@@ -15,6 +15,7 @@ Dagster UI's `explorer` metadata links here).
 from __future__ import annotations
 
 import argparse
+import threading
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
@@ -80,10 +81,11 @@ THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], fon
 
 
 @lru_cache(maxsize=8)
-def _round_votes(round_lake: RoundLake, version: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """A round's samples, graded and weighed, and each source's labels (seconds to grade: read once per round);
-    `version` (the vote table's modification time) reads a re-materialized round afresh."""
-    return sample_votes(round_lake), source_labels(round_lake)
+def _round_votes(round_lake: RoundLake, version: int) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
+    """A round's samples, graded and weighed, each source's labels, and the sources that could not judge them with
+    why (seconds to grade: read once per round); `version` (the vote table's modification time) reads a
+    re-materialized round afresh."""
+    return sample_votes(round_lake), source_labels(round_lake), absent_sources(round_lake)
 
 
 @lru_cache(maxsize=256)
@@ -95,6 +97,7 @@ def _answer(checkpoint: Path, version: int, question: str, max_new_tokens: int) 
 
 
 _MODELS: OrderedDict[tuple[Path, int], PreTrainedModel] = OrderedDict()
+_MODELS_LOCK = threading.Lock()
 MODELS_KEPT = 4
 """Checkpoints kept loaded at once (the last asked): a round's student and control, and the two a question was put
 to."""
@@ -104,12 +107,13 @@ def _model(checkpoint: Path, version: int) -> PreTrainedModel:
     """A checkpoint's model, loaded once and kept for the questions put to it after (`MODELS_KEPT`); `version` (its
     config's modification time) loads a re-trained one afresh."""
     key = (checkpoint, version)
-    if key not in _MODELS:
-        _MODELS[key] = load_transformers_model(checkpoint)
-        while len(_MODELS) > MODELS_KEPT:
-            _MODELS.popitem(last=False)
-    _MODELS.move_to_end(key)
-    return _MODELS[key]
+    with _MODELS_LOCK:  # two events at once (a round's ask and a question of one's own) load a checkpoint once
+        if key not in _MODELS:
+            _MODELS[key] = load_transformers_model(checkpoint)
+            while len(_MODELS) > MODELS_KEPT:
+                _MODELS.popitem(last=False)
+        _MODELS.move_to_end(key)
+        return _MODELS[key]
 
 
 def _version(path: Path) -> int:
@@ -140,13 +144,13 @@ class Explorer:
     def round_lake(self, arm: str, number: int) -> RoundLake:
         return RoundLake(self.root, arm, int(number))
 
-    def votes(self, round_lake: RoundLake) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def votes(self, round_lake: RoundLake) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
         return _round_votes(round_lake, _version(round_lake.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME))
 
     def problems(self, round_lake: RoundLake) -> list[tuple[str, str]]:
         """The round's unlabeled problems as (its id, whether the arm's label was kept and is right by the hidden
         gold, the first words of the question; its id)."""
-        _, labels = self.votes(round_lake)
+        _, labels, _ = self.votes(round_lake)
         chosen = labels.filter("chosen").select("problem_id", "kept", "label_correct")
         unlabeled = round_lake.unlabeled_problems().join(chosen, on="problem_id", how="left", maintain_order="left")
         return [
@@ -173,7 +177,7 @@ class Explorer:
     ) -> tuple[str, str, str, pl.DataFrame, str, pl.DataFrame, pl.DataFrame]:
         """The problem's question, hidden gold and kept label, each source's vote and which sources the round has,
         the vote per answer and the samples."""
-        votes, labels = self.votes(round_lake)
+        votes, labels, _ = self.votes(round_lake)
         record = problem_record(round_lake, problem_id)
         settings = round_lake.label_settings()
         by_source = labels.filter(pl.col("problem_id") == problem_id).drop("problem_id")
@@ -219,7 +223,8 @@ class Explorer:
 
     def sources_note(self, round_lake: RoundLake) -> str:
         """Which label sources judged the round's samples, the arm's own named, and why any other is absent."""
-        absent, own = absent_sources(round_lake), round_lake.label_settings().label_source
+        _, _, absent = self.votes(round_lake)
+        own = round_lake.label_settings().label_source
         present = [f"{name} (the arm's)" if name == own else name for name in SOURCES if name not in absent]
         lines = [f"Label sources of this round: {', '.join(present)}."]
         lines += [f"- **{name}** is absent: {reason}." for name, reason in absent.items()]

@@ -31,7 +31,7 @@ from noisy_student_assets.core.settings import TRL_ROLLOUTS, LabeledRLSettings
 LAKE = layout.default_lake_root()  # NOISY_STUDENT_DATA_LAKE, which `make setup` writes to .env
 ARM = environment.inspected_arm(layout.DEFAULT_ARM)  # NOISY_STUDENT_ARM; `default` is the arm `make run` makes
 # Labeled RL's own GRPO settings (the profile's learning rate, LoRA and loss), cut to a smaller step than the
-# pipeline's so that the notebook runs in under a minute on a 2-core CPU: one step, no TRL checkpoint, groups of 4
+# pipeline's so that the notebook runs in seconds on a 2-core CPU: one step, no TRL checkpoint, groups of 4
 # completions of at most 48 tokens, sampled by TRL's own generation (the pipeline's vLLM engine takes longer to start
 # than this whole step takes).
 GRPO = LabeledRLSettings().grpo.model_copy(

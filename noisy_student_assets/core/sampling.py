@@ -167,6 +167,8 @@ def generate_sample_sets(
     done. ``gpu_memory_utilization`` only matters for vLLM on a GPU.
     """
     _validate(problems, backend, dtype)
+    if model is not None and backend != "transformers":
+        raise ValueError(f"a loaded model samples with transformers; {backend} loads its own engine")
     if not settings_list:
         raise ValueError("no sampling settings given")
     problem_ids = problems["problem_id"].cast(pl.Utf8).to_list()
@@ -203,8 +205,6 @@ def generate_sample_sets(
     ]
     work = _Work(checkpoint_dir, prompt_ids, jobs, settings_list, device, dtype, shard_size, shard_done)
     if backend == "vllm":
-        if model is not None:
-            raise ValueError("a loaded model samples with transformers; vLLM loads its own engine")
         sample_sets = _sample_with_vllm(work, problem_ids, gpu_memory_utilization)
     else:
         sample_sets = _sample_with_transformers(

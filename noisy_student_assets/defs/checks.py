@@ -204,6 +204,15 @@ def compute_matched_check(control_key: dg.AssetKey, student_key: dg.AssetKey) ->
             name: data_lake.artifact_dir(key, context.partition_key)
             for name, key in (("control", control_key), ("student", student_key))
         }
+        if not checkpoints["student"].exists():
+            # a run that trains the controls alone (`grid run --through` a control's eval) has no student to match:
+            # not judged, which does not stop the control's eval (WARN) and does not count as passed either
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                description="the round's student is not trained yet: nothing to match this control against; "
+                "evaluate this check again once it is",
+            )
         # read_compute takes a missing record for the base model's (none spent): a trained checkpoint without one
         # has an unknown spend, which matches nothing
         unrecorded = [name for name, path in checkpoints.items() if not (path / COMPUTE_FILE).exists()]

@@ -261,13 +261,14 @@ class Grid:
             if parallel_arms == 1:
                 for arm in arms:
                     ok = self.materialize_arm(arm, rounds, through) and ok
+                    self.record_hours([arm])  # an arm's hours as soon as it ends: a grid stopped later keeps them
             else:
                 jobs = [(self.path, self.run_config, self.launcher_override, rounds, arm.name, through) for arm in arms]
                 with ProcessPoolExecutor(
                     max_workers=parallel_arms, mp_context=multiprocessing.get_context("spawn")
                 ) as pool:
                     ok = all(list(pool.map(_materialize_arm, jobs))) and ok  # all arms, not up to the first failed one
-            self.record_hours(arms)
+                self.record_hours(arms)
             if through:  # the verdict reads every arm's students, which a partial run leaves out
                 return ok
             return self._materialize([layout.VERDICT], None, always=True) and ok
@@ -446,8 +447,9 @@ class Grid:
 
     def record_hours(self, arms: list) -> None:
         """Record in the lake, per arm of `arms`, the hours this experiment's finished grid runs of it took in the
-        Dagster instance (`power.record_arm_hours`): what `power` reads as the cost of a seed."""
-        from noisy_student_assets.core.reporting.power import record_arm_hours
+        Dagster instance (`power.ArmHours`): what `power` reads as the cost of a seed. A lake shared by another
+        instance gets that instance's count."""
+        from noisy_student_assets.core.reporting.power import ArmHours, record_arm_hours
 
         finished = self.instance.get_run_records(
             self.dg.RunsFilter(
@@ -462,7 +464,8 @@ class Grid:
             if arm in names and record.start_time and record.end_time:
                 seconds.setdefault(arm, []).append(record.end_time - record.start_time)
         for arm, spans in seconds.items():
-            record_arm_hours(layout.default_lake_root(), arm, self.experiment.name, sum(spans) / 3600, len(spans))
+            spent = ArmHours(experiment=self.experiment.name, hours=sum(spans) / 3600, runs=len(spans))
+            record_arm_hours(layout.default_lake_root(), arm, spent)
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:
@@ -645,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
         "--hours-per-seed",
         type=float,
         default=None,
-        help="power: the hours one seed costs (default: measured on this experiment's runs in the Dagster instance)",
+        help="power: the hours one seed costs (default: the mean of those the grid recorded for the experiment's "
+        "arms in --lake)",
     )
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 0:

@@ -213,6 +213,29 @@ def test_checkpoints_without_recorded_compute_fail_the_compute_match(two_rounds,
     assert "no recorded compute (compute.json) in the control and the student checkpoint" in check.description
 
 
+def test_a_control_trained_before_its_student_is_not_judged_and_not_stopped(two_rounds, lake, instance) -> None:
+    """The controls trained alone (`grid run --through` their evals): with no student to match, the check does not
+    pass, and warns instead of blocking the control's eval."""
+    control = key(1, layout.control_checkpoint(layout.LABELED_ONLY))
+    student = lake.artifact_dir(key(1, layout.STUDENT), ARM)
+    aside = student.with_name(f"{student.name}.aside")
+    student.rename(aside)
+    try:
+        (check_def,) = [d for d in ASSETS_AND_CHECKS if dg.AssetCheckKey(control, COMPUTE_MATCHED) in d.check_keys]
+        result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            op_selection=[check_def.node_def.name],
+            partition_key=ARM,
+            instance=instance,
+            resources=isolated_resources(lake, "inprocess"),
+            raise_on_error=False,
+        )
+    finally:
+        aside.rename(student)
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN and result.success
+    assert check.description.startswith("the round's student is not trained yet")
+
+
 def test_mlflow_runs_are_named_and_tagged_with_arm_round_and_role_and_a_round_filter_finds_them(
     two_rounds, lake: DataLake
 ) -> None:

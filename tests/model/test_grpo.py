@@ -56,7 +56,7 @@ def test_lora_run_reports_rewards_and_counts(lora_run):
     assert result.metrics["steps"] == 2 and result.metrics["resumed_from_step"] == 0
     assert 0.0 <= result.metrics["answer_reward_last_quarter"] <= 1.0
     # the checkpoint keeps the steps' rewards, which the headroom table reads for the reward's saturation
-    assert step_rewards(result.checkpoint_dir) == [entry["reward"] for entry in step_logs]
+    assert step_rewards(result.checkpoint_dir) == [entry["rewards/answer_reward/mean"] for entry in step_logs]
 
 
 def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir: Path, training_set, tmp_path: Path):

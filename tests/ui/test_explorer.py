@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import polars as pl
@@ -193,6 +194,8 @@ def test_a_checkpoint_is_loaded_once_for_two_questions(explored_lake: Path, monk
         return load_transformers_model(checkpoint)
 
     monkeypatch.setattr(page_module, "load_transformers_model", counted)
+    monkeypatch.setattr(page_module, "_MODELS", OrderedDict())  # nothing loaded, nothing answered yet
+    page_module._answer.cache_clear()
     explorer = Explorer(explored_lake, TINY_EVAL["max_new_tokens"])
     student = RoundLake(explored_lake, INSPECTED_ARM, 1).checkpoint(layout.STUDENT_ROLE)
     assert explorer.asking("the student", student) == "Asking the student (loading it on CPU: once, then it is kept)"

@@ -17,7 +17,7 @@ from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import load_problems
 from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, headroom_verdict, regime, task_row
 from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE
-from noisy_student_assets.core.training.grpo import saturation_step, saturation_summary
+from noisy_student_assets.core.training.grpo import ANSWER_REWARD_LOGGED, saturation_step, saturation_summary
 from noisy_student_assets.defs.config import ProblemPoolConfig, with_arm
 from noisy_student_assets.headroom import EXPERIMENT
 from tests.unit.test_summary import write_audit
@@ -122,7 +122,8 @@ def test_the_committed_results_print_the_table(capsys) -> None:
     assert headroom.main(["--lake", str(Path(__file__).resolve().parents[2] / "results")]) == 0
     printed = capsys.readouterr().out
     assert (
-        "| two-digit-sums | defaults | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 2 | 0.4 | 0.594 | 0.608 | 0.014 |" in printed
+        "| two-digit-sums | defaults | 3 | 0.497 | 0.469 | 0.682 | 0.214 | 2 | 2 | 0.4 | 0.594 | 0.608 | 0.014 |"
+        in printed
     )
     assert "No task has data headroom" not in printed
     assert "two-digit-sums: inconclusive: could have missed an effect up to" in printed
@@ -148,7 +149,7 @@ def _training_log(lake: Path, arm: str, rewards: list[float]) -> None:
     """The labeled-only control's checkpoint as the trainer leaves its step log (`layout.TRAINING_LOG_FILE`)."""
     directory = layout.artifact_dir(lake, layout.round_asset(1, layout.control_checkpoint(layout.LABELED_ONLY)), arm)
     directory.mkdir(parents=True)
-    log = [{"step": step, "reward": reward, "loss": 0.0} for step, reward in enumerate(rewards, 1)]
+    log = [{"step": step, ANSWER_REWARD_LOGGED: reward, "loss": 0.0} for step, reward in enumerate(rewards, 1)]
     (directory / layout.TRAINING_LOG_FILE).write_text(json.dumps([*log, {"train_runtime": 1.0}]))
 
 

@@ -10,6 +10,7 @@ import pytest
 from noisy_student_assets.core.environment import EXPERIMENTS
 from noisy_student_assets.core.reporting.power import (
     PILOT_SEEDS,
+    ArmHours,
     arm_hours,
     power_table,
     record_arm_hours,
@@ -82,7 +83,7 @@ def test_grid_power_reads_the_cost_of_a_seed_the_grid_recorded_in_a_results_dire
     lake = _task_seeds(tmp_path / "lake", "two-digit-sums", gold_gain=0.1)
     arms = [arm for arm in ARMS if arm.spec.task == "two-digit-sums"]
     for arm, hours in zip(arms, (0.5, 1.0, 1.5), strict=True):
-        record_arm_hours(lake, arm.name, "headroom", hours, runs=2)
+        record_arm_hours(lake, arm.name, ArmHours(experiment="headroom", hours=hours, runs=2))
     results = tmp_path / "results"
     export_results(lake, [arm.name for arm in ARMS], results)
     assert arm_hours(results, ARMS) == [0.5, 1.0, 1.5]

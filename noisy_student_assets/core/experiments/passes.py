@@ -14,13 +14,13 @@ from noisy_student_assets.core.layout import GOLD_LABEL
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
 
 LABELED_RL_RUN = "labeled_rl"
-RUNS = (LABELED_RL_RUN, LABELED_ONLY_CONTROL, GOLD_LABEL)
 
 
 def arm_passes(arm: Arm) -> dict[str, float]:
-    """Per GRPO run of `arm`'s first round (`RUNS`), the times it sees each of its problems on average: labeled RL and
-    the labeled-only control train on the labeled problems, the gold-label control on those and the unlabeled ones
-    (TRL's sampler cycles through a run's shuffled rows, so each is seen prompts / rows times, give or take one)."""
+    """Per GRPO run of `arm`'s first round (labeled RL, the labeled-only and the gold-label controls), the times it
+    sees each of its problems on average: labeled RL and the labeled-only control train on the labeled problems, the
+    gold-label control on those and the unlabeled ones (TRL's sampler cycles through a run's shuffled rows, so each is
+    seen prompts / rows times, give or take one)."""
     split = arm.spec.settings(PROBLEM_SPLIT)
     labeled_rl = arm.spec.settings(LABELED_RL).grpo
     labeled_only = arm.spec.settings(LABELED_ONLY).grpo

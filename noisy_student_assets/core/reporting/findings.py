@@ -21,7 +21,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.reporting import verdict
-from noisy_student_assets.core.reporting.headroom import headroom_table
+from noisy_student_assets.core.reporting.headroom import headroom_table, line_name
 from noisy_student_assets.core.reporting.markdown import with_block
 from noisy_student_assets.core.reporting.summary import collect, group_label, sources_against
 
@@ -58,10 +58,11 @@ def _command(module: str, experiment: str | None = None) -> str:
 
 def findings(results: Path, experiments_dir: Path) -> list[Finding]:
     """The findings of the results directory `results`, from the experiment files in `experiments_dir`."""
+    headroom_experiments = {name: load_experiment(experiments_dir / name) for name in (HEADROOM, PASSES)}
     rows = [
         Finding(
-            f"Gold labels beat the labels alone (data headroom), {row['task']}"
-            + ("" if row["regime"] == "defaults" else f", {row['regime']} ({row['labeled_only_passes']:g} passes)"),
+            f"Gold labels beat the labels alone (data headroom), {line_name(row['task'], row['regime'])}"
+            + (f" (labeled-only: {row['labeled_only_passes']:g} passes over its labels)" if name == PASSES else ""),
             row["data_headroom"],
             row["data_headroom_low"],
             row["data_headroom_high"],
@@ -70,11 +71,11 @@ def findings(results: Path, experiments_dir: Path) -> list[Finding]:
             row["outcome"],
             _command("headroom", None if name == HEADROOM else name),
         )
-        for name in (HEADROOM, PASSES)
-        for row in headroom_table(results, load_experiment(experiments_dir / name).all_arms()).iter_rows(named=True)
+        for name, experiment in headroom_experiments.items()
+        for row in headroom_table(results, experiment.all_arms()).iter_rows(named=True)
         if row["data_headroom"] is not None
     ]
-    headroom = load_experiment(experiments_dir / HEADROOM)
+    headroom = headroom_experiments[HEADROOM]
     task_of = {group_label(arm): arm.spec.task for arm in headroom.all_arms()}
     differences = collect(results, headroom.all_arms(), headroom.max_rounds).differences
     last = differences.filter(

@@ -1,5 +1,5 @@
-"""The headroom table: per task, what a better judge of the samples can win, and whether better labels can
-matter at all (no Dagster here).
+"""The headroom table: per task and regime (what its arms set besides task and seed), what a better judge of the
+samples can win, and whether better labels can matter at all (no Dagster here).
 
 - label headroom: the labeled-RL teacher's greedy accuracy on the validation split, and over its K samples
   of the unlabeled problems (the round's audit against the hidden gold) the majority's accuracy (maj@K) and
@@ -8,10 +8,13 @@ matter at all (no Dagster here).
   problem and pooled over the seeds (`verdict.paired_difference`), with the smallest true effect its interval detects
   80% of the time (its mde). Where perfect labels do not beat the labels alone, no label source can make a better
   student; an interval that takes no side shows no headroom only within the experiment's equivalence margin, and
-  otherwise could have missed one up to its mde.
+  otherwise could have missed one up to its mde;
+- the passes of each run over its problems (`passes.arm_passes`), and the step at which each seed's labeled-only
+  control's training reward saturated: extra data can only matter once training outruns the labels.
 
-`experiments/headroom.yaml`'s arms each name their task (`experiments/tasks/`) and seed; the grid runs them in one
-lake, and the table groups them by task (`python -m noisy_student_assets.headroom`).
+`experiments/headroom.yaml`'s arms each name their task (`experiments/tasks/`) and seed, and
+`experiments/passes.yaml`'s vary the labeled set's size; the grid runs them in one lake, and the table groups them
+by task and regime (`python -m noisy_student_assets.headroom [--experiment ...]`).
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
-from noisy_student_assets.core.experiments.passes import arm_passes
+from noisy_student_assets.core.experiments.passes import LABELED_RL_RUN, arm_passes
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
-from noisy_student_assets.core.reporting.summary import read_evaluation
+from noisy_student_assets.core.reporting.summary import group_label, read_evaluation
 from noisy_student_assets.core.training.grpo import saturation_step, step_rewards
 
 ROUND = 1
@@ -46,35 +49,34 @@ def control_evals(lake: Path, arms: list[Arm]) -> dict[str, dict[str, PublishedE
 
 
 def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedEval | None]]) -> pl.DataFrame:
-    """One row per arm (seed) that has its labeled-RL validation and its round's audit: the label headroom's parts,
-    the two controls' held-out greedy accuracy (`evals`: `control_evals`) and the step at which the labeled-only
-    control's training reward saturated (`grpo.saturation_step`; null where it did not or was not logged)."""
+    """One row per arm (seed) with anything to show: the label headroom's parts (its labeled-RL validation and its
+    round's audit, null where not made), the two controls' held-out greedy accuracy (`evals`: `control_evals`) and
+    the step at which the labeled-only control's training reward saturated (`grpo.saturation_step`; null where it did
+    not, or its checkpoint logged no rewards)."""
     rows = []
     for arm in arms:
         validation = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
         labels_dir = layout.artifact_dir(lake, layout.round_asset(ROUND, layout.PSEUDO_LABELS), arm.name)
-        if validation is None or not (labels_dir / AUDIT_FILE).exists():
-            continue
-        audit = PublishedAudit.read(labels_dir)
+        audit = PublishedAudit.read(labels_dir) if (labels_dir / AUDIT_FILE).exists() else None
         controls = evals[arm.name]
         rewards = step_rewards(
             layout.artifact_dir(
                 lake, layout.round_asset(ROUND, layout.control_checkpoint(layout.LABELED_ONLY)), arm.name
             )
         )
+        if validation is None and audit is None and not any(controls.values()):
+            continue
         rows.append(
             {
                 "arm": arm.name,
                 "seed": arm.spec.seed,
-                "teacher_validation_greedy": validation.metrics["greedy_accuracy"],
-                "maj_at_k": audit.teacher_maj_at_k,
-                "pass_at_k": audit.teacher_pass_at_k,
-                "labeled_only": controls[layout.LABELED_ONLY].metrics["greedy_accuracy"]
-                if controls[layout.LABELED_ONLY]
-                else None,
-                "gold_label": controls[layout.GOLD_LABEL].metrics["greedy_accuracy"]
-                if controls[layout.GOLD_LABEL]
-                else None,
+                "teacher_validation_greedy": validation.metrics["greedy_accuracy"] if validation else None,
+                "maj_at_k": audit.teacher_maj_at_k if audit else None,
+                "pass_at_k": audit.teacher_pass_at_k if audit else None,
+                **{
+                    role: controls[role].metrics["greedy_accuracy"] if controls[role] else None
+                    for role in (layout.LABELED_ONLY, layout.GOLD_LABEL)
+                },
                 "labeled_only_steps": len(rewards) if rewards else None,
                 "labeled_only_saturated_at": saturation_step(rewards) if rewards else None,
             }
@@ -98,8 +100,8 @@ MEANS = ("teacher_validation_greedy", "maj_at_k", "pass_at_k", "labeled_only", "
 
 
 def saturated_seeds(seeds: pl.DataFrame) -> str:
-    """How many of `seeds` (`seed_rows`) saw the labeled-only control's reward saturate, and at which steps: '2 of 5
-    (steps 8, 12 of 24)'; 'not logged' where no seed logged its rewards."""
+    """Of the seeds (`seed_rows`) whose labeled-only control logged its rewards, how many saw them saturate, and at
+    which steps: '2 of 5 (steps 8, 12 of 24)'; 'not logged' where none logged them."""
     logged = seeds.filter(pl.col("labeled_only_steps").is_not_null())
     if not logged.height:
         return "not logged"
@@ -110,8 +112,7 @@ def saturated_seeds(seeds: pl.DataFrame) -> str:
 
 def regime(arm: Arm) -> str:
     """What an arm sets besides its task and seed: 'n_labeled=4', or 'defaults'."""
-    spec = arm.own.model_copy(update={"seed": None, "task": None}).model_dump(exclude_none=True)
-    return " ".join(f"{name}={value}" for name, value in spec.items()) or "defaults"
+    return group_label(arm, besides=("seed", "task"))
 
 
 def data_headroom(
@@ -149,6 +150,7 @@ def task_row(task: str, lake: Path, arms: list[Arm]) -> dict:
         "maj_at_k": means["maj_at_k"],
         "pass_at_k": means["pass_at_k"],
         "label_headroom": None if means["pass_at_k"] is None else means["pass_at_k"] - means["maj_at_k"],
+        "labeled_rl_passes": passes[LABELED_RL_RUN],
         "labeled_only_passes": passes[layout.LABELED_ONLY],
         "gold_label_passes": passes[layout.GOLD_LABEL],
         "labeled_only": means["labeled_only"],
@@ -172,13 +174,18 @@ def headroom_table(lake: Path, arms: list[Arm]) -> pl.DataFrame:
     return pl.DataFrame([task_row(task, lake, members) for (task, _), members in groups.items()])
 
 
+def line_name(task: str, regime: str) -> str:
+    """A table line's name: its task, and its regime where it has one."""
+    return task if regime == "defaults" else f"{task} {regime}"
+
+
 def grid_task(table: pl.DataFrame) -> str | None:
-    """The task the label-source grid takes: of the tasks where gold labels beat labeled-only (the interval over
-    seeds excludes 0, on 3 seeds or more), the one with the most label headroom; None where no task has data
-    headroom."""
+    """The task (and regime) the label-source grid takes: of the lines where gold labels beat labeled-only (the
+    interval over seeds excludes 0, on 3 seeds or more), the one with the most label headroom; None where no line has
+    data headroom."""
     candidates = table.filter((pl.col("outcome") == "better") & (pl.col("data_headroom_seeds") >= 3))
     candidates = candidates.sort("label_headroom", descending=True, nulls_last=True)
-    return candidates["task"][0] if candidates.height else None
+    return line_name(candidates["task"][0], candidates["regime"][0]) if candidates.height else None
 
 
 def headroom_verdict(table: pl.DataFrame) -> str:
@@ -188,7 +195,7 @@ def headroom_verdict(table: pl.DataFrame) -> str:
     if chosen:
         return f"The label-source grid's task: {chosen}"
     verdicts = [
-        f"{task}{'' if regime == 'defaults' else f' {regime}'}: "
+        f"{line_name(task, regime)}: "
         + (f"{verdict.wording(outcome, mde)} ({seeds} seeds)" if mde is not None else outcome)
         for task, regime, outcome, mde, seeds in table.select(
             "task", "regime", "outcome", "data_headroom_mde", "data_headroom_seeds"

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from noisy_student_assets.core import layout
+
 _DPI = 100
 
 
@@ -80,7 +82,8 @@ _GROUP_STYLES = ("-", "--", ":", "-.")
 def ran_chains(chains: pl.DataFrame) -> pl.DataFrame:
     """The rows of the chains a group ran: the summary gives every chain round 0 (labeled RL, where each starts), so a
     control with no later round is one the arm never trained, and is left out of the figure and its legend."""
-    ran = chains.filter((pl.col("round") > 0) | (pl.col("checkpoint") == "student")).select("group", "checkpoint")
+    ran = chains.filter((pl.col("round") > 0) | (pl.col("checkpoint") == layout.STUDENT_ROLE))
+    ran = ran.select("group", "checkpoint")
     return chains.join(ran.unique(), on=["group", "checkpoint"], how="semi", maintain_order="left")
 
 

@@ -82,9 +82,10 @@ def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], 
     return found
 
 
-def group_label(arm: Arm) -> str:
-    """What an arm group sets itself besides the seed (its experiment's defaults aside): 'tau=0.8', or 'defaults'."""
-    spec = arm.own.without_seed().model_dump(exclude_none=True)
+def group_label(arm: Arm, besides: tuple[str, ...] = ("seed",)) -> str:
+    """What an arm group sets itself besides the fields `besides` (its experiment's defaults aside): 'tau=0.8', or
+    'defaults'."""
+    spec = arm.own.model_copy(update=dict.fromkeys(besides)).model_dump(exclude_none=True)
     return " ".join(f"{name}={value}" for name, value in spec.items()) or "defaults"
 
 

