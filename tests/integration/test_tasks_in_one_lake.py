@@ -44,9 +44,9 @@ def test_arms_of_two_tasks_run_in_one_lake_and_the_table_reads_them(tmp_path, mo
 
     table = headroom_table(root, load_experiment(EXPERIMENT).all_arms())
     assert table["task"].to_list() == ["two-digit-sums", "chain-sums"]
-    assert table["seeds"].to_list() == [1, 1], "each task's seed, with its validation and its audit"
+    assert table["seeds"].to_list() == [1, 1], "each task's seed"
     assert table["labeled_only"].null_count() == 0 and table["gold_label"].null_count() == 0
     capsys.readouterr()
     assert headroom.main(["--experiment", str(EXPERIMENT), "--lake", str(root)]) == 0
     printed = capsys.readouterr().out
-    assert "| two-digit-sums | 1 |" in printed and "| chain-sums | 1 |" in printed
+    assert "| two-digit-sums | defaults | 1 |" in printed and "| chain-sums | defaults | 1 |" in printed
