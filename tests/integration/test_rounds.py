@@ -188,6 +188,18 @@ def test_a_cap_from_the_teacher_s_samples_is_the_student_s_and_every_control_s(t
     materialize(lake, round_names(1, *trainers), config, ARM, instance)  # back to the fixed cap
 
 
+def _compute_matched_alone(control: dg.AssetKey, lake: DataLake, instance) -> dg.ExecuteInJobResult:
+    """The control's compute_matched check run alone on the arm's lake as it is."""
+    (check_def,) = [d for d in ASSETS_AND_CHECKS if dg.AssetCheckKey(control, COMPUTE_MATCHED) in d.check_keys]
+    return defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        op_selection=[check_def.node_def.name],
+        partition_key=ARM,
+        instance=instance,
+        resources=isolated_resources(lake, "inprocess"),
+        raise_on_error=False,
+    )
+
+
 def test_checkpoints_without_recorded_compute_fail_the_compute_match(two_rounds, lake, instance) -> None:
     """A missing compute.json reads as nothing spent (the base model's case): two trained checkpoints without one
     must fail the match, not pass it as equal."""
@@ -197,14 +209,7 @@ def test_checkpoints_without_recorded_compute_fail_the_compute_match(two_rounds,
     for record in records:
         record.unlink()
     try:
-        (check_def,) = [d for d in ASSETS_AND_CHECKS if dg.AssetCheckKey(control, COMPUTE_MATCHED) in d.check_keys]
-        result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
-            op_selection=[check_def.node_def.name],
-            partition_key=ARM,
-            instance=instance,
-            resources=isolated_resources(lake, "inprocess"),
-            raise_on_error=False,
-        )
+        result = _compute_matched_alone(control, lake, instance)
     finally:
         for record, content in zip(records, kept, strict=True):
             record.write_bytes(content)
@@ -221,14 +226,7 @@ def test_a_control_trained_before_its_student_is_not_judged_and_not_stopped(two_
     aside = student.with_name(f"{student.name}.aside")
     student.rename(aside)
     try:
-        (check_def,) = [d for d in ASSETS_AND_CHECKS if dg.AssetCheckKey(control, COMPUTE_MATCHED) in d.check_keys]
-        result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
-            op_selection=[check_def.node_def.name],
-            partition_key=ARM,
-            instance=instance,
-            resources=isolated_resources(lake, "inprocess"),
-            raise_on_error=False,
-        )
+        result = _compute_matched_alone(control, lake, instance)
     finally:
         aside.rename(student)
     (check,) = result.get_asset_check_evaluations()
