@@ -196,7 +196,7 @@ def headroom_verdict(table: pl.DataFrame) -> str:
         return f"The label-source grid's task: {chosen}"
     verdicts = [
         f"{line_name(task, regime)}: "
-        + (f"{verdict.wording(outcome, mde)} ({seeds} seeds)" if mde is not None else outcome)
+        + (verdict.wording(outcome, mde) + (f" ({seeds} seeds)" if seeds > 1 else "") if mde is not None else outcome)
         for task, regime, outcome, mde, seeds in table.select(
             "task", "regime", "outcome", "data_headroom_mde", "data_headroom_seeds"
         ).iter_rows()
