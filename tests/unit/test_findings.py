@@ -33,7 +33,9 @@ def test_every_finding_has_its_interval_mde_verdict_and_command(printed: str) ->
     rows = findings(REPO / "results", REPO / "experiments")
     assert len(rows) >= 8
     for row in rows:
-        assert row.low is not None and row.low <= row.estimate <= row.high and row.mde > 0 and row.seeds >= 3
+        assert row.low is not None and row.low <= row.estimate <= row.high and row.mde > 0
+        # a pilot's one seed says so beside its interval, which covers problems alone
+        assert row.seeds >= 3 or (row.seeds == 1 and row.verdict.endswith("one seed")), row
         assert row.verdict.startswith(("better", "worse", "inconclusive: could have missed", "no effect larger than"))
         assert row.command.startswith("python -m noisy_student_assets.") and row.command.endswith("--lake results")
 
