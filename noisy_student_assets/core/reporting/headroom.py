@@ -59,13 +59,13 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
         labels_dir = layout.artifact_dir(lake, layout.round_asset(ROUND, layout.PSEUDO_LABELS), arm.name)
         audit = PublishedAudit.read(labels_dir) if (labels_dir / AUDIT_FILE).exists() else None
         controls = evals[arm.name]
+        if validation is None and audit is None and not any(controls.values()):
+            continue
         rewards = step_rewards(
             layout.artifact_dir(
                 lake, layout.round_asset(ROUND, layout.control_checkpoint(layout.LABELED_ONLY)), arm.name
             )
         )
-        if validation is None and audit is None and not any(controls.values()):
-            continue
         rows.append(
             {
                 "arm": arm.name,
