@@ -1,8 +1,10 @@
 """The compute every heavy asset runs on: its settings are the core's `ComputeSettings`. Heavy assets also share
-the op pool `gpu` (limit 1 in dagster.yaml), so two GPU steps never overlap, across runs too."""
+the op pool `device` (limit 1 in dagster.yaml; the grid sets `device_slots`), so no more heavy steps than that share
+the device, across runs too."""
 
 import fcntl
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,11 +17,13 @@ from resources.derived import derived_class
 
 DEVICE_POOL = "device"
 """The Dagster pool of the heavy steps (sampling, training, evaluation): one at a time across all runs, on this
-machine's device, a GPU or the CPU (dagster.yaml sets its limit); the grid raises the limit on Ray, which places them
-itself."""
+machine's device, a GPU or the CPU (dagster.yaml sets its limit); the grid sets it to the compute's `device_slots`,
+and raises it on Ray, which places them itself."""
 DEVICE_LOCK_WAITING = "waiting for the device lock"
 DEVICE_LOCK_ACQUIRED = "acquired the device lock"
 DEVICE_LOCK_RELEASED = "released the device lock"
+LOCK_POLL_S = 1.0
+"""Seconds between tries of a device's locks while every slot is held."""
 
 
 class ComputeResource(derived_class(ComputeSettings, "ComputeResourceFields", dg.ConfigurableResource)):
@@ -34,27 +38,46 @@ class ComputeResource(derived_class(ComputeSettings, "ComputeResourceFields", dg
 
     @contextmanager
     def exclusive(self, log: Callable[[str], None]) -> Iterator[None]:
-        """Hold this machine's lock on the device for the block.
+        """Hold one of this machine's `device_slots` locks on the device for the block.
 
-        The `device` pool keeps Dagster from starting two heavy steps at once, but the SQLite instance's
+        The `device` pool keeps Dagster from starting more heavy steps at once, but the SQLite instance's
         claim of a pool slot is not atomic: two runs that claimed in the same instant both got it
-        (tests/e2e/test_rounds_cli.py). This lock closes the gap on one machine; the kernel releases
-        it when its process dies, so a killed run never leaves it held.
+        (tests/e2e/test_rounds_cli.py). These locks close the gap on one machine; the kernel releases
+        one when its process dies, so a killed run never leaves it held.
         """
-        path = Path(self.lock_dir) / f"noisy-student-{self.device}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log(f"{DEVICE_LOCK_WAITING} {path}: another heavy step holds it")
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            log(f"{DEVICE_LOCK_ACQUIRED} {path}")
+        paths = [self.lock_path(slot) for slot in range(self.device_slots)]
+        paths[0].parent.mkdir(parents=True, exist_ok=True)
+        handles = [path.open("a") for path in paths]
+        try:
+            held = _first_free(handles)
+            if held is None:
+                log(f"{DEVICE_LOCK_WAITING} {', '.join(map(str, paths))}: other heavy steps hold every slot")
+                while (held := _first_free(handles)) is None:
+                    time.sleep(LOCK_POLL_S)
+            log(f"{DEVICE_LOCK_ACQUIRED} {paths[held]}")
             try:
                 yield
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                log(f"{DEVICE_LOCK_RELEASED} {path}")
+                fcntl.flock(handles[held], fcntl.LOCK_UN)
+                log(f"{DEVICE_LOCK_RELEASED} {paths[held]}")
+        finally:
+            for handle in handles:
+                handle.close()
+
+    def lock_path(self, slot: int) -> Path:
+        """The lock file of one of the device's slots (the first keeps the name a one-slot device's lock has)."""
+        return Path(self.lock_dir) / (f"noisy-student-{self.device}" + (f"-{slot}" if slot else "") + ".lock")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self.settings.apply_threads()
+
+
+def _first_free(handles: list) -> int | None:
+    """The index of the first lock file of `handles` this process could lock (it then holds it), or None."""
+    for index, handle in enumerate(handles):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return index
+        except BlockingIOError:
+            continue
+    return None

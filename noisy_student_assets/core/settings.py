@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from noisy_student_assets.core.profiles import by_profile
 
@@ -236,6 +236,9 @@ class BaseModelSettings(Settings):
 class ComputeSettings(Settings):
     """Where and in what precision the heavy stages run (the `compute` resource)."""
 
+    SCHEDULING_ONLY: ClassVar[frozenset[str]] = frozenset({"device_slots"})
+    """Settings that change when a stage runs, never what it makes: a materialization's fingerprint leaves them out."""
+
     device: Literal["cpu", "cuda", "auto"] = Field(
         default=by_profile(cpu="cpu", gpu="cuda"), description="cpu | cuda | auto"
     )
@@ -250,6 +253,11 @@ class ComputeSettings(Settings):
     cpu_threads: NonNegativeInt = Field(
         default=0, description="CPU threads of torch and of vLLM's CPU engine (0: one per core)"
     )
+    device_slots: PositiveInt = Field(
+        default=1,
+        description="heavy steps that may run on the device at once (the grid's `device` pool limit and this "
+        "machine's device lock): more than 1 on a GPU with memory for several stages, which then share memory_share",
+    )
 
     def resolved_device(self) -> str:
         import torch  # here, not at import: loading the code location should not wait for torch
@@ -261,8 +269,13 @@ class ComputeSettings(Settings):
         return self.device
 
     def generation_options(self) -> dict:
-        """What `sampling.generate_sample_sets` takes of these settings: the device, the dtype, vLLM's memory share."""
-        return {"device": self.resolved_device(), "dtype": self.dtype, "gpu_memory_utilization": self.memory_share}
+        """What `sampling.generate_sample_sets` takes of these settings: the device, the dtype, vLLM's memory share
+        (a slot's: vLLM reserves it whatever the engine needs, and another stage may hold the device beside it)."""
+        return {
+            "device": self.resolved_device(),
+            "dtype": self.dtype,
+            "gpu_memory_utilization": self.memory_share / self.device_slots,
+        }
 
     def apply_threads(self, processes: int = 1) -> None:
         """torch's CPU threads in this process: the machine's (or `cpu_threads`), shared among `processes` ranks. With

@@ -254,7 +254,8 @@ class Grid:
         self.register()
         self._fail_orphaned_runs()
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
-        self._set_device_pool_limit(parallel_arms if self.launcher_kind == "ray" else 1)
+        compute = self.resources["stage_resources"].compute
+        self._set_device_pool_limit(parallel_arms if self.launcher_kind == "ray" else compute.device_slots)
         try:
             ok = True
             arms = [arm for arm in self.experiment.all_arms() if not only or arm.name in only]

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from noisy_student_assets.core.profiles import active_profile
-from noisy_student_assets.core.settings import Settings, resolved
+from noisy_student_assets.core.settings import ComputeSettings, Settings, resolved
 from noisy_student_assets.core.staleness import MISSING, Recorded, digest, fingerprint
 from noisy_student_assets.defs.config import StageConfig, with_arm
 from noisy_student_assets.defs.records import latest_materialization
@@ -73,9 +73,12 @@ def made_with(run_config: Mapping, compute: Mapping | None, profile: str) -> dic
     """What of its settings a materialization's fingerprint covers: its run settings, a heavy stage's compute settings
     (device, precision: they change what it produces) and the profile, so that a lake is never silently shared
     across profiles."""
-    return {"config": dict(run_config), "profile": profile} | (
-        {"compute": dict(compute)} if compute is not None else {}
-    )
+    made = {"config": dict(run_config), "profile": profile}
+    if compute is None:
+        return made
+    return made | {
+        "compute": {name: value for name, value in compute.items() if name not in ComputeSettings.SCHEDULING_ONLY}
+    }
 
 
 def data_version_of(record) -> str:
