@@ -613,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         "--parallel-arms",
         type=int,
         default=1,
-        help="run: arms materialized at once (their heavy steps overlap only on Ray)",
+        help="run: arms materialized at once (their heavy steps overlap on Ray, or up to compute.device_slots at once)",
     )
     parser.add_argument(
         "--arm",
