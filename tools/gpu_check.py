@@ -37,7 +37,7 @@ NO_CUDA_EXIT = 2
 NVIDIA_SMI_QUERY = "timestamp,name,utilization.gpu,memory.used,memory.total,power.draw"
 REPORT_S = 180.0
 """Seconds the check outcomes and the summary of a round may take past the budget."""
-SMOLLM2_ROUND_MIN = 9.0
+SMOLLM2_ROUND_MIN = 8.5
 """Minutes of budget the SmolLM2 round needs at least to be started. On an H200 with transformers generation, its
 first form (GRPO runs of 20 steps, 128 tokens) reached its pseudo-labels in 7.1 minutes with about 2.5 to go, more
 than a 10-minute call holds (docs/benchmark.md, "GPU figures"); it now trains 12 steps of 96 tokens."""
