@@ -31,13 +31,15 @@ def grid_command(action: str, experiment: Path, config: dict | None = None, *opt
     return [sys.executable, "-m", "noisy_student_assets.grid", action, str(experiment), *config_json, *options]
 
 
-def changed_defaults_env(defaults: dict) -> dict[str, str]:
+def changed_defaults_env(defaults: dict | None = None, file: Path | None = None) -> dict[str, str]:
     """The environment variables of a process whose settings' defaults are changed as an edited `core/settings.py`
-    would change them ({"TeacherSamplingSettings": {"k": 6}}; see tests/changed_defaults/sitecustomize.py)."""
+    would change them: by `defaults` ({"TeacherSamplingSettings": {"k": 6}}), or by what `file` holds when a process
+    starts (see tests/changed_defaults/sitecustomize.py)."""
     path = os.pathsep.join(
         filter(None, [str(REPO_ROOT / "tests" / "changed_defaults"), str(REPO_ROOT), os.environ.get("PYTHONPATH")])
     )
-    return {"PYTHONPATH": path, "NOISY_STUDENT_TEST_DEFAULTS": json.dumps(defaults)}
+    changes = {"NOISY_STUDENT_TEST_DEFAULTS": json.dumps(defaults)} if defaults is not None else {}
+    return {"PYTHONPATH": path} | changes | ({"NOISY_STUDENT_TEST_DEFAULTS_FILE": str(file)} if file else {})
 
 
 class DagsterCli:

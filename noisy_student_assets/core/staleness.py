@@ -105,6 +105,26 @@ def _changed(before: Mapping, now: Mapping, prefix: str = "") -> list[str]:
     return changes
 
 
+def own_code_changes(
+    before_stage: str | None, before_defaults: Mapping | None, stage: str, defaults: Mapping
+) -> list[str]:
+    """What of an asset's own code changed since a materialization (its code version's part that is not its
+    parents'), as `grid plan` names settings: each default ('default changed: config.k: 8 -> 6') and a new stage
+    version; that its defaults went unrecorded where `before_defaults` is None (a materialization made before they
+    were) and the stage has any."""
+    reasons = []
+    if before_defaults is None:
+        if defaults:
+            reasons.append("made before its defaults were recorded")
+    else:
+        changed = _changed(before_defaults, defaults, "config.")
+        if changed:
+            reasons.append("default changed: " + "; ".join(changed))
+    if before_stage not in (None, stage):
+        reasons.append(f"stage version {before_stage} -> {stage}")
+    return reasons
+
+
 @dataclass(frozen=True)
 class Latest:
     """An asset partition's latest materialization as the next-round automation reads it."""

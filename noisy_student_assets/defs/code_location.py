@@ -4,6 +4,7 @@ import dagster as dg
 
 from noisy_student_assets.defs.assets import controls, models, problems, rounds, verdict
 from noisy_student_assets.defs.automation import next_round_automation, with_round_automation
+from noisy_student_assets.defs.current_defaults import current_defaults
 from noisy_student_assets.defs.jobs import jobs
 from noisy_student_assets.defs.lineage import with_code_versions
 from noisy_student_assets.defs.partitions import ROUNDS
@@ -25,6 +26,7 @@ defs = dg.Definitions.merge(
     ASSET_DEFINITIONS,
     jobs(ASSET_DEFINITIONS, ROUNDS),
     next_round_automation(ASSET_DEFINITIONS),
+    current_defaults(ASSET_DEFINITIONS),
     dg.Definitions(resources=lake_resources(DataLake())),
 )
 

@@ -310,13 +310,17 @@ class Grid:
     def check_outcomes(self) -> list[dict]:
         """Each check of every arm's assets on the asset's latest materialization: passed, failed, or not judged (never
         evaluated on it)."""
+        from noisy_student_assets.defs.current_defaults import CURRENT_DEFAULTS
         from noisy_student_assets.defs.records import check_outcomes_on
 
         rows, run_evaluations = [], {}
         scopes = [(arm.name, self._known_targets(arm, None)) for arm in self.experiment.all_arms()]
         for partition, names in scopes:
             for name in names:
-                checks = list(self.graph.get(asset_key(name)).check_keys)
+                # the current-defaults check judges the defaults, not the run config the grid runs with (`plan`)
+                checks = [
+                    check for check in self.graph.get(asset_key(name)).check_keys if check.name != CURRENT_DEFAULTS
+                ]
                 materialization = self._latest(name, partition)
                 passed = (
                     check_outcomes_on(self.instance, materialization, checks, partition, run_evaluations)

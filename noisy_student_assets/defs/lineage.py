@@ -30,6 +30,7 @@ from resources.compute import DEVICE_POOL
 
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster records every data version under this tag
 STAGE_VERSION_KEY = "stage_version"
+DEFAULTS_KEY = "defaults"
 """The metadata entry that names the stage version a materialization was made by."""
 
 
@@ -41,6 +42,13 @@ def config_class(assets_def: dg.AssetsDefinition) -> type[StageConfig] | None:
         if param is not None and isinstance(param.annotation, type) and issubclass(param.annotation, StageConfig)
         else None
     )
+
+
+def stage_defaults(assets_def: dg.AssetsDefinition) -> tuple[str, dict]:
+    """What an asset's code version covers of its own: its stage's version and its op's default config (JSON); a
+    materialization records both (`STAGE_VERSION_KEY`, `DEFAULTS_KEY`)."""
+    config = config_class(assets_def)
+    return stage_version(config), config().model_dump(mode="json") if config is not None else {}
 
 
 def run_config_of(assets_def: dg.AssetsDefinition, op_config: Mapping) -> StageConfig:

@@ -43,6 +43,7 @@ from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdo
 from noisy_student_assets.defs.checks import eval_not_degenerate
 from noisy_student_assets.defs.config import StageConfig, with_arm
 from noisy_student_assets.defs.lineage import (
+    DEFAULTS_KEY,
     STAGE_VERSION_KEY,
     fingerprint,
     input_data_versions,
@@ -158,6 +159,7 @@ def stage(
     current.metadata |= {
         "config": dg.MetadataValue.json(run_config),
         STAGE_VERSION_KEY: version,
+        DEFAULTS_KEY: dg.MetadataValue.json(type(config)().model_dump(mode="json") if config is not None else {}),
         "profile": active_profile(),
         "mlflow_run_id": run.info.run_id,
         "mlflow_run": dg.MetadataValue.url(resources.tracking.run_url(run.info.experiment_id, run.info.run_id)),
