@@ -18,13 +18,18 @@ from dataclasses import dataclass
 import dagster as dg
 
 from noisy_student_assets.core.staleness import own_code_changes
-from noisy_student_assets.defs.lineage import DEFAULTS_KEY, STAGE_VERSION_KEY, stage_defaults
+from noisy_student_assets.defs.lineage import (
+    CODE_VERSION_TAG,
+    DEFAULTS_KEY,
+    STAGE_VERSION_KEY,
+    config_class,
+    stage_defaults,
+)
 from noisy_student_assets.defs.records import latest_materialization
 
 CURRENT_DEFAULTS = "made_with_current_defaults"
 CURRENT_DEFAULTS_SENSOR = "made_with_current_defaults_sensor"
 SENSOR_INTERVAL_S = 30
-CODE_VERSION_TAG = "dagster/code_version"  # Dagster records a materialization's code version under this tag
 DESCRIPTION = (
     "Warns when an arm's latest materialization was made with other code than the code location's now (a changed "
     "default, stage version or upstream): which arms, and the setting with its two values. Reported by "
@@ -49,7 +54,7 @@ def judge(instance: dg.DagsterInstance, graph) -> dict[dg.AssetKey, Verdict]:
     for key in graph.toposorted_asset_keys:
         node = graph.get(key)
         partitions = sorted(instance.get_materialized_partitions(key)) if node.partitions_def else [None]
-        stage, defaults = stage_defaults(node.assets_def)
+        stage, defaults = stage_defaults(config_class(node.assets_def))
         for partition in partitions:
             record = latest_materialization(instance, key, partition)
             if record is None:

@@ -29,6 +29,7 @@ from noisy_student_assets.defs.records import latest_materialization
 from resources.compute import DEVICE_POOL
 
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster records every data version under this tag
+CODE_VERSION_TAG = "dagster/code_version"  # and a materialization's code version under this one
 STAGE_VERSION_KEY = "stage_version"
 DEFAULTS_KEY = "defaults"
 """The metadata entry that names the stage version a materialization was made by."""
@@ -44,10 +45,9 @@ def config_class(assets_def: dg.AssetsDefinition) -> type[StageConfig] | None:
     )
 
 
-def stage_defaults(assets_def: dg.AssetsDefinition) -> tuple[str, dict]:
-    """What an asset's code version covers of its own: its stage's version and its op's default config (JSON); a
-    materialization records both (`STAGE_VERSION_KEY`, `DEFAULTS_KEY`)."""
-    config = config_class(assets_def)
+def stage_defaults(config: type[StageConfig] | None) -> tuple[str, dict]:
+    """What an asset's code version covers of its own, for its op's config class (`config_class`): its stage's
+    version and its default config (JSON); a materialization records both (`STAGE_VERSION_KEY`, `DEFAULTS_KEY`)."""
     return stage_version(config), config().model_dump(mode="json") if config is not None else {}
 
 

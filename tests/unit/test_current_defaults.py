@@ -9,13 +9,14 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.staleness import own_code_changes
 from noisy_student_assets.defs.code_location import defs
-from noisy_student_assets.defs.current_defaults import (
+from noisy_student_assets.defs.current_defaults import CURRENT_DEFAULTS, CURRENT_DEFAULTS_SENSOR, judge
+from noisy_student_assets.defs.lineage import (
     CODE_VERSION_TAG,
-    CURRENT_DEFAULTS,
-    CURRENT_DEFAULTS_SENSOR,
-    judge,
+    DEFAULTS_KEY,
+    STAGE_VERSION_KEY,
+    config_class,
+    stage_defaults,
 )
-from noisy_student_assets.defs.lineage import DEFAULTS_KEY, STAGE_VERSION_KEY, stage_defaults
 from noisy_student_assets.defs.partitions import ARMS
 from noisy_student_assets.defs.records import latest_check_evaluations
 
@@ -44,7 +45,7 @@ def _record(instance, key: dg.AssetKey, partition: str, code_version: str | None
     """A materialization of `key` in `partition` as code of `code_version` (default: the current one) with these
     defaults changed would have recorded it."""
     node = defs.resolve_asset_graph().get(key)
-    stage, defaults = stage_defaults(node.assets_def)
+    stage, defaults = stage_defaults(config_class(node.assets_def))
     instance.report_runless_asset_event(
         dg.AssetMaterialization(
             asset_key=key,
@@ -56,7 +57,7 @@ def _record(instance, key: dg.AssetKey, partition: str, code_version: str | None
 
 
 def test_a_changed_default_marks_its_asset_and_what_reads_it_in_the_arms_made_before(instance) -> None:
-    current_k = stage_defaults(defs.resolve_asset_graph().get(GENERATIONS).assets_def)[1]["k"]
+    current_k = stage_defaults(config_class(defs.resolve_asset_graph().get(GENERATIONS).assets_def))[1]["k"]
     _record(instance, GENERATIONS, "a", code_version="older", k=current_k + 2)
     _record(instance, GENERATIONS, "b")
     _record(instance, PSEUDO_LABELS, "a", code_version="older")

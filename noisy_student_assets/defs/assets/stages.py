@@ -50,7 +50,7 @@ from noisy_student_assets.defs.lineage import (
     is_heavy,
     made_with,
     reuse_key,
-    stage_version,
+    stage_defaults,
 )
 from noisy_student_assets.payloads.specs import EvalSpec, TrainSpec
 from resources.compute import DEVICE_POOL
@@ -135,7 +135,7 @@ def stage(
     for change in replaced:
         context.log.warning(f"arm {arm.name} overrides the run config: {change}")
     run_config = resolved(settings) if isinstance(settings, Settings) else {}
-    version = stage_version(type(config) if config is not None else None)
+    version, defaults = stage_defaults(type(config) if config is not None else None)
     compute = resources.compute.settings.model_dump() if is_heavy(context.op_def) else None
     try:
         with resources.tracking.start_run(context, {"config": run_config} | (params or {}), arm, name=name) as run:
@@ -159,7 +159,7 @@ def stage(
     current.metadata |= {
         "config": dg.MetadataValue.json(run_config),
         STAGE_VERSION_KEY: version,
-        DEFAULTS_KEY: dg.MetadataValue.json(type(config)().model_dump(mode="json") if config is not None else {}),
+        DEFAULTS_KEY: dg.MetadataValue.json(defaults),
         "profile": active_profile(),
         "mlflow_run_id": run.info.run_id,
         "mlflow_run": dg.MetadataValue.url(resources.tracking.run_url(run.info.experiment_id, run.info.run_id)),
