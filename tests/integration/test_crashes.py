@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -130,16 +131,24 @@ def test_a_student_killed_while_training_in_a_mode_resumes(mode: str, sevens_lak
     assert_nothing_partial_left(lake)
 
 
+@pytest.mark.parametrize("cleanup_fails", [False, True], ids=["plain", "cleanup-raising"])
 def test_an_interrupt_while_sampling_stops_the_run_there_without_a_retry(
-    lake: DataLake, tiny_model_dir: Path, monkeypatch
+    lake: DataLake, tiny_model_dir: Path, monkeypatch, cleanup_fails: bool
 ) -> None:
     """SIGINT in the second shard of round 1's sampling; the labeled-only control, which does not read the samples,
-    is the next step in the plan. The step fails as interrupted, is not retried, and no step starts after it."""
+    is the next step in the plan. The step fails as interrupted, is not retried, and no step starts after it; also
+    where a library's cleanup raises an ordinary error as the interrupt unwinds it (MLflow's SQLAlchemy session did,
+    and the retry trained the stage over)."""
     write_shard = SampleShards.write
 
     def interrupt_in_second_shard(shards, table):
         if list(shards.directory.glob("shard-*.parquet")):
-            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises here, at the next bytecode
+            finally:
+                if cleanup_fails:
+                    raise RuntimeError("Cannot operate on a closed database.")
         write_shard(shards, table)
 
     monkeypatch.setattr(SampleShards, "write", interrupt_in_second_shard)

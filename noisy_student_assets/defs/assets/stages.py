@@ -153,6 +153,8 @@ def stage(
     except Exception as error:
         # Retried here, not by a Dagster RetryPolicy: Dagster retries an interrupted step that has one, so Ctrl-C
         # or SIGTERM would start an in-process stage over. An interrupt (not an Exception) stops the run.
+        if (interrupt := interrupt_behind(error)) is not None:
+            raise type(interrupt)() from error  # a new one: the first, raised again, would close a cycle via `error`
         if is_heavy(context.op_def) and _retryable(error):
             raise dg.RetryRequested(max_retries=HEAVY_RETRIES, seconds_to_wait=RETRY_DELAY_S) from error
         raise
@@ -189,6 +191,19 @@ def not_asked_for(context: dg.AssetExecutionContext, resources: StageResources) 
         f"skipped: experiment {arm.experiment} does not ask for {name} for arm {arm.name} "
         f"(its controls: {', '.join(experiment.controls)})"
     )
+
+
+def interrupt_behind(error: BaseException) -> BaseException | None:
+    """The interrupt (Ctrl-C, SIGTERM) `error` was raised while handling, if any. A library whose cleanup fails as
+    an interrupt unwinds it (MLflow's SQLAlchemy session on a closed connection) raises an ordinary exception in its
+    place, which must stop the run as the interrupt would, not earn a retry that starts the stage over."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (KeyboardInterrupt, dg.DagsterExecutionInterruptedError)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _retryable(error: Exception) -> bool:
