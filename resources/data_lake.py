@@ -139,6 +139,10 @@ class DataLake(dg.ConfigurableResource):
             raise FileNotFoundError(f"{asset_key.to_user_string()}{where} has no table at {path}: materialize it first")
         return pl.read_parquet(path)
 
+    def read_lake_table(self, asset_key: dg.AssetKey, partition_key: str | None = None) -> LakeTable:
+        """A table with the small text files published beside it."""
+        return LakeTable(self.read_table(asset_key, partition_key), self.read_sidecars(asset_key, partition_key))
+
 
 @dataclass(frozen=True)
 class LakeTable:

@@ -11,10 +11,6 @@ import polars as pl
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
 from resources.data_lake import DataLake, LakeTable
 
-OPTIONAL = "optional"
-"""An input's metadata flag (`dg.AssetIn(..., metadata={OPTIONAL: True})`): a table never materialized in the partition
-loads as None (an input that only some arms materialize, such as the verifier's scores), not as an error."""
-
 
 def _partition_key(context: dg.OutputContext | dg.InputContext) -> str | None:
     # The asset's own partition: an unpartitioned input of a partitioned asset has none.
@@ -23,8 +19,7 @@ def _partition_key(context: dg.OutputContext | dg.InputContext) -> str | None:
 
 class ParquetIOManager(dg.ConfigurableIOManager):
     """Stores a `polars.DataFrame` (or a `LakeTable`, with files beside it) at
-    `<lake>/<asset>/<partition>/data.parquet`; an input typed `LakeTable` gets the files beside it too, and an
-    `OPTIONAL` input that was never materialized gets None."""
+    `<lake>/<asset>/<partition>/data.parquet`; an input typed `LakeTable` gets the files beside it too."""
 
     lake: DataLake
 
@@ -33,14 +28,11 @@ class ParquetIOManager(dg.ConfigurableIOManager):
         path = self.lake.write_table(table.frame, context.asset_key, _partition_key(context), table.extra_files)
         context.add_output_metadata({"path": dg.MetadataValue.path(str(path)), "dagster/row_count": table.frame.height})
 
-    def load_input(self, context: dg.InputContext) -> pl.DataFrame | LakeTable | None:
+    def load_input(self, context: dg.InputContext) -> pl.DataFrame | LakeTable:
         partition = _partition_key(context)
-        if context.definition_metadata.get(OPTIONAL) and not self.lake.has_table(context.asset_key, partition):
-            return None
-        frame = self.lake.read_table(context.asset_key, partition)
-        if context.dagster_type.typing_type in (LakeTable, LakeTable | None):
-            return LakeTable(frame, self.lake.read_sidecars(context.asset_key, partition))
-        return frame
+        if context.dagster_type.typing_type is LakeTable:
+            return self.lake.read_lake_table(context.asset_key, partition)
+        return self.lake.read_table(context.asset_key, partition)
 
 
 class DirectoryIOManager(dg.ConfigurableIOManager):

@@ -15,44 +15,58 @@ runs, in its own process, have no daemon to stop them; their stages' limits do."
 
 
 def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
-    """`arm_job`, three jobs per round (the round, its verifier, its validation) and `verdict_job` over `assets`."""
+    """`arm_job`, up to three jobs per round (the round; its verifier and its validation, where `assets` has them) and
+    `verdict_job` over `assets`."""
     verdict = dg.AssetSelection.groups(VERDICT_GROUP)
+    defined_keys = {key for assets_def in assets.assets for key in assets_def.keys}
     round_jobs = []
     for number in range(1, rounds + 1):
         group = round_group(number)
         # Apart from the round's job, for the arms that read them: a verifier skipped for an arm whose label source
         # does not read it would skip the vote that reads its scores, and an evaluation cannot skip (its check would
         # go unreported).
-        verifier = dg.AssetSelection.assets(
-            *(round_key(number, name) for name in (layout.VERIFIER, layout.VERIFIER_SCORES))
-        )
-        validation = dg.AssetSelection.assets(round_key(number, layout.STUDENT_VALIDATION))
-        round_jobs += [
+        verifier = [
+            key
+            for name in (layout.VERIFIER, layout.VERIFIER_SCORES)
+            if (key := round_key(number, name)) in defined_keys
+        ]
+        validation = [key for key in [round_key(number, layout.STUDENT_VALIDATION)] if key in defined_keys]
+        round_jobs.append(
             dg.define_asset_job(
                 f"{group}_job",
-                selection=dg.AssetSelection.groups(group) - verifier - validation,
+                selection=dg.AssetSelection.groups(group)
+                - dg.AssetSelection.assets(*verifier)
+                - dg.AssetSelection.assets(*validation),
                 partitions_def=ARMS,
                 tags=RUN_TAGS,
                 description=f"Round {number} of an arm: sample, pseudo-label, train the student and the controls its "
-                "experiment lists, evaluate; a control it does not list skips. An arm whose label source reads a "
-                f"verifier runs {group}_verifier_job first; an arm with a patience runs {group}_validation_job after.",
+                "experiment lists, evaluate; a control it does not list skips."
+                + (f" An arm whose label source reads a verifier runs {group}_verifier_job first." if verifier else "")
+                + (f" An arm with a patience runs {group}_validation_job after." if validation else ""),
+            )
+        )
+        apart = {
+            "verifier": (
+                verifier,
+                f"Round {number}'s outcome verifier and its scores of the round's samples: before {group}_job, for "
+                "an arm whose label source reads them.",
             ),
+            "validation": (
+                validation,
+                f"Round {number}'s student on the arm's validation problems: after {group}_job, for an arm whose "
+                "stopping rule reads it (a patience).",
+            ),
+        }
+        round_jobs += [
             dg.define_asset_job(
-                f"{group}_verifier_job",
-                selection=verifier,
+                f"{group}_{name}_job",
+                selection=dg.AssetSelection.assets(*keys),
                 partitions_def=ARMS,
                 tags=RUN_TAGS,
-                description=f"Round {number}'s outcome verifier and its scores of the round's samples: before "
-                f"{group}_job, for an arm whose label source reads them.",
-            ),
-            dg.define_asset_job(
-                f"{group}_validation_job",
-                selection=validation,
-                partitions_def=ARMS,
-                tags=RUN_TAGS,
-                description=f"Round {number}'s student on the arm's validation problems: after {group}_job, for an arm "
-                "whose stopping rule reads it (a patience).",
-            ),
+                description=description,
+            )
+            for name, (keys, description) in apart.items()
+            if keys
         ]
     defined = [
         dg.define_asset_job(

@@ -13,7 +13,8 @@ The number of rounds is fixed when the code location loads: the most rounds any 
 import dagster as dg
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import default_experiments_dir, max_rounds
+from noisy_student_assets.core.experiments.arms import default_experiments_dir, load_experiments, max_rounds
+from noisy_student_assets.core.experiments.progress import AskedFor
 
 ARMS = dg.DynamicPartitionsDefinition(name="arm")
 
@@ -22,6 +23,10 @@ VERDICT_GROUP = "experiments"
 
 ROUNDS = max_rounds(default_experiments_dir())
 """Rounds 1..ROUNDS are defined."""
+
+ASKED_FOR = AskedFor.of(load_experiments(default_experiments_dir()).values())
+"""The controls, verifiers and validation evals defined: those some arm of the experiment files runs. "Reload
+definitions" picks up a file that asks for more."""
 
 
 def round_key(number: int, name: str) -> dg.AssetKey:

@@ -232,3 +232,33 @@ def test_the_gpu_profile_stabilises_bf16_training() -> None:
     grpo, sampling_batch, eval_batch, dtype = json.loads(out.stdout.strip().splitlines()[-1])
     assert dtype == "bfloat16" and grpo["cast_lm_head_to_fp32"] and grpo["max_consecutive_skipped_steps"] == 3
     assert grpo["max_steps"] == 200 and sampling_batch == eval_batch == 128
+
+
+def test_a_code_location_defines_only_what_its_experiments_run(tmp_path) -> None:
+    """An experiments directory whose one experiment runs the labeled-only control alone, reads no verifier and has
+    no patience: no other control, no verifier, no validation eval and no job for them, so that its lineage and its
+    launches hold only what its arm runs (the UI's side: tests/ui/test_adding_a_round.py)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from noisy_student_assets.core.experiments.arms import load_experiment
+    from noisy_student_assets.core.experiments.progress import arm_assets
+
+    lean = {"controls": [layout.LABELED_ONLY], "defaults": {"max_rounds": 2}, "arms": {"lean": {}}}
+    (tmp_path / "lean.yaml").write_text(yaml.safe_dump(lean))
+    code = (
+        "import json; from noisy_student_assets.definitions import defs; graph = defs.resolve_asset_graph();"
+        "print(json.dumps([sorted(key.to_user_string() for key in graph.get_all_asset_keys()),"
+        " sorted(job.name for job in defs.resolve_all_job_defs() if not job.name.startswith('__'))]))"
+    )
+    env = os.environ | {"NOISY_STUDENT_EXPERIMENTS": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assets, jobs = json.loads(out.stdout.strip().splitlines()[-1])
+    experiment = load_experiment(tmp_path / "lean.yaml")
+    assert set(assets) == {*arm_assets(experiment, experiment.arm("lean")), *SHARED}
+    assert jobs == ["arm_job", "round_001_job", "round_002_job", "verdict_job"]

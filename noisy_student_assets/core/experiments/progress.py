@@ -10,7 +10,8 @@ decides anything.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.sources.registry import label_source
@@ -60,6 +61,28 @@ def arm_assets(experiment, arm, rounds: int | None = None) -> list[str]:
     return pre_round_assets(experiment, arm) + [
         name for number in range(1, last_round(arm, rounds) + 1) for name in round_assets(number, experiment, arm)
     ]
+
+
+@dataclass(frozen=True)
+class AskedFor:
+    """Which of the assets that only some arms run any arm of a set of experiments runs: the code location defines
+    those alone, so that its lineage, its jobs and their launches hold nothing its experiments never run."""
+
+    controls: tuple[str, ...]
+    verifier: bool
+    round_validation: bool
+    labeled_rl_validation: bool
+
+    @classmethod
+    def of(cls, experiments: Iterable) -> AskedFor:
+        experiments = list(experiments)
+        arms = [(experiment, arm) for experiment in experiments for arm in experiment.all_arms()]
+        return cls(
+            controls=tuple(c for c in layout.CONTROLS if any(c in experiment.controls for experiment in experiments)),
+            verifier=any(verified(arm) for _, arm in arms),
+            round_validation=any(validated(arm) for _, arm in arms),
+            labeled_rl_validation=any(experiment.validate_labeled_rl or validated(arm) for experiment, arm in arms),
+        )
 
 
 def validation_assets(done: int) -> list[str]:

@@ -18,6 +18,7 @@ import dagster as dg
 import polars as pl
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.core.pseudo_labels.control_data import gold_revealed, shuffled_pseudo_labels
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.training.modes.base import StudentData
@@ -34,13 +35,20 @@ from noisy_student_assets.defs.assets.stages import (
 )
 from noisy_student_assets.defs.checks import checkpoint_checks, compute_matched_check
 from noisy_student_assets.defs.config import LabeledOnlyConfig, StudentConfig
-from noisy_student_assets.defs.partitions import ARMS, labeled_only_init_key, round_group, round_key, teacher_key
+from noisy_student_assets.defs.partitions import (
+    ARMS,
+    ASKED_FOR,
+    labeled_only_init_key,
+    round_group,
+    round_key,
+    teacher_key,
+)
 from resources.data_lake import LakeTable
 from resources.stage_resources import StageResources
 
 
-def round_controls(number: int) -> dg.Definitions:
-    """Round `number`'s control checkpoints, their evaluations and checks."""
+def round_controls(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
+    """Round `number`'s control checkpoints that `asked_for` lists, their evaluations and checks."""
     key = partial(round_key, number)
     student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
     checkpoint_key = {control: key(layout.control_checkpoint(control)) for control in layout.CONTROLS}
@@ -159,19 +167,22 @@ def round_controls(number: int) -> dg.Definitions:
             context, config, stage_resources, layout.RANDOM_LABEL, (teacher, base_model), generations, shuffled
         )
 
+    checkpoints = {
+        layout.LABELED_ONLY: labeled_only_checkpoint,
+        layout.GOLD_LABEL: gold_label_checkpoint,
+        layout.RANDOM_LABEL: random_label_checkpoint,
+    }
     checks = []
-    for control_key in checkpoint_key.values():
+    for control in asked_for.controls:
         checks += [
-            *checkpoint_checks(control_key),
-            compute_matched_check(control_key, student_key),
+            *checkpoint_checks(checkpoint_key[control]),
+            compute_matched_check(checkpoint_key[control], student_key),
         ]
     evals = [
         checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number))
-        for c in layout.CONTROLS
+        for c in asked_for.controls
     ]
-    return dg.Definitions(
-        assets=[labeled_only_checkpoint, gold_label_checkpoint, random_label_checkpoint, *evals], asset_checks=checks
-    )
+    return dg.Definitions(assets=[*(checkpoints[c] for c in asked_for.controls), *evals], asset_checks=checks)
 
 
 def _student_control(

@@ -13,7 +13,7 @@ from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, recalled, s
 from noisy_student_assets.defs.checks import EVAL_NOT_DEGENERATE, checkpoint_checks, reported_check
 from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
 from noisy_student_assets.defs.lineage import reuse_key
-from noisy_student_assets.defs.partitions import ARMS
+from noisy_student_assets.defs.partitions import ARMS, ASKED_FOR
 from resources.data_lake import CONTENT_KEY_FILE
 from resources.stage_resources import StageResources
 
@@ -124,6 +124,12 @@ labeled_rl_validation = checkpoint_eval(
 )
 
 defs = dg.Definitions(
-    assets=[base_model, labeled_rl_checkpoint, base_model_eval, labeled_rl_eval, labeled_rl_validation],
+    assets=[
+        base_model,
+        labeled_rl_checkpoint,
+        base_model_eval,
+        labeled_rl_eval,
+        *([labeled_rl_validation] if ASKED_FOR.labeled_rl_validation else []),
+    ],
     asset_checks=[*checkpoint_checks(BASE_MODEL), *checkpoint_checks(LABELED_RL)],
 )

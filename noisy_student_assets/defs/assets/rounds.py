@@ -28,6 +28,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
 from noisy_student_assets.core.prompts import prompt_template
 from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
@@ -68,10 +69,9 @@ from noisy_student_assets.defs.config import (
     VerifierConfig,
 )
 from noisy_student_assets.defs.lineage import reuse_key
-from noisy_student_assets.defs.partitions import ARMS, round_group, round_key, teacher_key
+from noisy_student_assets.defs.partitions import ARMS, ASKED_FOR, round_group, round_key, teacher_key
 from noisy_student_assets.payloads.specs import SampleSpec, ScoreSpec, VerifierSpec
 from resources.data_lake import CONTENT_KEY_FILE, LakeTable
-from resources.io_managers import OPTIONAL
 from resources.launchers.base import StageResult
 from resources.stage_resources import StageResources
 
@@ -83,9 +83,9 @@ def eval_input(key: dg.AssetKey | str) -> dg.AssetIn:
     return dg.AssetIn(key, input_manager_key="eval_io_manager")
 
 
-def round_definitions(number: int) -> dg.Definitions:
-    """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, its validation eval,
-    eval report."""
+def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
+    """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, eval report; the verifier
+    and its scores, and the student's validation eval, where `asked_for` says an arm runs them."""
     key = partial(round_key, number)
     generations_key, verifier_key, scores_key, labels_key, student_key, report_key = (
         key(layout.GENERATIONS),
@@ -169,11 +169,9 @@ def round_definitions(number: int) -> dg.Definitions:
         key=labels_key,
         group_name=round_group(number),
         partitions_def=ARMS,
-        ins={
-            "generations": dg.AssetIn(generations_key),
-            "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
-            "verifier_scores": dg.AssetIn(scores_key, metadata={OPTIONAL: True}),
-        },
+        ins={"generations": dg.AssetIn(generations_key), "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS)},
+        # A dependency, not an input: only an arm whose label source reads a verifier has its scores.
+        deps=[scores_key] if asked_for.verifier else [],
         check_specs=[reported_check(PSEUDO_LABEL_QUALITY, labels_key)],
         description="The vote over the round's generations, each sample weighed by the arm's label source (majority: "
         "a head count), with agreement; `kept` where >= tau. Audited against the hidden gold, with every source's "
@@ -184,11 +182,14 @@ def round_definitions(number: int) -> dg.Definitions:
         config: PseudoLabelConfig,
         generations: pl.DataFrame,
         unlabeled_problems: pl.DataFrame,
-        verifier_scores: LakeTable | None,
         stage_resources: StageResources,
     ):
+        lake, arm = stage_resources.lake, context.partition_key
+        scores = (
+            lake.read_lake_table(scores_key, arm) if asked_for.verifier and lake.has_table(scores_key, arm) else None
+        )
         with stage(context, config, stage_resources) as current:
-            table, check = _pseudo_label(current, generations, unlabeled_problems, verifier_scores)
+            table, check = _pseudo_label(current, generations, unlabeled_problems, scores)
         yield current.output(table, metadata=_explorer(context.partition_key, number))
         yield check
 
@@ -301,11 +302,10 @@ def round_definitions(number: int) -> dg.Definitions:
     return dg.Definitions(
         assets=[
             generations,
-            verifier,
-            verifier_scores,
+            *([verifier, verifier_scores] if asked_for.verifier else []),
             pseudo_labels,
             student_checkpoint,
-            student_validation,
+            *([student_validation] if asked_for.round_validation else []),
             eval_report,
         ],
         asset_checks=checkpoint_checks(student_key),

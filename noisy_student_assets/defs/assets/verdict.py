@@ -11,7 +11,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting import markdown
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.assets.stages import stage
-from noisy_student_assets.defs.partitions import ARMS, ROUNDS, VERDICT_GROUP, round_key
+from noisy_student_assets.defs.partitions import ARMS, ASKED_FOR, ROUNDS, VERDICT_GROUP, round_key
 from resources.stage_resources import StageResources
 
 VERDICT_NAME = "verdict"
@@ -30,7 +30,7 @@ VERDICT_NAME = "verdict"
         *(
             round_key(n, layout.eval_of(role))
             for n in range(1, ROUNDS + 1)
-            for role in (layout.STUDENT_ROLE, *layout.CONTROLS)
+            for role in (layout.STUDENT_ROLE, *ASKED_FOR.controls)
         ),
         *(round_key(n, layout.PSEUDO_LABELS) for n in range(1, ROUNDS + 1)),  # their audits
     ],
