@@ -221,3 +221,22 @@ def test_an_interrupted_grid_leaves_when_an_exit_handler_hangs_naming_where() ->
     )
     assert ran.returncode == 130, ran.stderr[-2000:]
     assert "[grid] still exiting after 1 s" in ran.stderr and "in hang_at_exit" in ran.stderr, ran.stderr[-2000:]
+
+
+def test_config_of_an_asset_no_experiment_here_runs_is_ignored_but_a_typo_is_not() -> None:
+    """The code location leaves out the controls, verifiers and validation evals no arm of its experiment files runs:
+    one run config (tests/tiny_configs.py's, a user's) serves every experiments directory. An op no round defines, or
+    of a round past the code location's, is still refused (`run_config_errors`)."""
+    from types import SimpleNamespace
+
+    from noisy_student_assets.defs.grid import left_out_ops
+
+    job = SimpleNamespace(graph=SimpleNamespace(node_dict={"round_001__generations": None}))
+    left_out = [
+        "round_001__gold_label_checkpoint",
+        "round_001__gold_label_checkpoint_smoke_generation",
+        "round_001__verifier",
+        "labeled_rl_validation",
+    ]
+    configured = [*left_out, "round_001__generations", "round_001__generatoins", "round_002__verifier"]
+    assert left_out_ops(job, {"ops": {op: {} for op in configured}}, rounds=1) == left_out
