@@ -229,17 +229,17 @@ class Grid:
         self.dg, self.arms_def = dg, ARMS
         self.graph = defs.resolve_asset_graph()
         self.check_steps = {key for checks in ASSET_DEFINITIONS.asset_checks for key in checks.check_keys}
+        run_config = run_config or {}
         whole = defs.resolve_implicit_global_asset_job_def()
-        ignored = left_out_ops(whole, run_config or {}, ROUNDS)
+        ignored = left_out_ops(whole, run_config, ROUNDS)
         if ignored:
             print(
                 "[grid] run config of ops the code location leaves out (no arm of its experiment files runs their "
                 f"asset), ignored: {', '.join(ignored)}",
                 flush=True,
             )
-        self.run_config = _filtered_run_config(
-            run_config or {}, [op for op in (run_config or {}).get("ops", {}) if op not in ignored]
-        )
+        kept = [op for op in run_config.get("ops", {}) if op not in ignored]
+        self.run_config = _filtered_run_config(run_config, kept)
         errors = run_config_errors(whole, self.run_config)
         if errors:
             raise SystemExit("the run config (--config-json) is refused before any run: " + "; ".join(errors))

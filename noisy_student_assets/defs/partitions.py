@@ -21,10 +21,12 @@ ARMS = dg.DynamicPartitionsDefinition(name="arm")
 VERDICT_GROUP = "experiments"
 """The group of the assets that compare arms (the verdict)."""
 
-ROUNDS = max_rounds(default_experiments_dir())
+_EXPERIMENTS = load_experiments(default_experiments_dir()).values()
+
+ROUNDS = max_rounds(_EXPERIMENTS)
 """Rounds 1..ROUNDS are defined."""
 
-ASKED_FOR = AskedFor.of(load_experiments(default_experiments_dir()).values())
+ASKED_FOR = AskedFor.of(_EXPERIMENTS)
 """The controls, verifiers and validation evals defined: those some arm of the experiment files runs. "Reload
 definitions" picks up a file that asks for more."""
 

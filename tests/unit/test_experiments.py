@@ -99,7 +99,7 @@ def test_bad_experiment_files_say_what_is_wrong(tmp_path: Path, text: str, messa
 def test_arm_names_are_unique_across_files_and_found_by_name(tmp_path: Path) -> None:
     _write(tmp_path, "one", "defaults: {max_rounds: 1}\narms:\n  a: {}\n")
     _write(tmp_path, "two", "arms:\n  b: {seed: 2, max_rounds: 4}\n")
-    assert max_rounds(tmp_path) == 4 and find_arm(tmp_path, "b").spec.seed == 2
+    assert max_rounds(load_experiments(tmp_path).values()) == 4 and find_arm(tmp_path, "b").spec.seed == 2
     with pytest.raises(KeyError, match="arm 'c' is declared in no experiment file"):
         find_arm(tmp_path, "c")
     _write(tmp_path, "three", "arms:\n  a: {}\n")

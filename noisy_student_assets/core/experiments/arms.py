@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -474,6 +474,6 @@ def find_arm(directory: Path, name: str) -> Arm:
     )
 
 
-def max_rounds(directory: Path) -> int:
-    """The most rounds any experiment asks for: how many rounds the code location defines."""
-    return max((experiment.max_rounds for experiment in load_experiments(directory).values()), default=0)
+def max_rounds(experiments: Iterable[Experiment]) -> int:
+    """The most rounds any of `experiments` asks for: how many rounds the code location defines."""
+    return max((experiment.max_rounds for experiment in experiments), default=0)
