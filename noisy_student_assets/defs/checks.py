@@ -6,6 +6,8 @@ every checkpoint asset, that read the published checkpoint. Checks that guard wh
 blocking: when one fails with ERROR severity, Dagster skips the assets downstream of it in that run.
 """
 
+import warnings
+
 import dagster as dg
 import polars as pl
 
@@ -17,6 +19,11 @@ from noisy_student_assets.defs.config import SmokeConfig
 from noisy_student_assets.defs.partitions import ARMS
 from resources.compute import DEVICE_POOL, ComputeResource
 from resources.data_lake import DataLake
+
+# a preview API of Dagster's that the checks of a partitioned asset need: its warning would print on every load
+warnings.filterwarnings(
+    "ignore", message="Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning
+)
 
 PSEUDO_LABEL_QUALITY = "pseudo_label_quality"
 NO_EVAL_REGRESSION = "no_eval_regression"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -115,7 +116,9 @@ class StageRun:
         version = (
             dg.DataVersion(fingerprint(self.stage_version, self.made_with, inputs)) if inputs is not None else None
         )
-        return dg.Output(value, name or "result", metadata=self.metadata | (metadata or {}), data_version=version)
+        with warnings.catch_warnings():  # beta in Dagster: its warning would print on every asset's output
+            warnings.simplefilter("ignore", dg.BetaWarning)
+            return dg.Output(value, name or "result", metadata=self.metadata | (metadata or {}), data_version=version)
 
 
 @contextmanager
