@@ -9,6 +9,7 @@ import pytest
 
 from noisy_student_assets.core.environment import EXPERIMENTS
 from noisy_student_assets.core.reporting.power import (
+    MOST_SEEDS,
     PILOT_SEEDS,
     ArmHours,
     arm_hours,
@@ -96,3 +97,16 @@ def test_grid_power_reads_the_cost_of_a_seed_the_grid_recorded_in_a_results_dire
     assert f"1.00 h per seed (the mean of the grid's runs of 3 arms, recorded in {results})" in printed
     rows = power_table(results, ARMS, [0.05], hours_per_seed=1.0).filter(pl.col("checkpoint") == "gold_label")
     assert rows["hours to add for 0.05"][0] == float(rows["seeds for 0.05"][0] - 3)
+
+
+def test_grid_power_says_why_a_piloted_effect_has_no_seeds(tmp_path, monkeypatch, capsys) -> None:
+    """An effect that no number of seeds up to `MOST_SEEDS` detects prints n/a, and a line says what that n/a means
+    (not a missing pilot)."""
+    lake = _task_seeds(tmp_path / "lake", "two-digit-sums", gold_gain=0.1)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(EXPERIMENTS, str(EXPERIMENT.parent))
+    (tmp_path / "home").mkdir()
+    assert main(["power", str(EXPERIMENT), "--lake", str(lake), "--effect", "0.001", "--effect", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert f"n/a for 0.001 after a pilot: not even {MOST_SEEDS} seeds would detect it" in printed
+    assert "n/a for 0.001, 0.5" not in printed

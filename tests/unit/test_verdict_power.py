@@ -8,6 +8,7 @@ import pytest
 
 from noisy_student_assets.core.reporting.verdict import (
     INCONCLUSIVE,
+    crossed_errors,
     minimum_detectable_effect,
     outcome_of,
     paired_difference,
@@ -88,3 +89,24 @@ def test_fewer_degrees_of_freedom_need_a_larger_effect() -> None:
     assert minimum_detectable_effect(1.0, 2) == pytest.approx(5.65, abs=0.01)
     assert minimum_detectable_effect(1.0, np.inf) == pytest.approx(1.96 + 0.8416, abs=1e-3)
     assert minimum_detectable_effect(0.5, 10) == pytest.approx(minimum_detectable_effect(1.0, 10) / 2)
+
+
+def test_an_mde_exists_at_any_degrees_of_freedom() -> None:
+    """Below about 0.2 degrees of freedom scipy's noncentral t loses its accuracy: the MDE is then Bloom's bound,
+    finite and larger than at more degrees of freedom, not an error."""
+    tiny = minimum_detectable_effect(1.0, 0.15)
+    assert np.isfinite(tiny) and tiny > minimum_detectable_effect(1.0, 0.3) > minimum_detectable_effect(1.0, 1)
+
+
+def test_problems_that_do_not_vary_beyond_the_residual_leave_the_seeds_degrees_of_freedom() -> None:
+    """Where the problems' mean square is at the residual's, the problem and residual terms of the crossed variance
+    are one estimate that cancels: the degrees of freedom are the seeds', not Satterthwaite's of two terms that
+    cancel (which fell to 0.15 and made `grid power` fail)."""
+    rng = np.random.default_rng(0)
+    differences = (rng.random((3, 210)) < 0.4).astype(float) - (rng.random((3, 210)) < 0.4)
+    differences -= differences.mean(axis=0, keepdims=True)  # no problem effect at all
+    differences += rng.normal(0, 0.05, (3, 1))
+    for seeds in (3, 100):
+        (per_seed, per_seed_dof), (crossed, crossed_dof) = crossed_errors(differences, seeds)
+        assert crossed_dof == per_seed_dof == seeds - 1
+        assert crossed >= per_seed

@@ -125,7 +125,12 @@ def minimum_detectable_effect(standard_error: float, dof: float, confidence: flo
             return stats.norm.sf(critical - noncentrality) - POWER
         return stats.nct.sf(critical, dof, noncentrality) - POWER
 
-    noncentrality = optimize.brentq(power_short_of_target, 0, 2 * (critical + stats.t.ppf(POWER, dof)))
+    bloom = critical + stats.t.ppf(POWER, dof)
+    if not power_short_of_target(2 * bloom) > 0:
+        # below about 0.2 degrees of freedom scipy's noncentral t loses its accuracy (its power falls as the effect
+        # grows); Bloom's bound is then already millions of standard errors, past any difference of accuracies
+        return float(bloom * standard_error)
+    noncentrality = optimize.brentq(power_short_of_target, 0, 2 * bloom)
     return float(noncentrality * standard_error)
 
 
@@ -213,11 +218,16 @@ def crossed_errors(differences: np.ndarray, seeds: int | None = None) -> list[tu
         residual = differences - by_seed[:, None] - by_problem[None, :] + differences.mean()
         seed_dof, problem_dof = n_seeds - 1, n_problems - 1
         residual_square = (residual**2).sum() / (seed_dof * problem_dof)
-        terms = [  # (mean square's share of the variance, with its sign; its degrees of freedom)
-            (max(n_problems * by_seed.var(ddof=1), residual_square) / (seeds * n_problems), seeds - 1),
-            (max(n_seeds * by_problem.var(ddof=1), residual_square) / (n_seeds * n_problems), problem_dof),
-            (-residual_square / (n_seeds * n_problems), seed_dof * problem_dof),
-        ]
+        problem_square = n_seeds * by_problem.var(ddof=1)
+        # (mean square's share of the variance, with its sign; its degrees of freedom)
+        terms = [(max(n_problems * by_seed.var(ddof=1), residual_square) / (seeds * n_problems), seeds - 1)]
+        if problem_square > residual_square:
+            # at the residual's or below it the problems' mean square is the residual's, and the two terms are one
+            # estimate that cancels: counted as two, Satterthwaite's degrees of freedom would fall towards 0
+            terms += [
+                (problem_square / (n_seeds * n_problems), problem_dof),
+                (-residual_square / (n_seeds * n_problems), seed_dof * problem_dof),
+            ]
         variance = sum(term for term, _ in terms)
         if variance > 0:
             errors.append((np.sqrt(variance), variance**2 / sum(term**2 / df for term, df in terms)))
