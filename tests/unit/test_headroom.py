@@ -196,3 +196,17 @@ def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_pa
     assert table["seeds"].to_list() == [3, 3, 3]
     assert table["labeled_only_saturated"].to_list() == ["2 of 3 (steps 5, 5 of 6)", "not logged", "not logged"]
     assert "two-digit-sums n_labeled=4: " in headroom_verdict(table)
+
+
+def test_the_label_sources_students_run_in_the_2_label_regime_on_the_passes_arms_settings() -> None:
+    """passes_label_sources.yaml: each seed's three students beside the passes experiment's 2-label arm of the same
+    seed, with its settings but the label source, so that they read back its labeled RL, samples and controls."""
+    students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
+    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == 2}
+    sources: dict[int, set[str]] = {}
+    for arm in students.all_arms():
+        own, twin = (spec.model_dump(exclude={"label_source"}) for spec in (arm.spec, twins[arm.spec.seed].spec))
+        assert own == twin
+        sources.setdefault(arm.spec.seed, set()).add(arm.label_source)
+    assert sources == {seed: {"majority", "confidence", "verifier"} for seed in twins}
+    assert students.controls == PASSES.controls and students.equivalence_margin == PASSES.equivalence_margin
