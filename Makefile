@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui explore \
+.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui view explore \
 	notebooks clean-lake
 
 setup: $(STAMP)
@@ -107,6 +107,14 @@ benchmark: setup
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml
+
+# One experiment's own view in the web UI (`make view EXPERIMENT=experiments/passes.yaml`): the code location over
+# its experiment file alone (linked, so an edit and *Reload definitions* show), whose round groups hold its assets
+# alone and whose launches warn of nothing its arms do not read (README, "Adding a round").
+VIEW = .views/$(basename $(notdir $(EXPERIMENT)))
+view: setup
+	mkdir -p $(VIEW) && ln -sf $(abspath $(EXPERIMENT)) $(VIEW)/
+	NOISY_STUDENT_EXPERIMENTS=$(abspath $(VIEW)) $(BIN)/dagster dev -w workspace.yaml
 
 # An offline bundle for a node that reaches no package index (docs/offline-install.md): what make gpu-check's
 # functional round imports, measured here, as wheels for NODE_PYTHON (e.g. 3.12: cp312 manylinux for glibc
