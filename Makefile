@@ -113,6 +113,7 @@ ui: setup
 # alone and whose launches warn of nothing its arms do not read (README, "Adding a round").
 VIEW = .views/$(basename $(notdir $(EXPERIMENT)))
 view: setup
+	test -f "$(EXPERIMENT)" || { echo "make view EXPERIMENT=experiments/<name>.yaml: no file $(EXPERIMENT)"; exit 2; }
 	mkdir -p $(VIEW) && ln -sf $(abspath $(EXPERIMENT)) $(VIEW)/
 	NOISY_STUDENT_EXPERIMENTS=$(abspath $(VIEW)) $(BIN)/dagster dev -w workspace.yaml
 

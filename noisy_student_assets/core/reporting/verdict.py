@@ -126,9 +126,9 @@ def minimum_detectable_effect(standard_error: float, dof: float, confidence: flo
         return stats.nct.sf(critical, dof, noncentrality) - POWER
 
     bloom = critical + stats.t.ppf(POWER, dof)
-    if not power_short_of_target(2 * bloom) > 0:
-        # below about 0.2 degrees of freedom scipy's noncentral t loses its accuracy (its power falls as the effect
-        # grows); Bloom's bound is then already millions of standard errors, past any difference of accuracies
+    if dof < 1:
+        # scipy's noncentral t loses its accuracy below 1 degree of freedom (near 0.2 its power falls as the effect
+        # grows): Bloom's bound stands for the MDE there, which exceeds it
         return float(bloom * standard_error)
     noncentrality = optimize.brentq(power_short_of_target, 0, 2 * bloom)
     return float(noncentrality * standard_error)
@@ -207,8 +207,9 @@ def crossed_interval(differences: np.ndarray, confidence: float = CONFIDENCE) ->
 
 def crossed_errors(differences: np.ndarray, seeds: int | None = None) -> list[tuple[float, float]]:
     """`crossed_interval`'s standard errors with their degrees of freedom, of the mean over `seeds` seeds of the
-    same problems (None: the array's own seeds): the seed mean square's share shrinks with the seeds, the problems'
-    does not, as every seed is scored on the same problems."""
+    same problems (None: the array's own seeds): the seeds' component of the variance shrinks with the seeds, the
+    problems' does not, as every seed is scored on the same problems. Each mean square is the one `seeds` seeds
+    would have, with that design's degrees of freedom."""
     n_seeds, n_problems = differences.shape
     seeds = seeds or n_seeds
     by_seed = differences.mean(axis=1)
@@ -218,15 +219,16 @@ def crossed_errors(differences: np.ndarray, seeds: int | None = None) -> list[tu
         residual = differences - by_seed[:, None] - by_problem[None, :] + differences.mean()
         seed_dof, problem_dof = n_seeds - 1, n_problems - 1
         residual_square = (residual**2).sum() / (seed_dof * problem_dof)
-        problem_square = n_seeds * by_problem.var(ddof=1)
+        problem_excess = n_seeds * by_problem.var(ddof=1) - residual_square  # n_seeds x the problems' component
         # (mean square's share of the variance, with its sign; its degrees of freedom)
         terms = [(max(n_problems * by_seed.var(ddof=1), residual_square) / (seeds * n_problems), seeds - 1)]
-        if problem_square > residual_square:
+        if problem_excess > 0:
             # at the residual's or below it the problems' mean square is the residual's, and the two terms are one
             # estimate that cancels: counted as two, Satterthwaite's degrees of freedom would fall towards 0
+            problem_square = residual_square + seeds / n_seeds * problem_excess
             terms += [
-                (problem_square / (n_seeds * n_problems), problem_dof),
-                (-residual_square / (n_seeds * n_problems), seed_dof * problem_dof),
+                (problem_square / (seeds * n_problems), problem_dof),
+                (-residual_square / (seeds * n_problems), (seeds - 1) * problem_dof),
             ]
         variance = sum(term for term, _ in terms)
         if variance > 0:
