@@ -198,11 +198,12 @@ def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_pa
     assert "two-digit-sums n_labeled=4: " in headroom_verdict(table)
 
 
-def test_the_label_sources_students_run_in_the_2_label_regime_on_the_passes_arms_settings() -> None:
-    """passes_label_sources.yaml: each seed's three students beside the passes experiment's 2-label arm of the same
-    seed, with its settings but the label source, so that they read back its labeled RL, samples and controls."""
+def test_the_label_sources_students_run_in_the_regime_the_rule_picked_on_the_passes_arms_settings() -> None:
+    """passes_label_sources.yaml: each seed's three students beside the passes experiment's 4-label arm of the same
+    seed (the regime `grid_task` picked from results/ on 2026-11-29), with its settings but the label source, so that
+    they read back its labeled RL, samples and controls."""
     students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
-    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == 2}
+    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == 4}
     sources: dict[int, set[str]] = {}
     for arm in students.all_arms():
         own, twin = (spec.model_dump(exclude={"label_source"}) for spec in (arm.spec, twins[arm.spec.seed].spec))
