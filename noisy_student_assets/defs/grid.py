@@ -580,7 +580,7 @@ def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: f
     import polars as pl
 
     from noisy_student_assets.core.reporting.markdown import markdown_table
-    from noisy_student_assets.core.reporting.power import MOST_SEEDS, PILOT_SEEDS, arm_hours, power_table
+    from noisy_student_assets.core.reporting.power import MOST_SEEDS, PILOT_SEEDS, arm_hours, power_table, seeds_column
 
     arms = grid.experiment.all_arms()
     recorded = arm_hours(lake, arms)
@@ -598,7 +598,7 @@ def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: f
         cost = f"no cost per seed recorded in {lake} (the grid records it; --hours-per-seed gives one)"
     print(f"\nSeeds for 80% power at the verdicts' own two-sided 95% intervals; {cost}.")
     piloted = table.filter(pl.col("pilot") == "done")
-    out_of_reach = [f"{effect:g}" for effect in effects if piloted[f"seeds for {effect:g}"].null_count()]
+    out_of_reach = [f"{effect:g}" for effect in effects if piloted[seeds_column(effect)].null_count()]
     if out_of_reach:
         print(
             f"n/a for {', '.join(out_of_reach)} after a pilot: not even {MOST_SEEDS} seeds would detect it at the "

@@ -51,6 +51,11 @@ def arm_hours(lake: Path, arms: list[Arm]) -> list[float]:
     return [layout.read_sidecar(ArmHours, path).hours for path in paths if path.exists()]
 
 
+def seeds_column(effect: float) -> str:
+    """The power table's column of the seeds `effect` needs."""
+    return f"seeds for {effect:g}"
+
+
 def seeds_needed(differences: np.ndarray, effect: float) -> int | None:
     """The fewest seeds (2 or more) at which the crossed interval over the same problems detects `effect` with 80%
     power, projected from the variance components of `differences` ([seeds, problems], seeds >= 2); None where
@@ -91,7 +96,7 @@ def power_table(lake: Path, arms: list[Arm], effects: list[float], hours_per_see
             row = {"group": group, "round": number, "checkpoint": role, "seeds": len(pairs), "mde": difference.mde}
             for effect in effects:
                 needed = seeds_needed(treatment - control, effect) if len(pairs) >= PILOT_SEEDS else None
-                row[f"seeds for {effect:g}"] = needed
+                row[seeds_column(effect)] = needed
                 row[f"hours to add for {effect:g}"] = (
                     max(needed - len(pairs), 0) * hours_per_seed
                     if needed is not None and hours_per_seed is not None
