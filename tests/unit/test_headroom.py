@@ -198,12 +198,15 @@ def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_pa
     assert "two-digit-sums n_labeled=4: " in headroom_verdict(table)
 
 
-def test_the_label_sources_students_run_in_the_regime_the_rule_picked_on_the_passes_arms_settings() -> None:
-    """passes_label_sources.yaml: each seed's three students beside the passes experiment's 4-label arm of the same
-    seed (the regime `grid_task` picked from results/ on 2026-11-29), with its settings but the label source, so that
-    they read back its labeled RL, samples and controls."""
+def test_the_label_sources_students_run_in_the_regime_the_rule_picks_from_results_on_the_passes_arms_settings() -> None:
+    """passes_label_sources.yaml: each seed's three students beside the passes experiment's arm of the same seed in
+    the regime `grid_task` picks from the committed results, with its settings but the label source, so that they
+    read back its labeled RL, samples and controls."""
     students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
-    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == 4}
+    results = Path(__file__).resolve().parents[2] / "results"
+    n_labeled = students.defaults.n_labeled
+    assert grid_task(headroom_table(results, PASSES.all_arms())) == f"two-digit-sums n_labeled={n_labeled}"
+    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == n_labeled}
     sources: dict[int, set[str]] = {}
     for arm in students.all_arms():
         own, twin = (spec.model_dump(exclude={"label_source"}) for spec in (arm.spec, twins[arm.spec.seed].spec))
