@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.reporting.findings import (
     BEGIN,
     END,
+    PASSES_STUDENTS,
     findings,
     findings_block,
     findings_markdown,
@@ -38,6 +40,18 @@ def test_every_finding_has_its_interval_mde_verdict_and_command(printed: str) ->
         assert row.seeds >= 3 or (row.seeds == 1 and row.verdict.endswith("one seed")), row
         assert row.verdict.startswith(("better", "worse", "inconclusive: could have missed", "no effect larger than"))
         assert row.command.startswith("python -m noisy_student_assets.") and row.command.endswith("--lake results")
+
+
+def test_each_label_source_s_student_in_the_passes_regime_has_its_row() -> None:
+    """passes_label_sources.yaml's students, each against its labeled-only control, once their seeds are in results."""
+    students = load_experiment(REPO / "experiments" / PASSES_STUDENTS)
+    questions = [row.question for row in findings(REPO / "results", REPO / "experiments")]
+    where = f"{students.defaults.task} n_labeled={students.defaults.n_labeled}"
+
+    assert sorted(question for question in questions if question.endswith(where)) == [
+        f"The {source}-label student beats labeled-only (round 1), {where}"
+        for source in ("confidence", "majority", "verifier")
+    ]
 
 
 def test_writing_replaces_only_the_table_between_the_markers() -> None:

@@ -6,20 +6,23 @@ command that prints those figures. docs/results.md opens with it and the README'
 The questions, all from `results/`:
 - data headroom, per task of the headroom experiment and per regime of the passes experiment (the labeled set's size
   at many passes over it): gold labels minus the labels alone (`headroom.data_headroom`);
-- the majority-label student minus its labeled-only control, per task, at the experiment's last round (`summary`);
+- the majority-label student minus its labeled-only control, per task, at the headroom experiment's last round, and
+  each label source's student minus its labeled-only control in the passes regime the students run in
+  (`passes_label_sources.yaml`), all by `summary`;
 - the label sources' direct effect on the label-source grid's task: each source's kept-label accuracy minus the head
   count's at full coverage (`summary.sources_against`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import load_experiment
+from noisy_student_assets.core.experiments.arms import Arm, Experiment, load_experiment
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.headroom import headroom_table, line_name
 from noisy_student_assets.core.reporting.markdown import with_block
@@ -27,7 +30,8 @@ from noisy_student_assets.core.reporting.summary import collect, group_label, so
 
 BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
 """The markers around the findings table in README.md and docs/results.md."""
-HEADROOM, PASSES, LABEL_SOURCE_GRID = "headroom.yaml", "passes.yaml", "label_source_grid.yaml"
+HEADROOM, PASSES, PASSES_STUDENTS = "headroom.yaml", "passes.yaml", "passes_label_sources.yaml"
+LABEL_SOURCE_GRID = "label_source_grid.yaml"
 DIRECT_EFFECT_COVERAGE = "at 100%"
 LABEL_SOURCES = ("confidence", "verifier")
 
@@ -75,26 +79,13 @@ def findings(results: Path, experiments_dir: Path) -> list[Finding]:
         for row in headroom_table(results, experiment.all_arms()).iter_rows(named=True)
         if row["data_headroom"] is not None
     ]
-    headroom = headroom_experiments[HEADROOM]
-    task_of = {group_label(arm): arm.spec.task for arm in headroom.all_arms()}
-    differences = collect(results, headroom.all_arms(), headroom.max_rounds).differences
-    last = differences.filter(
-        (pl.col("control") == layout.LABELED_ONLY) & (pl.col("eval_set") == "all"),
-        pl.col("round") == pl.col("round").max().over("group"),
+    rows += student_findings(results, headroom_experiments[HEADROOM], HEADROOM, lambda arm: arm.spec.task)
+    rows += student_findings(
+        results,
+        load_experiment(experiments_dir / PASSES_STUDENTS),
+        PASSES_STUDENTS,
+        lambda arm: f"{arm.spec.task} n_labeled={arm.spec.n_labeled}",
     )
-    rows += [
-        Finding(
-            f"The majority-label student beats labeled-only (round {row['round']}), {task_of[row['group']]}",
-            row["estimate"],
-            row["low"],
-            row["high"],
-            row["mde"],
-            row["seeds"],
-            row["outcome"],
-            _command("summary", HEADROOM),
-        )
-        for row in last.iter_rows(named=True)
-    ]
     grid = load_experiment(experiments_dir / LABEL_SOURCE_GRID)
     collected = collect(results, grid.all_arms(), grid.max_rounds)
     sources = sources_against(collected.sources, collected.curves, margins=collected.margins)
@@ -116,6 +107,33 @@ def findings(results: Path, experiments_dir: Path) -> list[Finding]:
             for row in sources.iter_rows(named=True)
         ]
     return rows
+
+
+def student_findings(results: Path, experiment: Experiment, name: str, where: Callable[[Arm], str]) -> list[Finding]:
+    """Each arm group's student minus its labeled-only control over its seeds, at the experiment's last round, on
+    every held-out problem; `where` names the group's task (and regime) from one of its arms."""
+    arm_of = {group_label(arm): arm for arm in experiment.all_arms()}
+    differences = collect(results, experiment.all_arms(), experiment.max_rounds).differences
+    if differences.is_empty():  # none of its arms in the results yet
+        return []
+    last = differences.filter(
+        (pl.col("control") == layout.LABELED_ONLY) & (pl.col("eval_set") == "all"),
+        pl.col("round") == pl.col("round").max().over("group"),
+    )
+    return [
+        Finding(
+            f"The {arm_of[row['group']].label_source}-label student beats labeled-only (round {row['round']}), "
+            + where(arm_of[row["group"]]),
+            row["estimate"],
+            row["low"],
+            row["high"],
+            row["mde"],
+            row["seeds"],
+            row["outcome"],
+            _command("summary", name),
+        )
+        for row in last.iter_rows(named=True)
+    ]
 
 
 def findings_markdown(rows: list[Finding]) -> str:

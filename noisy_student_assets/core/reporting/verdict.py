@@ -108,8 +108,10 @@ def outcome_of(low: float, high: float, margin: float | None = None) -> str:
 
 
 def wording(outcome: str, mde: float) -> str:
-    """An `outcome_of` in words: an inconclusive one says the effect it could have missed (`mde`)."""
-    return f"{INCONCLUSIVE}: could have missed an effect up to {mde:.3f}" if outcome == INCONCLUSIVE else outcome
+    """An `outcome_of` in words: an inconclusive one (on one seed too) says the effect it could have missed (`mde`)."""
+    if outcome.removesuffix(ONE_SEED) != INCONCLUSIVE:
+        return outcome
+    return f"{INCONCLUSIVE}: could have missed an effect up to {mde:.3f}" + outcome.removeprefix(INCONCLUSIVE)
 
 
 def minimum_detectable_effect(standard_error: float, dof: float, confidence: float = CONFIDENCE) -> float:
