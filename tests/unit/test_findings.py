@@ -16,6 +16,7 @@ from noisy_student_assets.core.reporting.findings import (
     findings_markdown,
     with_findings,
 )
+from noisy_student_assets.core.reporting.summary import collect
 from noisy_student_assets.findings import PAGES, REPO
 
 
@@ -48,10 +49,17 @@ def test_each_label_source_s_student_in_the_passes_regime_has_its_row() -> None:
     questions = [row.question for row in findings(REPO / "results", REPO / "experiments")]
     where = f"{students.defaults.task} n_labeled={students.defaults.n_labeled}"
 
-    assert sorted(question for question in questions if question.endswith(where)) == [
-        f"The {source}-label student beats labeled-only (round 1), {where}"
+    students_rows = sorted(question for question in questions if question.startswith("The ") and where in question)
+    assert [question.split(where)[0] for question in students_rows] == [
+        f"The {source}-label student beats labeled-only (round 1), "
         for source in ("confidence", "majority", "verifier")
     ]
+    failed = collect(REPO / "results", students.all_arms(), students.max_rounds).failed
+    for group, seed in failed.select("group", "seed").rows() if failed.height else []:
+        # a seed whose verifier failed its check has no student: its row says so
+        source = group.removeprefix("label_source=")
+        row = next(question for question in students_rows if question.startswith(f"The {source}-label"))
+        assert f" {seed}" in row.split(where)[1] and "not informative" in row, row
 
 
 def test_writing_replaces_only_the_table_between_the_markers() -> None:

@@ -30,7 +30,12 @@ from noisy_student_assets.core.reporting.summary import (
 )
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
 from noisy_student_assets.core.settings import VerifierSettings
-from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, PublishedVerifier, VerifierMetrics
+from noisy_student_assets.core.training.verifier import (
+    VALIDATION_SCORES_FILE,
+    VERIFIER_METRICS_FILE,
+    PublishedVerifier,
+    VerifierMetrics,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROBLEMS = 40
@@ -260,6 +265,41 @@ def test_the_summary_prints_each_verifier_s_validation_measures(lake: Path) -> N
         ("tau50-s0", 1, 79.0, 0.627)
     ]
     assert "## Verifiers" in summary_markdown(results)
+
+
+def _write_verifier(lake: Path, number: int, arm: str, scores_follow_correctness: bool) -> None:
+    """Round `number`'s verifier of `arm` with its validation samples' scores: 40 problems of 4 samples, 2 right,
+    scored by rightness (informative) or by sample parity (AUROC 0.5)."""
+    verifier = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm)
+    verifier.mkdir(parents=True)
+    published = PublishedVerifier(metrics=VerifierMetrics(**VERIFIER_MEASURES), settings=VerifierSettings())
+    (verifier / VERIFIER_METRICS_FILE).write_text(published.model_dump_json())
+    samples = pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(PROBLEMS) for _ in range(4)]}).with_columns(
+        sample_index=pl.int_range(pl.len()) % 4
+    )
+    samples = samples.with_columns(correct=pl.col("sample_index") < 2)
+    score = pl.col("correct") if scores_follow_correctness else pl.col("sample_index") % 2 == 0
+    samples.with_columns(score=score.cast(pl.Float64)).write_parquet(verifier / VALIDATION_SCORES_FILE)
+
+
+def test_an_arm_whose_verifier_fails_verifier_informative_is_said_failed_not_pending(lake: Path) -> None:
+    """The check blocks the student: the summary says the arm failed and why, by the check's own rule, and the
+    verifier table says which verifiers were judged informative."""
+    three = Experiment(
+        name="grid", defaults=ArmSpec(round_steps=16, max_rounds=3), arms={"tau50-s0": ArmSpec(tau=0.5, seed=0)}
+    )
+    _write_verifier(lake, 1, "tau50-s0", scores_follow_correctness=True)
+    _write_verifier(lake, 3, "tau50-s0", scores_follow_correctness=False)
+    results = collect(lake, [three.arm("tau50-s0")], rounds=3)
+
+    assert results.verifiers.select("round", "informative").rows() == [(1, True), (3, False)]
+    assert results.verifiers["validation_auroc_low"][0] > 0.5
+    assert results.failed.select("arm", "round").rows() == [("tau50-s0", 3)]
+    assert results.pending == [
+        "arm tau50-s0 (grid) failed: round 3's verifier fails verifier_informative (validation AUROC 0.500, its 95% "
+        "interval 0.500 to 0.500 over 40 problems contains 0.5: the verifier is not shown to rank right samples above "
+        "wrong ones), so no student trained on its labels"
+    ]
 
 
 def test_every_verifier_record_committed_in_results_reads_as_it_was_written() -> None:

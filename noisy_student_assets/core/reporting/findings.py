@@ -111,11 +111,27 @@ def findings(results: Path, experiments_dir: Path) -> list[Finding]:
 
 def student_findings(results: Path, experiment: Experiment, name: str, where: Callable[[Arm], str]) -> list[Finding]:
     """Each arm group's student minus its labeled-only control over its seeds, at the experiment's last round, on
-    every held-out problem; `where` names the group's task (and regime) from one of its arms."""
+    every held-out problem; `where` names the group's task (and regime) from one of its arms. The seeds whose
+    verifier failed `verifier_informative` have no student: the question names them."""
     arm_of = {group_label(arm): arm for arm in experiment.all_arms()}
-    differences = collect(results, experiment.all_arms(), experiment.max_rounds).differences
+    collected = collect(results, experiment.all_arms(), experiment.max_rounds)
+    differences = collected.differences
     if differences.is_empty():  # none of its arms in the results yet
         return []
+    failed_seeds = (
+        dict(collected.failed.group_by("group").agg(pl.col("seed").sort()).iter_rows())
+        if collected.failed.height
+        else {}
+    )
+
+    def unmeasured(group: str) -> str:
+        seeds = failed_seeds.get(group)
+        if not seeds:
+            return ""
+        return (
+            f" (no student on seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}: its verifier was not informative)"
+        )
+
     last = differences.filter(
         (pl.col("control") == layout.LABELED_ONLY) & (pl.col("eval_set") == "all"),
         pl.col("round") == pl.col("round").max().over("group"),
@@ -123,7 +139,8 @@ def student_findings(results: Path, experiment: Experiment, name: str, where: Ca
     return [
         Finding(
             f"The {arm_of[row['group']].label_source}-label student beats labeled-only (round {row['round']}), "
-            + where(arm_of[row["group"]]),
+            + where(arm_of[row["group"]])
+            + unmeasured(row["group"]),
             row["estimate"],
             row["low"],
             row["high"],

@@ -7,9 +7,9 @@ are partitions, their files never collide.
 
 What is kept, per arm: every evaluation's metrics, per-problem scores and report tables (not its completions), the
 base model's among them, each round's pseudo-label audit, frontier and settings (not the labels' table), the
-verifier's measures, the held-out problems and the unlabeled problems (their ids say which held-out problems a
-test-time arm trained on), each trained checkpoint's compute and training log (not its weights), and the hours the
-grid's runs of the arm took.
+verifier's measures and its validation samples' scores (they judge it informative or not, and are small), the
+held-out problems and the unlabeled problems (their ids say which held-out problems a test-time arm trained on),
+each trained checkpoint's compute and training log (not its weights), and the hours the grid's runs of the arm took.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
-from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE
+from noisy_student_assets.core.training.verifier import VALIDATION_SCORES_FILE, VERIFIER_METRICS_FILE
 
 ARM_EVAL_ASSETS = (layout.BASE_MODEL_EVAL, layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)
 ROUND_EVAL_ASSETS = (
@@ -61,7 +61,7 @@ def _kept(asset: str, file_name: str) -> bool:
     if asset == layout.PSEUDO_LABELS:
         return file_name.endswith(".json")
     if asset == layout.VERIFIER:
-        return file_name == VERIFIER_METRICS_FILE
+        return file_name in (VERIFIER_METRICS_FILE, VALIDATION_SCORES_FILE)
     if asset in (layout.LABELED_RL, *ROUND_CHECKPOINTS):
         return file_name in CHECKPOINT_FILES
     if asset == layout.GRID_RUNS:

@@ -35,7 +35,12 @@ from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.reporting.verdict import outcome_of, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
-from noisy_student_assets.core.training.verifier import VERIFIER_METRICS_FILE, PublishedVerifier
+from noisy_student_assets.core.training.verifier import (
+    VALIDATION_SCORES_FILE,
+    VERIFIER_METRICS_FILE,
+    PublishedVerifier,
+    read_verifier_metrics,
+)
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
@@ -45,6 +50,8 @@ VERIFIER_COLUMNS = (
     "labeled_samples_right",
     "validation_samples_right",
     "validation_auroc",
+    "validation_auroc_low",
+    "validation_auroc_high",
     "validation_label_accuracy",
     "validation_maj_at_k",
     "validation_pass_at_k",
@@ -116,6 +123,9 @@ class ExperimentResults:
     pending: list[str] = field(default_factory=list)
     """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, in words (the sentences
     speak of the last round evaluated)."""
+    failed: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """Per arm whose round's verifier fails `verifier_informative` (a blocking check: no student trains on its
+    labels): experiment, group, arm, seed, round and why."""
     margins: dict[str, float | None] = field(default_factory=dict)
     """Per experiment: its equivalence margin (`Experiment.equivalence_margin`), which words its verdicts."""
 
@@ -135,7 +145,21 @@ class ExperimentResults:
 
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
-    accuracy, audits, calibration, validation, sources, curves, flips, yardsticks, verifiers, pending, by_group = (
+    (
+        accuracy,
+        audits,
+        calibration,
+        validation,
+        sources,
+        curves,
+        flips,
+        yardsticks,
+        verifiers,
+        pending,
+        failed,
+        by_group,
+    ) = (
+        [],
         [],
         [],
         [],
@@ -180,6 +204,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             row | {"round": number, "checkpoint": role, "greedy_accuracy": evaluation.metrics["greedy_accuracy"]}
             for (number, role), evaluation in evaluations.items()
         ]
+        verifier_failures = {}
         for number in range(1, rounds + 1):
             labels_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name)
             if (labels_dir / AUDIT_BUCKETS_FILE).exists():
@@ -202,10 +227,15 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 curves.append(pl.read_json(labels_dir / FRONTIER_FILE).select(*_arm_columns(row, number), pl.all()))
             verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
             if (verifier_dir / VERIFIER_METRICS_FILE).exists():
-                measured = PublishedVerifier.read(verifier_dir).metrics
+                measured, failure = _verifier_measures(verifier_dir)
                 verifiers.append(
-                    row | {"round": number} | {column: getattr(measured, column) for column in VERIFIER_COLUMNS}
+                    row
+                    | {"round": number}
+                    | {column: measured.get(column) for column in VERIFIER_COLUMNS}
+                    | {"informative": failure is None if "validation_auroc_low" in measured else None}
                 )
+                if failure:
+                    verifier_failures[number] = failure
             student = evaluations.get((number, layout.STUDENT_ROLE))
             if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
                 flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
@@ -227,7 +257,14 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                 )
         asked = arm.stopping_rule.max_rounds
         missing = [str(number) for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
-        if evaluations and missing:
+        if missing and int(missing[0]) in verifier_failures:
+            number = int(missing[0])
+            failed.append(row | {"round": number, "failure": verifier_failures[number]})
+            pending.append(
+                f"arm {arm.name} ({arm.experiment}) failed: round {number}'s verifier fails verifier_informative "
+                f"({verifier_failures[number]}), so no student trained on its labels"
+            )
+        elif evaluations and missing:
             pending.append(
                 f"arm {arm.name} ({arm.experiment}): round {', '.join(missing)} of its {asked} not evaluated yet"
             )
@@ -284,6 +321,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
         pending=pending,
+        failed=pl.DataFrame(failed) if failed else pl.DataFrame(),
         margins=margins,
     )
 
@@ -368,6 +406,15 @@ def sources_against(
         if rows
         else pl.DataFrame()
     )
+
+
+def _verifier_measures(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
+    """A verifier's measures and why it is not informative (`read_verifier_metrics`, the rule of the
+    `verifier_informative` check); where its validation scores were not kept (results exported before they were),
+    its published metrics alone, with no interval and no judgement."""
+    if (verifier_dir / VALIDATION_SCORES_FILE).exists():
+        return read_verifier_metrics(verifier_dir)
+    return PublishedVerifier.read(verifier_dir).metrics.model_dump(), None
 
 
 def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
