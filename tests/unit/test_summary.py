@@ -25,6 +25,7 @@ from noisy_student_assets.core.reporting.summary import (
     collect,
     group_label,
     lake_arms,
+    seed_accuracy_pivot,
     sources_against,
     summary_markdown,
 )
@@ -145,6 +146,15 @@ def test_the_summary_leads_with_the_verdict(lake: Path) -> None:
     first = pivot.filter((pl.col("group") == "tau=0.5") & (pl.col("round") == 0)).row(0, named=True)
     assert first["base_model"] == "0.1 ± 0.0 (n=2)" and first["student"] == "0.3 ± 0.0 (n=2)"
     assert "## Pseudo-labels" in text and "## Student minus control" in text
+
+
+def test_the_summary_prints_each_seed_behind_the_means(lake: Path) -> None:
+    results = collect(lake, ARMS, rounds=2)
+    per_seed = seed_accuracy_pivot(results.accuracy).filter(pl.col("group") == "tau=0.5", pl.col("round") == 2)
+    assert per_seed.select("seed", "student", "labeled_only").rows() == [("0", 0.5, 0.3), ("1", 0.5, 0.3)]
+    assert "## Greedy accuracy per seed\n\n" + markdown_table(seed_accuracy_pivot(results.accuracy)) in (
+        summary_markdown(results)
+    )
 
 
 def test_validation_results_are_listed_by_labeled_rl_steps(tmp_path: Path) -> None:

@@ -436,6 +436,17 @@ def accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def seed_accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
+    """Greedy accuracy of each seed (the figures behind `accuracy_pivot`'s means), one row per group, round and seed,
+    one column per checkpoint."""
+    return accuracy.pivot(
+        on="checkpoint",
+        index=["experiment", "group", "round", "seed"],
+        values="greedy_accuracy",
+        aggregate_function="first",
+    ).sort("experiment", "group", "round", pl.col("seed").cast(pl.Int64))
+
+
 def summary_markdown(results: ExperimentResults) -> str:
     """The verdict sentences, then the tables, as markdown that can be pasted into a write-up."""
     lines = ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
@@ -473,6 +484,10 @@ def summary_markdown(results: ExperimentResults) -> str:
             "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)",
             "",
             markdown_table(accuracy_pivot(results.accuracy)),
+            "",
+            "## Greedy accuracy per seed",
+            "",
+            markdown_table(seed_accuracy_pivot(results.accuracy)),
         ]
     if results.audits.height:
         lines += [
