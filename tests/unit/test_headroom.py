@@ -199,9 +199,9 @@ def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_pa
 
 
 def test_the_label_sources_students_run_in_the_regime_the_rule_picks_from_results_on_the_passes_arms_settings() -> None:
-    """passes_label_sources.yaml: each seed's three students beside the passes experiment's arm of the same seed in
-    the regime `grid_task` picks from the committed results, with its settings but the label source, so that they
-    read back its labeled RL, samples and controls."""
+    """passes_label_sources.yaml: each seed's three students (and the peers' variants) beside the passes experiment's
+    arm of the same seed in the regime `grid_task` picks from the committed results, with its settings but what only
+    the pseudo-labels and the student read, so that they read back its labeled RL, samples and controls."""
     students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
     results = Path(__file__).resolve().parents[2] / "results"
     n_labeled = students.defaults.n_labeled
@@ -209,7 +209,10 @@ def test_the_label_sources_students_run_in_the_regime_the_rule_picks_from_result
     twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == n_labeled}
     sources: dict[int, set[str]] = {}
     for arm in students.all_arms():
-        own, twin = (spec.model_dump(exclude={"label_source"}) for spec in (arm.spec, twins[arm.spec.seed].spec))
+        own, twin = (
+            spec.model_dump(exclude={"label_source", "tau", "reward", "unlabeled_share"})
+            for spec in (arm.spec, twins[arm.spec.seed].spec)
+        )
         assert own == twin
         sources.setdefault(arm.spec.seed, set()).add(arm.label_source)
     assert sources == {seed: {"majority", "confidence", "verifier"} for seed in twins}

@@ -138,9 +138,8 @@ def student_findings(results: Path, experiment: Experiment, name: str, where: Ca
     )
     return [
         Finding(
-            f"The {arm_of[row['group']].label_source}-label student beats labeled-only (round {row['round']}), "
-            + where(arm_of[row["group"]])
-            + unmeasured(row["group"]),
+            f"The {arm_of[row['group']].label_source}-label student{_variant(arm_of[row['group']])} beats "
+            f"labeled-only (round {row['round']}), " + where(arm_of[row["group"]]) + unmeasured(row["group"]),
             row["estimate"],
             row["low"],
             row["high"],
@@ -151,6 +150,13 @@ def student_findings(results: Path, experiment: Experiment, name: str, where: Ca
         )
         for row in last.iter_rows(named=True)
     ]
+
+
+def _variant(arm: Arm) -> str:
+    """What else than its label source and seed the arm's student sets (its training options: ' (reward=...)'), or
+    nothing; the task and regime are the question's `where`."""
+    own = group_label(arm, besides=("seed", "task", "n_labeled", "label_source"))
+    return "" if own == "defaults" else f" ({own})"
 
 
 def findings_markdown(rows: list[Finding]) -> str:
