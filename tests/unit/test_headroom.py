@@ -199,9 +199,9 @@ def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_pa
 
 
 def test_the_label_sources_students_run_in_the_regime_the_rule_picks_from_results_on_the_passes_arms_settings() -> None:
-    """passes_label_sources.yaml: each seed's three students (and the peers' variants) beside the passes experiment's
-    arm of the same seed in the regime `grid_task` picks from the committed results, with its settings but what only
-    the pseudo-labels and the student read, so that they read back its labeled RL, samples and controls."""
+    """passes_label_sources.yaml: each seed's three students beside the passes experiment's arm of the same seed in
+    the regime `grid_task` picks from the committed results, with its settings but the label source, so that they
+    read back its labeled RL, samples and controls."""
     students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
     results = Path(__file__).resolve().parents[2] / "results"
     n_labeled = students.defaults.n_labeled
@@ -209,11 +209,27 @@ def test_the_label_sources_students_run_in_the_regime_the_rule_picks_from_result
     twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == n_labeled}
     sources: dict[int, set[str]] = {}
     for arm in students.all_arms():
-        own, twin = (
-            spec.model_dump(exclude={"label_source", "tau", "reward", "unlabeled_share"})
-            for spec in (arm.spec, twins[arm.spec.seed].spec)
-        )
+        own, twin = (spec.model_dump(exclude={"label_source"}) for spec in (arm.spec, twins[arm.spec.seed].spec))
         assert own == twin
         sources.setdefault(arm.spec.seed, set()).add(arm.label_source)
     assert sources == {seed: {"majority", "confidence", "verifier"} for seed in twins}
     assert students.controls == PASSES.controls and students.equivalence_margin == PASSES.equivalence_margin
+
+
+def test_the_peers_variants_run_beside_the_label_sources_students_on_the_passes_arms_settings() -> None:
+    """passes_peers.yaml: TTRL's reward and TraPO's unlabeled share on each seed's majority student, with the passes
+    arm's settings but what only the pseudo-labels and the student read (so that labeled RL, the samples and the
+    labeled-only control are read back), against labeled-only alone: neither has a gold-label counterpart."""
+    peers = load_experiment(EXPERIMENT.parent / "passes_peers.yaml")
+    students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
+    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == students.defaults.n_labeled}
+    variants: dict[int, set[str]] = {}
+    for arm in peers.all_arms():
+        student_only = {"label_source", "tau", "reward", "unlabeled_share"}
+        own, twin = (spec.model_dump(exclude=student_only) for spec in (arm.spec, twins[arm.spec.seed].spec))
+        assert own == twin and arm.label_source == "majority"
+        variants.setdefault(arm.spec.seed, set()).add(
+            "ttrl" if arm.spec.reward == "group_majority" else f"share {arm.spec.unlabeled_share}"
+        )
+    assert variants == {seed: {"ttrl", "share 0.75"} for seed in twins}
+    assert peers.controls == ("labeled_only",) and peers.equivalence_margin == PASSES.equivalence_margin

@@ -7,7 +7,8 @@ The questions, all from `results/`:
 - data headroom, per task of the headroom experiment and per regime of the passes experiment (the labeled set's size
   at many passes over it): gold labels minus the labels alone (`headroom.data_headroom`);
 - the majority-label student minus its labeled-only control, per task, at the headroom experiment's last round, and
-  each label source's student minus its labeled-only control in the passes regime the students run in
+  each label source's student, and each peer's variant of the majority student (`passes_peers.yaml`: TTRL's reward,
+  TraPO's unlabeled share), minus its labeled-only control in the passes regime the students run in
   (`passes_label_sources.yaml`), all by `summary`;
 - the label sources' direct effect on the label-source grid's task: each source's kept-label accuracy minus the head
   count's at full coverage (`summary.sources_against`).
@@ -31,6 +32,7 @@ from noisy_student_assets.core.reporting.summary import collect, group_label, so
 BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
 """The markers around the findings table in README.md and docs/results.md."""
 HEADROOM, PASSES, PASSES_STUDENTS = "headroom.yaml", "passes.yaml", "passes_label_sources.yaml"
+PASSES_PEERS = "passes_peers.yaml"
 LABEL_SOURCE_GRID = "label_source_grid.yaml"
 DIRECT_EFFECT_COVERAGE = "at 100%"
 LABEL_SOURCES = ("confidence", "verifier")
@@ -80,12 +82,16 @@ def findings(results: Path, experiments_dir: Path) -> list[Finding]:
         if row["data_headroom"] is not None
     ]
     rows += student_findings(results, headroom_experiments[HEADROOM], HEADROOM, lambda arm: arm.spec.task)
-    rows += student_findings(
-        results,
-        load_experiment(experiments_dir / PASSES_STUDENTS),
-        PASSES_STUDENTS,
-        lambda arm: f"{arm.spec.task} n_labeled={arm.spec.n_labeled}",
-    )
+    rows += [
+        row
+        for name in (PASSES_STUDENTS, PASSES_PEERS)
+        for row in student_findings(
+            results,
+            load_experiment(experiments_dir / name),
+            name,
+            lambda arm: f"{arm.spec.task} n_labeled={arm.spec.n_labeled}",
+        )
+    ]
     grid = load_experiment(experiments_dir / LABEL_SOURCE_GRID)
     collected = collect(results, grid.all_arms(), grid.max_rounds)
     sources = sources_against(collected.sources, collected.curves, margins=collected.margins)
