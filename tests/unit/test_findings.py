@@ -10,6 +10,7 @@ from noisy_student_assets.core.experiments.arms import load_experiment
 from noisy_student_assets.core.reporting.findings import (
     BEGIN,
     END,
+    PASSES_PEERS,
     PASSES_STUDENTS,
     findings,
     findings_block,
@@ -44,12 +45,18 @@ def test_every_finding_has_its_interval_mde_verdict_and_command(printed: str) ->
 
 
 def test_each_label_source_s_student_in_the_passes_regime_has_its_row() -> None:
-    """passes_label_sources.yaml's students, each against its labeled-only control, once their seeds are in results."""
+    """passes_label_sources.yaml's students, each against its labeled-only control, once their seeds are in results;
+    passes_peers.yaml's variants of the majority student beside them, each named by what its arm sets."""
     students = load_experiment(REPO / "experiments" / PASSES_STUDENTS)
-    questions = [row.question for row in findings(REPO / "results", REPO / "experiments")]
+    rows = findings(REPO / "results", REPO / "experiments")
     where = f"{students.defaults.task} n_labeled={students.defaults.n_labeled}"
 
-    students_rows = sorted(question for question in questions if question.startswith("The ") and where in question)
+    students_rows = sorted(row.question for row in rows if f"experiments/{PASSES_STUDENTS} " in row.command)
+    peers_rows = sorted(row.question for row in rows if f"experiments/{PASSES_PEERS} " in row.command)
+    assert peers_rows == [
+        f"The majority-label student ({variant}) beats labeled-only (round 1), {where}"
+        for variant in ("tau=0.0 reward=group_majority", "unlabeled_share=0.75")
+    ]
     assert [question.split(where)[0] for question in students_rows] == [
         f"The {source}-label student beats labeled-only (round 1), "
         for source in ("confidence", "majority", "verifier")
