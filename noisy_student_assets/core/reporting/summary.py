@@ -121,8 +121,8 @@ class ExperimentResults:
     sentences: list[str]
     """Per group: the last round against its labeled-only control, in words."""
     pending: list[str] = field(default_factory=list)
-    """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, in words (the sentences
-    speak of the last round evaluated)."""
+    """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, or why it failed
+    (`failed`), in words (the sentences speak of the last round evaluated)."""
     failed: pl.DataFrame = field(default_factory=pl.DataFrame)
     """Per arm whose round's verifier fails `verifier_informative` (a blocking check: no student trains on its
     labels): experiment, group, arm, seed, round and why."""
