@@ -148,6 +148,21 @@ def test_the_summary_leads_with_the_verdict(lake: Path) -> None:
     assert "## Pseudo-labels" in text and "## Student minus control" in text
 
 
+def test_seeds_are_listed_in_number_order_and_an_arm_without_a_seed_is_listed_too() -> None:
+    accuracy = pl.DataFrame(
+        [
+            {"experiment": "e", "group": group, "arm": f"{group}-{seed}", "seed": seed, "round": 1}
+            | {"checkpoint": "student", "greedy_accuracy": 0.5}
+            for group, seed in (("g", "10"), ("g", "2"), ("defaults", "None"))
+        ]
+    )
+    assert seed_accuracy_pivot(accuracy).select("group", "seed").rows() == [
+        ("defaults", "None"),
+        ("g", "2"),
+        ("g", "10"),
+    ]
+
+
 def test_the_summary_prints_each_seed_behind_the_means(lake: Path) -> None:
     results = collect(lake, ARMS, rounds=2)
     per_seed = seed_accuracy_pivot(results.accuracy).filter(pl.col("group") == "tau=0.5", pl.col("round") == 2)

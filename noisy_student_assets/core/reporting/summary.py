@@ -444,7 +444,7 @@ def seed_accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
         index=["experiment", "group", "round", "seed"],
         values="greedy_accuracy",
         aggregate_function="first",
-    ).sort("experiment", "group", "round", pl.col("seed").cast(pl.Int64))
+    ).sort("experiment", "group", "round", pl.col("seed").cast(pl.Int64, strict=False), "seed")  # an arm may set none
 
 
 def summary_markdown(results: ExperimentResults) -> str:
