@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment, load_experiment
+from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment, load_experiment
 from noisy_student_assets.core.experiments.passes import arm_passes
 from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import load_problems
@@ -206,11 +206,9 @@ def test_the_label_sources_students_run_in_the_regime_the_rule_picks_from_result
     results = Path(__file__).resolve().parents[2] / "results"
     n_labeled = students.defaults.n_labeled
     assert grid_task(headroom_table(results, PASSES.all_arms())) == f"two-digit-sums n_labeled={n_labeled}"
-    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == n_labeled}
+    twins = _assert_each_arm_is_its_passes_twin_but(students, {"label_source"})
     sources: dict[int, set[str]] = {}
     for arm in students.all_arms():
-        own, twin = (spec.model_dump(exclude={"label_source"}) for spec in (arm.spec, twins[arm.spec.seed].spec))
-        assert own == twin
         sources.setdefault(arm.spec.seed, set()).add(arm.label_source)
     assert sources == {seed: {"majority", "confidence", "verifier"} for seed in twins}
     assert students.controls == PASSES.controls and students.equivalence_margin == PASSES.equivalence_margin
@@ -221,15 +219,22 @@ def test_the_peers_variants_run_beside_the_label_sources_students_on_the_passes_
     arm's settings but what only the pseudo-labels and the student read (so that labeled RL, the samples and the
     labeled-only control are read back), against labeled-only alone: neither has a gold-label counterpart."""
     peers = load_experiment(EXPERIMENT.parent / "passes_peers.yaml")
-    students = load_experiment(EXPERIMENT.parent / "passes_label_sources.yaml")
-    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == students.defaults.n_labeled}
+    twins = _assert_each_arm_is_its_passes_twin_but(peers, {"label_source", "tau", "reward", "unlabeled_share"})
     variants: dict[int, set[str]] = {}
     for arm in peers.all_arms():
-        student_only = {"label_source", "tau", "reward", "unlabeled_share"}
-        own, twin = (spec.model_dump(exclude=student_only) for spec in (arm.spec, twins[arm.spec.seed].spec))
-        assert own == twin and arm.label_source == "majority"
+        assert arm.label_source == "majority"
         variants.setdefault(arm.spec.seed, set()).add(
             "ttrl" if arm.spec.reward == "group_majority" else f"share {arm.spec.unlabeled_share}"
         )
     assert variants == {seed: {"ttrl", "share 0.75"} for seed in twins}
     assert peers.controls == ("labeled_only",) and peers.equivalence_margin == PASSES.equivalence_margin
+
+
+def _assert_each_arm_is_its_passes_twin_but(experiment: Experiment, student_only: set[str]) -> dict[int, Arm]:
+    """Each arm of `experiment` has the settings of the passes arm of its seed with the same labeled set's size, but
+    `student_only` (what only the pseudo-labels and the student read); the twins by seed."""
+    twins = {arm.spec.seed: arm for arm in PASSES.all_arms() if arm.spec.n_labeled == experiment.defaults.n_labeled}
+    for arm in experiment.all_arms():
+        own, twin = (spec.model_dump(exclude=student_only) for spec in (arm.spec, twins[arm.spec.seed].spec))
+        assert own == twin, arm.name
+    return twins

@@ -124,11 +124,7 @@ def student_findings(results: Path, experiment: Experiment, name: str, where: Ca
     differences = collected.differences
     if differences.is_empty():  # none of its arms in the results yet
         return []
-    failed_seeds = (
-        dict(collected.failed.group_by("group").agg(pl.col("seed").sort()).iter_rows())
-        if collected.failed.height
-        else {}
-    )
+    failed_seeds = dict(collected.failed.group_by("group").agg(pl.col("seed").sort()).iter_rows())
 
     def unmeasured(group: str) -> str:
         seeds = failed_seeds.get(group)

@@ -55,6 +55,7 @@ VERIFIER_COLUMNS = (
     "validation_label_accuracy",
     "validation_maj_at_k",
     "validation_pass_at_k",
+    "informative",
 )
 AUDIT_COLUMNS = (
     "label_source",
@@ -123,7 +124,7 @@ class ExperimentResults:
     pending: list[str] = field(default_factory=list)
     """Per arm begun: the rounds its experiment asks for whose student has no evaluation yet, or why it failed
     (`failed`), in words (the sentences speak of the last round evaluated)."""
-    failed: pl.DataFrame = field(default_factory=pl.DataFrame)
+    failed: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_FAILED_SCHEMA))
     """Per arm whose round's verifier fails `verifier_informative` (a blocking check: no student trains on its
     labels): experiment, group, arm, seed, round and why."""
     margins: dict[str, float | None] = field(default_factory=dict)
@@ -229,10 +230,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             if (verifier_dir / VERIFIER_METRICS_FILE).exists():
                 measured, failure = _verifier_measures(verifier_dir)
                 verifiers.append(
-                    row
-                    | {"round": number}
-                    | {column: measured.get(column) for column in VERIFIER_COLUMNS}
-                    | {"informative": failure is None if "validation_auroc_low" in measured else None}
+                    row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS}
                 )
                 if failure:
                     verifier_failures[number] = failure
@@ -256,9 +254,9 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     | {"student_transductive_greedy": transductive}
                 )
         asked = arm.stopping_rule.max_rounds
-        missing = [str(number) for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
-        if missing and int(missing[0]) in verifier_failures:
-            number = int(missing[0])
+        missing = [number for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
+        if missing and missing[0] in verifier_failures:
+            number = missing[0]
             failed.append(row | {"round": number, "failure": verifier_failures[number]})
             pending.append(
                 f"arm {arm.name} ({arm.experiment}) failed: round {number}'s verifier fails verifier_informative "
@@ -266,7 +264,8 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             )
         elif evaluations and missing:
             pending.append(
-                f"arm {arm.name} ({arm.experiment}): round {', '.join(missing)} of its {asked} not evaluated yet"
+                f"arm {arm.name} ({arm.experiment}): round {', '.join(map(str, missing))} of its {asked} not evaluated "
+                "yet"
             )
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
@@ -321,9 +320,19 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
         sentences=sentences,
         pending=pending,
-        failed=pl.DataFrame(failed) if failed else pl.DataFrame(),
+        failed=pl.DataFrame(failed, schema=_FAILED_SCHEMA),
         margins=margins,
     )
+
+
+_FAILED_SCHEMA = {
+    "experiment": pl.Utf8,
+    "group": pl.Utf8,
+    "arm": pl.Utf8,
+    "seed": pl.Utf8,
+    "round": pl.Int64,
+    "failure": pl.Utf8,
+}
 
 
 _ACCURACY_SCHEMA = {
@@ -409,12 +418,13 @@ def sources_against(
 
 
 def _verifier_measures(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
-    """A verifier's measures and why it is not informative (`read_verifier_metrics`, the rule of the
+    """A verifier's measures with whether it is `informative`, and why not (`read_verifier_metrics`, the rule of the
     `verifier_informative` check); where its validation scores were not kept (results exported before they were),
-    its published metrics alone, with no interval and no judgement."""
+    its published metrics alone, with no interval and no judgement (`informative` None)."""
     if (verifier_dir / VALIDATION_SCORES_FILE).exists():
-        return read_verifier_metrics(verifier_dir)
-    return PublishedVerifier.read(verifier_dir).metrics.model_dump(), None
+        measured, failure = read_verifier_metrics(verifier_dir)
+        return measured | {"informative": failure is None}, failure
+    return PublishedVerifier.read(verifier_dir).metrics.model_dump() | {"informative": None}, None
 
 
 def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
