@@ -429,6 +429,12 @@ class GRPOSettings(Settings):
         default=by_profile(cpu=False, gpu=True),
         description="recompute activations in the backward pass: less memory, about 20% slower",
     )
+    shared_prefix: bool = Field(
+        default=True,
+        description="the loss's forward and backward compute each group's prompt once, its completions attending to "
+        "it (training-equivalent to TRL's own: tests/model/test_shared_prefix.py); false: each completion with its "
+        "prompt, as TRL lays them out",
+    )
     cast_lm_head_to_fp32: bool = Field(
         default=by_profile(cpu=False, gpu=True),
         description="TRL: LM head and logits in float32 under bf16 (ScaleRL, Khatri et al. 2025)",

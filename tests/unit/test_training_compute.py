@@ -15,6 +15,11 @@ from noisy_student_assets.core.training.compute import (
     training_recipe,
 )
 from noisy_student_assets.core.training.dynamic_sampling import GENERATED_COMPLETIONS, GENERATED_TOKENS
+from noisy_student_assets.core.training.shared_prefix import (
+    LOSS_TOKENS_COMPLETIONS,
+    LOSS_TOKENS_COMPUTED,
+    LOSS_TOKENS_UNSHARED,
+)
 
 
 def test_grpo_compute_counts_steps_prompts_completions_and_tokens() -> None:
@@ -39,6 +44,19 @@ def test_grpo_compute_counts_the_groups_dynamic_sampling_generated_and_dropped()
     ]
     compute = grpo_compute(history, steps=2, prompts_per_step=2, num_generations=8)
     assert (compute.completions, compute.generated_completions, compute.generated_tokens) == (32, 40, 570)
+
+
+def test_grpo_compute_sums_the_loss_token_counts_each_step_logged() -> None:
+    """The shared-prefix loss's counts (`shared_prefix.LOSS_TOKENS`), one sum a step: what the loss computed beside
+    TRL's layout and the completion tokens trained on, none of them matched."""
+    history = [
+        {"completions/mean_length": 10.0, LOSS_TOKENS_COMPUTED: 300.0, LOSS_TOKENS_UNSHARED: 900.0, "step": 1},
+        {"completions/mean_length": 12.0, LOSS_TOKENS_COMPUTED: 320.0, LOSS_TOKENS_UNSHARED: 960.0, "step": 2},
+    ]
+    history[0][LOSS_TOKENS_COMPLETIONS], history[1][LOSS_TOKENS_COMPLETIONS] = 160.0, 192.0
+    compute = grpo_compute(history, steps=2, prompts_per_step=2, num_generations=8)
+    assert (compute.loss_tokens, compute.loss_tokens_unshared, compute.trained_tokens) == (620, 1860, 352)
+    assert not compute.mismatches(TrainingCompute(optimizer_steps=2, prompts=4, completions=32))
 
 
 def test_a_checkpoint_records_its_lineage_and_a_reused_record_is_rewritten(tmp_path: Path) -> None:
@@ -71,6 +89,9 @@ def test_matched_compute_compares_steps_prompts_and_completions_only() -> None:
         "completions",
         "generated_tokens",
         "generated_completions",
+        "loss_tokens",
+        "loss_tokens_unshared",
+        "trained_tokens",
     ]
     assert not compute_comparison(spent, spent | {"compute/total_optimizer_steps": 10.0})[0]
     assert not compute_comparison(spent, {})[0]

@@ -19,6 +19,11 @@ import polars as pl
 from noisy_student_assets.core.layout import COMPUTE_FILE
 from noisy_student_assets.core.settings import GRPOSettings
 from noisy_student_assets.core.training.dynamic_sampling import GENERATED_COMPLETIONS, GENERATED_TOKENS
+from noisy_student_assets.core.training.shared_prefix import (
+    LOSS_TOKENS_COMPLETIONS,
+    LOSS_TOKENS_COMPUTED,
+    LOSS_TOKENS_UNSHARED,
+)
 
 MATCHED_FIELDS = ("optimizer_steps", "prompts", "completions")
 RECIPE_FIELDS = (
@@ -56,6 +61,14 @@ class TrainingCompute:
     """Completions sampled while training: GRPO's groups trained on and, under dynamic sampling, the groups of equal
     reward it dropped (`dynamic_sampling`); SFT and DPO sample none. Reported beside the matched fields, not matched:
     which groups a run drops depends on its policy and its data."""
+    loss_tokens: int = 0
+    """Token positions GRPO's loss forward and backward ran over (`shared_prefix`: each group's prompt once per
+    micro-batch, where that is on); reported, not matched: it measures how the loss was computed, not what it
+    trained."""
+    loss_tokens_unshared: int = 0
+    """The positions TRL's own layout runs over for the same completions (each with its prompt)."""
+    trained_tokens: int = 0
+    """Completion tokens GRPO's loss trained on."""
 
     def __add__(self, other: TrainingCompute) -> TrainingCompute:
         return TrainingCompute(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -107,17 +120,27 @@ def grpo_compute(log_history: list[dict], steps: int, prompts_per_step: int, num
     """The compute of a GRPO run of `steps` optimizer steps from TRL's log history (logged every step;
     `completions/mean_length` is the mean completion length of a step's completions). Under dynamic sampling each step
     also logs what its rollout generated, dropped groups included (`dynamic_sampling.STEP_COUNTS`), and those counts
-    are what was generated."""
+    are what was generated. The loss's token counts are the steps' logged ones (`shared_prefix.LOSS_TOKENS`; 0 in a
+    run that logged none)."""
     completions_per_step = prompts_per_step * num_generations
-    lengths = [entry["completions/mean_length"] for entry in log_history if "completions/mean_length" in entry]
-    generated = [entry[GENERATED_COMPLETIONS] for entry in log_history if GENERATED_COMPLETIONS in entry]
-    tokens = [entry[GENERATED_TOKENS] for entry in log_history if GENERATED_TOKENS in entry]
+
+    def logged(key: str) -> list[float]:
+        return [entry[key] for entry in log_history if key in entry]
+
+    lengths, generated, tokens = (
+        logged("completions/mean_length"),
+        logged(GENERATED_COMPLETIONS),
+        logged(GENERATED_TOKENS),
+    )
     return TrainingCompute(
         optimizer_steps=steps,
         prompts=steps * prompts_per_step,
         completions=steps * completions_per_step,
         generated_tokens=round(sum(tokens)) if tokens else round(sum(lengths) * completions_per_step),
         generated_completions=round(sum(generated)) if generated else steps * completions_per_step,
+        loss_tokens=round(sum(logged(LOSS_TOKENS_COMPUTED))),
+        loss_tokens_unshared=round(sum(logged(LOSS_TOKENS_UNSHARED))),
+        trained_tokens=round(sum(logged(LOSS_TOKENS_COMPLETIONS))),
     )
 
 

@@ -42,6 +42,7 @@ from noisy_student_assets.core.training.base import (
 )
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
 from noisy_student_assets.core.training.rollouts import VllmRollouts, trl_sample
+from noisy_student_assets.core.training.shared_prefix import shared_prefix_trainer_class
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -322,9 +323,10 @@ GRPO_CONFIG_FIELDS = (
 
 def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completions: bool = False) -> Loss:
     """TRL's GRPO for `settings`: its config's own fields and the reward functions (`reward`'s, and the format
-    reward where it weighs). `log_completions` has TRL write each step's completions with their rewards and
+    reward where it weighs), trained by TRL's GRPOTrainer with the shared-prefix loss (`shared_prefix`) where
+    `settings.shared_prefix` is on. `log_completions` has TRL write each step's completions with their rewards and
     advantages into the work dir (`logged_completions` reads them)."""
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     answer = {
         HARD_REWARD: answer_reward,
@@ -339,7 +341,8 @@ def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completi
         "num_completions_to_print": 0,  # the logged table is read back from the work dir, not printed
     }
     reward_funcs = [answer] + ([format_reward_fn] if with_format else [])
-    return Loss("GRPO", GRPOTrainer, GRPOConfig, config, GRPO_LOGGED, {"reward_funcs": reward_funcs})
+    options = {"reward_funcs": reward_funcs, "shared_prefix": settings.shared_prefix}
+    return Loss("GRPO", shared_prefix_trainer_class(), GRPOConfig, config, GRPO_LOGGED, options)
 
 
 def with_rollouts(loss: Loss, dataset: Dataset, settings: GRPOSettings, engine: VllmRollouts | None) -> Loss:
