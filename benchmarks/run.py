@@ -19,13 +19,16 @@ Everything is measured in this one process tree, in one run, with the active pro
    same work (`plain.py`: `vllm.LLM` and `trl.GRPOTrainer` + peft LoRA on the same checkpoint, problems and
    settings, no Dagster and none of the project's sampling or training code), as ratios project / plain, from
    the stage's own timer and from the Dagster step's wall time (the step also loads its inputs, hashes weights,
-   logs to MLflow, publishes into the lake and runs its checks), with what each side generated and trained on;
+   logs to MLflow, publishes into the lake and runs its checks), with what each side generated and trained on, and
+   where the sampling stage's extra time goes: plain vLLM turned into the stage one difference at a time
+   (`sampling_gap.py`);
 7. the same round again with the `subprocess` launcher (each heavy stage a payload process reporting through
    Dagster Pipes), recomputed from scratch: each stage's seconds against the in-process run, the payloads'
    start-up (interpreter start to `main`) and their overhead beyond the stage (start-up, imports, Pipes).
 
 `--skip` leaves parts out when time is short: `transformers` (its generation row), `control` (the labeled-only
-control and both evaluations: the round is the student chain alone), `launcher` (step 7).
+control and both evaluations: the round is the student chain alone), `launcher` (step 7), `sampling-gap` (the
+sampling stage's steps from plain vLLM).
 
 Peak memory is the resident memory of this process and its children (vLLM's workers), sampled every
 50 ms. Results go to `benchmarks/results/<profile>.json` and `.md`.
@@ -47,6 +50,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from benchmarks.sampling_gap import markdown as gap_markdown
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -127,7 +132,7 @@ def machine() -> dict:
 
 
 ARM = "default"
-SKIPPABLE = ("transformers", "control", "launcher")
+SKIPPABLE = ("transformers", "control", "launcher", "sampling-gap")
 PROFILING_PREFIX = "profiling/Time taken: "
 STEP_PHASES = {
     "generation + rewards": "._prepare_inputs",
@@ -229,6 +234,7 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
     import dagster as dg
 
     from benchmarks.plain import plain_grpo, plain_vllm
+    from benchmarks.sampling_gap import sampling_gap
     from noisy_student_assets.core import grading, layout
     from noisy_student_assets.core.checkpoints import weights_sha256
     from noisy_student_assets.core.profiles import active_profile
@@ -401,6 +407,16 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
                 seed=sampling["seed"],
                 dtype=compute.settings.dtype,
             )
+        if "sampling-gap" not in skip:
+            print("the sampling stage's difference from plain vLLM, one step at a time", flush=True)
+            with compute.exclusive(print):
+                gap = sampling_gap(
+                    Path(samples["teacher"].value),
+                    problems,
+                    sampling,
+                    TeacherSamplingSettings().shard_size,
+                    compute.settings.dtype,
+                )
         with compute.exclusive(print):
             plain_training = plain_grpo(
                 Path(student["init_checkpoint"].value), labeled, pseudo, grpo, lake.root_path / "plain-grpo" / "model"
@@ -436,6 +452,8 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
             },
             "round_step_seconds": {name: walls[step] for name, step in step_of.items()},
         }
+        if "sampling-gap" not in skip:
+            stages["framework_cost"]["sampling_gap"] = gap
 
         if "launcher" not in skip:
             print(
@@ -600,6 +618,9 @@ def framework_cost_lines(cost: dict) -> list[str]:
             f"{cost['training']['project_seconds_per_step']:.2f} s in the project's stage, "
             f"{cost['training']['plain']['seconds_per_step']:.2f} s in the plain script.",
         ]
+    if "sampling_gap" in cost:
+        lines += ["", "Where the sampling stage's extra time goes (`benchmarks/sampling_gap.py`):", ""]
+        lines += gap_markdown(cost["sampling_gap"])
     lines += [
         "",
         "Hashing one checkpoint's weights (the training step hashes two): "

@@ -115,3 +115,28 @@ def test_publishing_replaces_only_the_text_between_the_markers(tmp_path, monkeyp
     assert published.endswith(f"{publish.END}\nlater\n")
     assert "round table" in published and "step table" in published and "old figures" not in published
     assert publish.publish(published, "cpu") == published
+
+
+def test_a_grpo_step_s_phases_sum_its_micro_batches_and_its_rest_is_the_step_less_them() -> None:
+    """`grpo_memory.step_figures`: each timed call counts towards the step it ran in (4 loss forwards a step, one
+    generation), the rest of a step is what the two timed phases leave, and the steady figures skip the first step."""
+    from benchmarks.grpo_memory import PHASES, step_figures
+
+    log = [
+        {"step_time": 20.0, "completions/mean_length": 40.0, "loss_tokens/computed": 900.0, "step": 1},
+        {"step_time": 10.0, "completions/mean_length": 20.0, "loss_tokens/computed": 500.0, "step": 2},
+        {"step_time": 12.0, "completions/mean_length": 30.0, "loss_tokens/computed": 700.0, "step": 3},
+    ]
+    seconds = {
+        "generation": [(0, 9.0), (1, 3.0), (2, 4.0)],
+        "loss forward": [(step, 1.0) for step in range(3) for _ in range(4)],
+    }
+    figures = step_figures(log, seconds, completions=16)
+    assert figures["phase_seconds"] == {
+        "generation": [9.0, 3.0, 4.0],
+        "loss forward": [4.0] * 3,
+        PHASES[2]: [7.0, 3.0, 4.0],
+    }
+    assert figures["steady_seconds_per_step"] == 11.0
+    assert figures["steady_loss_tokens_per_step"]["loss_tokens/computed"] == 600.0
+    assert figures["steady_generation_tokens_per_second"] == pytest.approx((20.0 + 30.0) * 16 / 7.0)
