@@ -229,14 +229,18 @@ def shared_prefix_trainer_class() -> type:
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
         def _count_loss_tokens(self, computed: int, unshared: int, completion_mask) -> None:
-            """Add a loss forward's counts to the step's (`LOSS_TOKENS`, summed until TRL logs and clears its
-            metrics); the old policy's and the reference's forwards, outside the gradient, are not the loss's."""
+            """Add a loss forward's counts, over every training process, to the step's (`LOSS_TOKENS`, summed until
+            TRL logs and clears its metrics); the old policy's and the reference's forwards, outside the gradient,
+            are not the loss's."""
             import torch
 
             if not torch.is_grad_enabled():
                 return
+            counts = torch.tensor([computed, unshared, int(completion_mask.sum())], device=self.accelerator.device)
+            if self.accelerator.num_processes > 1:  # every process runs as many loss forwards, so all take part
+                counts = self.accelerator.reduce(counts, reduction="sum")
             metrics = self._metrics["train"]
-            for name, count in zip(LOSS_TOKENS, (computed, unshared, int(completion_mask.sum())), strict=True):
+            for name, count in zip(LOSS_TOKENS, counts.tolist(), strict=True):
                 metrics[name] = [sum(metrics[name]) + count]
 
     return SharedPrefixGRPOTrainer
