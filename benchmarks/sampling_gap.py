@@ -15,12 +15,14 @@ from pathlib import Path
 
 STEPS = (
     "plain: `LLM.chat`, one `SamplingParams` for every prompt (`benchmarks.plain`)",
-    "the project's prompt token ids, one request per problem with a seed of its own",
+    "the project's prompt token ids and CPU engine arguments (KV cache size, no chunked prefill, batched-token budget)",
+    "and one request per problem with a seed of its own",
     "and the chosen token's log-prob at each position (`logprobs=0`)",
-    "and the project's CPU engine arguments (KV cache size, no chunked prefill, batched-token budget)",
     "and one `generate` call per shard of `shard_size` problems",
     "the project's sampling: `generate_samples_resumable`, each shard written as parquet",
 )
+"""Per-request seeds come after the engine arguments: with chunked prefill on, vLLM's CPU sampler refuses a seeded
+request whose prefill is split (`sampling.vllm_cpu_engine_args`)."""
 
 
 def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype: str) -> list[dict]:
@@ -30,11 +32,11 @@ def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype
     from noisy_student_assets.core.sampling import (
         SAMPLING_KV_CACHE_BYTES,
         SampleShards,
+        SamplingSettings,
         _vllm_sampling_params,
         generate_samples_resumable,
         vllm_cpu_engine_args,
     )
-    from noisy_student_assets.core.settings import SamplingSettings
 
     decoding = SamplingSettings(
         **{name: settings[name] for name in ("n", "temperature", "top_p", "max_new_tokens", "seed")}
@@ -59,15 +61,20 @@ def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype
     without_logprobs = [params.clone() for params in seeded]
     for params in without_logprobs:
         params.logprobs = None
+    unseeded = [params.clone() for params in without_logprobs]
+    for params in unseeded:
+        params.seed = None
     shards = [range(start, min(start + shard_size, len(ids))) for start in range(0, len(ids), shard_size)]
     everything = [range(len(ids))]
-    for step, engine, params, calls in (
-        (STEPS[1], {"enforce_eager": True}, without_logprobs, everything),
-        (STEPS[2], {"enforce_eager": True}, seeded, everything),
-        (STEPS[3], project_engine, seeded, everything),
-        (STEPS[4], project_engine, seeded, shards),
+    for step, params, calls in (
+        (STEPS[1], unseeded, everything),
+        (STEPS[2], without_logprobs, everything),
+        (STEPS[3], seeded, everything),
+        (STEPS[4], seeded, shards),
     ):
-        rows.append({"step": step, **timed_engine(teacher, dtype, decoding.seed, engine, requests, params, calls)})
+        rows.append(
+            {"step": step, **timed_engine(teacher, dtype, decoding.seed, project_engine, requests, params, calls)}
+        )
     started = time.time()
     table, _ = generate_samples_resumable(
         teacher,

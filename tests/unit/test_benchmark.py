@@ -131,6 +131,8 @@ def test_a_grpo_step_s_phases_sum_its_micro_batches_and_its_rest_is_the_step_les
         "generation": [(0, 9.0), (1, 3.0), (2, 4.0)],
         "loss forward": [(step, 1.0) for step in range(3) for _ in range(4)],
     }
+    for entry in log:
+        entry |= {"loss_tokens/unshared": 1600.0, "loss_tokens/completions": 16 * entry["completions/mean_length"]}
     figures = step_figures(log, seconds, completions=16)
     assert figures["phase_seconds"] == {
         "generation": [9.0, 3.0, 4.0],
@@ -140,3 +142,13 @@ def test_a_grpo_step_s_phases_sum_its_micro_batches_and_its_rest_is_the_step_les
     assert figures["steady_seconds_per_step"] == 11.0
     assert figures["steady_loss_tokens_per_step"]["loss_tokens/computed"] == 600.0
     assert figures["steady_generation_tokens_per_second"] == pytest.approx((20.0 + 30.0) * 16 / 7.0)
+
+
+def test_the_sampling_gap_table_gives_each_step_s_cost_over_the_one_before() -> None:
+    from benchmarks.sampling_gap import STEPS, markdown
+
+    rows = [{"step": step, "seconds": 50.0 + 2 * index, "generated_tokens": 100} for index, step in enumerate(STEPS)]
+    table = markdown(rows)
+    assert len(table) == 2 + len(STEPS)
+    assert table[2].endswith("| 50.0 | +0.0 | 1.000 | 100 |")
+    assert table[-1].endswith(f"| 60.0 | +2.0 | {60 / 50:.3f} | 100 |")
