@@ -36,8 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "grpo_memory.json"
 PLAIN_TRL = {"rollouts": "trl", "shared_prefix": False}
+UNSHARED = {"rollouts": "vllm", "shared_prefix": False}
 DEFAULT = {"rollouts": "vllm", "shared_prefix": True}
-VARIANTS = (PLAIN_TRL, {"rollouts": "vllm", "shared_prefix": False}, DEFAULT)
+VARIANTS = (PLAIN_TRL, UNSHARED, DEFAULT)
 LATE_COMPLETION_CAP = 16
 """Completion tokens at most in the late-steps runs: labeled RL's late steps answer in a line."""
 PHASES = ("generation", "loss forward", "rewards + backward + optimizer")
@@ -203,7 +204,7 @@ def markdown(results: dict) -> str:
         cap = runs[0]["max_completion_length"]
         lines += [
             "",
-            f"{STAGES[stage]} (completions of at most {cap} tokens):",
+            f"{STAGES[stage][0]} (completions of at most {cap} tokens):",
             "",
             "| variant | step s | generation s | loss forward s | rewards + backward + optimizer s | completion "
             "tokens | loss tokens computed | TRL's layout | peak GiB |",
@@ -217,8 +218,7 @@ def markdown(results: dict) -> str:
                 + f" | {tokens['loss_tokens/completions']:.0f} | {tokens['loss_tokens/computed']:.0f} | "
                 f"{tokens['loss_tokens/unshared']:.0f} | {run['peak_rss_gib']:.2f} |"
             )
-        plain, default = runs[VARIANTS.index(PLAIN_TRL)], runs[VARIANTS.index(DEFAULT)]
-        unshared = runs[1]
+        plain, unshared, default = (runs[VARIANTS.index(variant)] for variant in (PLAIN_TRL, UNSHARED, DEFAULT))
         lines += ["", ratios_line(plain, default, unshared)]
     pair = results["two_arms"]
     together, serial = pair["together"], pair["one_after_another"]
@@ -255,17 +255,20 @@ def ratios_line(plain: dict, default: dict, unshared: dict) -> str:
 
 
 STAGES = {
-    "early": "Labeled RL's early steps, from the base model",
-    "late": f"Late steps' one-line answers, completions capped at {LATE_COMPLETION_CAP} tokens",
+    "early": ("Labeled RL's early steps, from the base model", {}),
+    "late": (
+        f"Late steps' one-line answers, completions capped at {LATE_COMPLETION_CAP} tokens",
+        {"max_completion_length": LATE_COMPLETION_CAP},
+    ),
 }
+"""Each stage of labeled RL the variants run at: its title and its settings beside theirs."""
 
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="grpo-memory-base-"))
     base_dir = base_model(root)
-    stages = {"early": {}, "late": {"max_completion_length": LATE_COMPLETION_CAP}}
-    runs = {stage: [] for stage in stages}
-    for stage, cap in stages.items():
+    runs = {stage: [] for stage in STAGES}
+    for stage, (_, cap) in STAGES.items():
         for update in VARIANTS:
             started = time.perf_counter()
             runs[stage].append(finished(child(base_dir, update | cap), started))

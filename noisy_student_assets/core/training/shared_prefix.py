@@ -134,8 +134,8 @@ def _packed_row(prompt_ids, prompt_mask, completion_ids, lengths, members, promp
 
     positions = prompt_mask[members[0]].nonzero().flatten()
     shared, last = positions[:-1], positions[-1:]
-    ids, position_ids, segments, labels = [prompt_ids[members[0], shared]], [shared], [torch.zeros_like(shared)], []
-    labels.append(torch.full_like(shared, IGNORED))
+    ids, position_ids = [prompt_ids[members[0], shared]], [shared]
+    segments, labels = [torch.zeros_like(shared)], [torch.full_like(shared, IGNORED)]
     offset, start = {}, shared.numel()
     for segment, member in enumerate(members, start=1):
         length = int(lengths[member])
@@ -184,12 +184,8 @@ def shared_prefix_trainer_class() -> type:
         def _get_per_token_logps_and_entropies(
             self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **extra
         ):
-            multimodal = {name: value for name, value in extra.items() if name != "compute_aux_loss"}
-            if (
-                not self.shared_prefix
-                or extra.get("compute_aux_loss")
-                or any(v is not None for v in multimodal.values())
-            ):
+            # a call asking for more than text log-probs (images, a mixture-of-experts loss) is TRL's own forward's
+            if not self.shared_prefix or any(value not in (None, False) for value in extra.values()):
                 self._count_loss_tokens(input_ids.numel(), input_ids.numel(), attention_mask[:, -logits_to_keep:])
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **extra
