@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from noisy_student_assets.core.training.base import TrainingRun, load_policy
 from noisy_student_assets.core.training.compute import grpo_compute
 from noisy_student_assets.core.training.grpo import build_training_dataset, grpo_loss, train_grpo
-from noisy_student_assets.core.training.shared_prefix import LOSS_TOKENS, pack_groups
+from noisy_student_assets.core.training.shared_prefix import LOSS_TOKENS, kept_together, pack_groups
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
 
 LOGP_TOLERANCE = 1e-5
@@ -219,27 +219,78 @@ def test_a_gap_in_a_completion_mask_is_left_to_trls_forward() -> None:
     assert pack_groups(ids, holed, completion_length) is None
 
 
-def test_one_grpo_step_trains_the_same_loss_and_weights(sevens_model_dir: Path, training_set, tmp_path: Path) -> None:
-    """A whole step through the project's trainer (TRL's own generation, 2 micro-batches a step, each holding part
-    of a group): the same loss and updated weights with the shared prefix on and off, and the counts in the
-    compute record."""
-    results = {}
-    for shared in (False, True):
-        settings = TINY_RUN.model_copy(update={"max_steps": 1, "save_steps": 0, "shared_prefix": shared})
-        out = tmp_path / str(shared)
-        results[shared] = train_grpo(sevens_model_dir, training_set, settings, out / "merged", TrainingRun(out / "w"))
+def test_a_steps_micro_batches_keep_each_group_together() -> None:
+    """TRL's shuffled split of two groups of four into two micro-batches, re-split: a group a micro-batch, every
+    row once with its own columns, the group whose row came first first."""
+    prompts = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    shuffled = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0])
+    rows = {
+        "prompt_ids": prompts[shuffled],
+        "prompt_mask": (prompts[shuffled] > 0).long(),
+        "advantages": torch.arange(8.0),
+        "completions": [f"row {index}" for index in range(8)],
+        "num_items_in_batch": torch.tensor(20),
+    }
+    micro_batches = [{key: value[:4] if key != "num_items_in_batch" else value for key, value in rows.items()}]
+    micro_batches.append({key: value[4:] if key != "num_items_in_batch" else value for key, value in rows.items()})
+    together = kept_together(micro_batches)
+    assert [batch["prompt_ids"].unique(dim=0).tolist() for batch in together] == [[[7, 8, 9]], [[0, 5, 6]]]
+    assert [batch["advantages"].tolist() for batch in together] == [[0.0, 3.0, 4.0, 6.0], [1.0, 2.0, 5.0, 7.0]]
+    assert together[0]["completions"] == ["row 0", "row 3", "row 4", "row 6"]
+    assert all(int(batch["num_items_in_batch"]) == 20 for batch in together)
+
+
+def one_step(model_dir: Path, training_set, out: Path, **settings):
+    settings = TINY_RUN.model_copy(update={"max_steps": 1, "save_steps": 0, **settings})
+    return train_grpo(model_dir, training_set, settings, out / "merged", TrainingRun(out / "w"))
+
+
+def step_compute(result):
+    return grpo_compute(result.log_history, 1, TINY_RUN.prompts_per_step, TINY_RUN.num_generations)
+
+
+@pytest.mark.parametrize("micro_batches", [2, 4])
+def test_one_grpo_step_trains_the_same_loss_and_weights(
+    sevens_model_dir: Path, training_set, tmp_path: Path, micro_batches: int
+) -> None:
+    """A whole step through the project's trainer (TRL's own generation; 2 micro-batches a step, a group each once
+    kept together, or 4, each half a group): the same loss and updated weights with the shared prefix on and off,
+    and the counts in the compute record."""
+    results = {
+        shared: one_step(
+            sevens_model_dir,
+            training_set,
+            tmp_path / str(shared),
+            shared_prefix=shared,
+            gradient_accumulation_steps=micro_batches,
+        )
+        for shared in (False, True)
+    }
     trl, shared = results[False], results[True]
     assert shared.metrics["train_loss"] == pytest.approx(trl.metrics["train_loss"], abs=1e-6)
     trl_weights, shared_weights = (load_file(r.checkpoint_dir / "model.safetensors") for r in (trl, shared))
     for name, weight in trl_weights.items():
         torch.testing.assert_close(shared_weights[name], weight, atol=1e-5, rtol=1e-4)
-    computes = {
-        key: grpo_compute(result.log_history, 1, TINY_RUN.prompts_per_step, TINY_RUN.num_generations)
-        for key, result in results.items()
-    }
+    computes = {key: step_compute(result) for key, result in results.items()}
     assert computes[True].trained_tokens == computes[False].trained_tokens > 0
     assert computes[True].loss_tokens_unshared == computes[False].loss_tokens_unshared == computes[False].loss_tokens
     assert computes[True].loss_tokens < computes[False].loss_tokens
+
+
+def test_groups_kept_together_compute_fewer_tokens_than_trls_shuffle(
+    sevens_model_dir: Path, training_set, tmp_path: Path
+) -> None:
+    """The same step's completions (same seed, the loss type changes only how the loss is averaged) split TRL's way
+    (bnpo averages over a micro-batch's tokens, so its rows stay shuffled) and a group a micro-batch (dapo)."""
+    steps = {
+        loss_type: one_step(
+            sevens_model_dir, training_set, tmp_path / loss_type, loss_type=loss_type, gradient_accumulation_steps=2
+        )
+        for loss_type in ("bnpo", "dapo")
+    }
+    shuffled, together = (step_compute(steps[loss_type]) for loss_type in ("bnpo", "dapo"))
+    assert together.trained_tokens == shuffled.trained_tokens
+    assert together.loss_tokens < shuffled.loss_tokens
 
 
 def padding_floor(trainer, ids, mask, completion_length) -> float:

@@ -14,7 +14,10 @@ layout is this module's: the backbone, the tiled log-softmax and the loss are TR
 
 `SharedPrefixGRPOTrainer` overrides TRL's per-token log-prob method (`_get_per_token_logps_and_entropies`), which
 the loss, the old policy's and the reference's log-probs all call, and counts per step the positions the loss's
-forward ran over beside those TRL's layout would have and the completion tokens trained on (`LOSS_TOKENS`).
+forward ran over beside those TRL's layout would have and the completion tokens trained on (`LOSS_TOKENS`). TRL
+shuffles a step's completions before it splits them into micro-batches, so a micro-batch would hold parts of most
+groups and compute each prompt again; where the split cannot change the update (one optimizer step whose loss adds
+up over completions or the whole batch), the trainer re-splits them a group at a time (`kept_together`).
 The prefix-grouper package does the same split inside the attention call, but through an attention implementation
 of its own that the model would have to switch to for the loss and back for TRL's own generation.
 """
@@ -165,13 +168,54 @@ def _padded(rows: list[tuple], device) -> dict:
     return padded
 
 
+def kept_together(micro_batches: list[dict]) -> list[dict]:
+    """A generation batch's micro-batches (TRL's, of shuffled rows) re-split so that each group's rows are adjacent:
+    the groups in the order their first rows came, each group's rows in theirs. A micro-batch then holds as few
+    groups as the split allows, and `pack_groups` computes each of its prompts once."""
+    import torch
+    from trl.trainer.utils import split_tensor_dict
+
+    rows = {key: _joined([batch[key] for batch in micro_batches]) for key in micro_batches[0]}
+    prompt_ids = rows["prompt_ids"].masked_fill(~rows["prompt_mask"].bool(), -1)
+    _, group_of = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    first_row = torch.full((int(group_of.max()) + 1,), group_of.numel()).scatter_reduce(
+        0, group_of, torch.arange(group_of.numel()), reduce="amin"
+    )
+    order = torch.sort(first_row[group_of], stable=True).indices
+    reordered = {key: _reordered(value, order) for key, value in rows.items()}
+    return split_tensor_dict(reordered, len(micro_batches))
+
+
+def _joined(values: list):
+    """One column of a batch's micro-batches as one column: tensors and lists joined, a 0-d tensor or None kept."""
+    import torch
+
+    first = values[0]
+    if isinstance(first, list):
+        return [item for value in values for item in value]
+    if isinstance(first, torch.Tensor) and first.ndim > 0:
+        return torch.cat(values)
+    return first
+
+
+def _reordered(value, order):
+    import torch
+
+    if isinstance(value, list):
+        return [value[index] for index in order.tolist()]
+    if isinstance(value, torch.Tensor) and value.ndim > 0:
+        return value[order]
+    return value
+
+
 @cache
 def shared_prefix_trainer_class() -> type:
     """`SharedPrefixGRPOTrainer`, defined on first use: TRL is imported only where a GRPO run trains."""
     from trl import GRPOTrainer
 
     class SharedPrefixGRPOTrainer(GRPOTrainer):
-        """TRL's GRPOTrainer whose per-token log-probs compute each group's prompt once (`pack_groups`) when
+        """TRL's GRPOTrainer whose per-token log-probs compute each group's prompt once (`pack_groups`), over
+        micro-batches that keep a group together where that leaves the update as it is (`kept_together`), when
         `shared_prefix` is on, and that logs the loss's token counts (`LOSS_TOKENS`) either way."""
 
         def __init__(self, *args, shared_prefix: bool = True, **kwargs):
@@ -180,6 +224,32 @@ def shared_prefix_trainer_class() -> type:
             implementation = self.accelerator.unwrap_model(self.model).config._attn_implementation
             if shared_prefix and implementation not in MASK_FORMATS:  # refused before the first step, not at it
                 raise ValueError(_unmasked(implementation))
+
+        def _prepare_inputs(self, generation_batch):
+            generates = self.model.training and (
+                self._buffered_inputs is None
+                or self._step % (self.args.steps_per_generation * self.num_iterations) == 0
+            )
+            inputs = super()._prepare_inputs(generation_batch)
+            if generates and self._groups_kept_together():
+                self._buffered_inputs = kept_together(self._buffered_inputs)
+                inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+            return inputs
+
+        def _groups_kept_together(self) -> bool:
+            """Whether a step's micro-batches may keep each group's completions together instead of TRL's shuffle:
+            where the step is one optimizer step whose loss adds up per completion or over the whole batch, how its
+            rows are split does not change the update (a per-micro-batch token mean, an entropy bonus or mask, or
+            several optimizer steps a generation would)."""
+            return (
+                self.shared_prefix
+                and self.num_iterations == 1
+                and self.args.steps_per_generation == self.args.gradient_accumulation_steps
+                and self.loss_type != "bnpo"
+                and self.top_entropy_quantile == 1.0
+                and not self._entropy_bonus_enabled
+                and "pixel_values" not in self._buffered_inputs[0]
+            )
 
         def _get_per_token_logps_and_entropies(
             self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **extra
