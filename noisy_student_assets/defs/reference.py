@@ -72,7 +72,12 @@ def _defaults() -> dict:
 
 
 def _profile_defaults(profile: str) -> dict:
-    env = os.environ | {PROFILE_ENV_VAR: profile}
+    """`profile`'s defaults over the shipped experiment files, whatever experiments the caller points at: the
+    page documents the ops the shipped code location defines."""
+    from noisy_student_assets.core import environment
+    from noisy_student_assets.core.experiments.arms import SHIPPED_EXPERIMENTS
+
+    env = os.environ | {PROFILE_ENV_VAR: profile, environment.EXPERIMENTS: str(SHIPPED_EXPERIMENTS)}
     out = subprocess.run(
         [sys.executable, "-m", "noisy_student_assets.defs.reference", "--defaults"],
         env=env,
