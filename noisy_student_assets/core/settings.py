@@ -432,8 +432,9 @@ class GRPOSettings(Settings):
     shared_prefix: bool = Field(
         default=True,
         description="the loss's forward and backward compute each group's prompt once, its completions attending to "
-        "it (training-equivalent to TRL's own: tests/model/test_shared_prefix.py); false: each completion with its "
-        "prompt, as TRL lays them out",
+        "it, in micro-batches that keep a group together where that leaves the update unchanged (training-equivalent "
+        "to TRL's own: tests/model/test_shared_prefix.py); false: each completion with its prompt, as TRL lays them "
+        "out",
     )
     cast_lm_head_to_fp32: bool = Field(
         default=by_profile(cpu=False, gpu=True),
@@ -534,6 +535,16 @@ class StudentSettings(_RewardedStage):
         description="grpo on pseudo-labels: hard (0/1 vs the label) | vote_share (the answer's share of the K votes) "
         "| group_majority (0/1 vs the majority answer of the completion's own GRPO group, no offline label: TTRL)",
     )
+    vote_min_share: Share = Field(
+        default=0.0,
+        description="reward group_majority: a group's top answer is its label only where it holds at least this share "
+        "of the group's votes (SCRL's gate; 0: TTRL's plurality); a group it fails gives no gradient",
+    )
+    vote_min_margin: NonNegativeInt = Field(
+        default=0,
+        description="reward group_majority: ... and only where it leads the runner-up answer by at least this many "
+        "votes (SCRL's margin; 0: any lead)",
+    )
     agreement_low: Share = Field(default=0.0, description="train on kept pseudo-labels with agreement >= this")
     agreement_high: Share = Field(default=1.0, description="... and <= this (difficulty band; 1: no upper edge)")
     pseudo_only: bool = Field(
@@ -564,6 +575,8 @@ class StudentSettings(_RewardedStage):
     TRAINING_OPTIONS: ClassVar[tuple[str, ...]] = (
         "mode",
         "reward",
+        "vote_min_share",
+        "vote_min_margin",
         "unlabeled_share",
         "prompt_noise",
         "model_dropout",
@@ -581,6 +594,10 @@ class StudentSettings(_RewardedStage):
         if self.reward == GROUP_MAJORITY_REWARD and self.grpo.processes > 1:
             raise ValueError(
                 "reward group_majority needs grpo.processes 1: each process would vote on its own share of a group"
+            )
+        if (self.vote_min_share or self.vote_min_margin) and self.reward != GROUP_MAJORITY_REWARD:
+            raise ValueError(
+                f"vote_min_share and vote_min_margin gate the online vote of reward group_majority, not {self.reward}"
             )
         if self.pseudo_only and self.unlabeled_share is not None:
             raise ValueError("pseudo_only trains on pseudo-labeled problems alone: it leaves no unlabeled_share to set")

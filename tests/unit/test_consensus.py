@@ -76,7 +76,16 @@ def test_votes_are_deterministic():
     # Clusters {2, 2.0} and {0.5, 1/2, 2/4} tie at 3; "0.5" occurs first.
     shares = (3 / 7, 3 / 7, 1 / 7)
     entropy = pytest.approx(-sum(p * math.log(p) for p in shares))
-    assert votes.pop() == Vote(answer="0.5", count=3, agreement=3 / 8, n_clusters=3, entropy=entropy, k=8)
+    assert votes.pop() == Vote(answer="0.5", count=3, agreement=3 / 8, n_clusters=3, entropy=entropy, k=8, runner_up=3)
+
+
+@pytest.mark.parametrize(
+    ("answers", "count", "runner_up"),
+    [(["4", "4.0", "4", "7", "7", "1"], 3, 2), (["4", "4"], 2, 0), ([None, "2", "3"], 1, 1)],
+)
+def test_the_runner_up_is_the_second_cluster_s_size(answers, count, runner_up):
+    vote = majority_vote(answers)
+    assert (vote.count, vote.runner_up) == (count, runner_up)
 
 
 def test_vote_many_votes_each_problem():

@@ -15,6 +15,7 @@ from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
 from noisy_student_assets.core.settings import TRL_ROLLOUTS, GRPOSettings, StudentSettings
 from noisy_student_assets.core.training.base import GOLD, PSEUDO, Lora, Rows, TrainerSetup
 from noisy_student_assets.core.training.grpo import (
+    MajorityGate,
     answer_reward,
     build_training_dataset,
     format_reward_fn,
@@ -275,6 +276,34 @@ def test_group_majority_reward_pays_agreement_with_the_group_s_own_majority_not_
             reward="group_majority",
             grpo=GRPOSettings(processes=2, prompts_per_step=2, num_generations=2, rollouts=TRL_ROLLOUTS),
         )
+
+
+def test_the_gated_vote_gives_no_gradient_to_a_group_below_its_share_or_margin():
+    """Groups of eight under SCRL's gate (half the votes, a lead of two): p's top answer has half the votes but
+    leads by one, r's leads by two with under half; q's passes both. Without the gate each plurality pays."""
+    answers = {
+        "p": ["5"] * 4 + ["3"] * 3 + ["2"],
+        "q": ["7"] * 5 + ["1"] * 2 + [None],
+        "r": ["4"] * 3 + ["6"] + ["8"] + ["9"] + ["10"] + ["11"],
+    }
+    completions = [f"\\boxed{{{answer}}}" if answer else "no answer" for group in answers.values() for answer in group]
+    problems = [problem for problem, group in answers.items() for _ in group]
+    logged = {}
+    gated = group_majority_reward(
+        completions,
+        ["0"] * len(problems),
+        problems,
+        label_source=["pseudo"] * len(problems),
+        log_metric=logged.__setitem__,
+        gate=MajorityGate(min_share=0.5, min_margin=2),
+    )
+    paid = {problem: [gated[row] for row, p in enumerate(problems) if p == problem] for problem in answers}
+    assert paid == {"p": [0.0] * 8, "q": [1.0] * 5 + [0.0] * 3, "r": [0.0] * 8}
+    assert logged["group_majority_reward/gated_share"] == pytest.approx(2 / 3)
+    plain = group_majority_reward(completions, ["0"] * len(problems), problems, label_source=["pseudo"] * 24)
+    assert plain[:8] == [1.0] * 4 + [0.0] * 4 and plain[16:] == [1.0] * 3 + [0.0] * 5
+    with pytest.raises(ValueError, match="gate the online vote of reward group_majority"):
+        StudentSettings(vote_min_margin=2)
 
 
 def test_vote_shares_join_the_pseudo_labeled_rows_only():

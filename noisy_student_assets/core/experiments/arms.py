@@ -195,7 +195,16 @@ ARM_FIELDS: dict[str, ArmField] = {
         ((EVAL, "samples"), (EVAL, "ks", _ks_for)),
         "sampled eval completions per problem, with maj@k and pass@k at 1 and k (0: greedy only)",
     ),
-    **_settings_of(STUDENT, "mode", "reward", "agreement_low", "agreement_high", "prompt_noise"),
+    **_settings_of(
+        STUDENT,
+        "mode",
+        "reward",
+        "vote_min_share",
+        "vote_min_margin",
+        "agreement_low",
+        "agreement_high",
+        "prompt_noise",
+    ),
     "dropout": ArmField(
         ((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"
     ),

@@ -45,6 +45,9 @@ class Vote:
     """Number of answers voted on, missing ones included."""
     ungraded: int = 0
     """Answers left out of every cluster because a check on them was ungraded; counted in ``k``."""
+    runner_up: int = 0
+    """Answers in the cluster that came second (0 where only one cluster or none): the winner's lead over it is
+    ``count - runner_up`` votes."""
 
 
 def majority_vote(answers: list[str | None]) -> Vote:
@@ -78,6 +81,7 @@ def weighted_vote(answers: list[str | None], weights: Sequence[float]) -> Vote:
         entropy=sum(-p * math.log(p) for p in shares),
         k=k,
         ungraded=ungraded,
+        runner_up=clusters[1].size if len(clusters) > 1 else 0,
     )
 
 

@@ -12,10 +12,11 @@ standard deviation), so no value model is needed.  The loss, sampling and LoRA a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ import polars as pl
 
 from noisy_student_assets.core import grading
 from noisy_student_assets.core.prompts import student_messages
-from noisy_student_assets.core.pseudo_labels.consensus import majority_vote
+from noisy_student_assets.core.pseudo_labels.consensus import Vote, majority_vote
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
 from noisy_student_assets.core.settings import (
     GROUP_MAJORITY_REWARD,
@@ -229,29 +230,51 @@ def answer_reward(completions, target, label_source=None, log_metric=None, **kwa
     return rewards
 
 
+@dataclass(frozen=True)
+class MajorityGate:
+    """When a group's online majority is a label (`group_majority_reward`): its top answer holds at least `min_share`
+    of the group's votes and leads the runner-up by at least `min_margin` of them (SCRL's gate). The defaults let
+    any plurality through, as TTRL does."""
+
+    min_share: float = 0.0
+    min_margin: int = 0
+
+    def admits(self, vote: Vote) -> bool:
+        return (
+            vote.answer is not None
+            and vote.agreement >= self.min_share
+            and vote.count - vote.runner_up >= self.min_margin
+        )
+
+
 def group_majority_reward(
-    completions, target, problem_id, label_source=None, log_metric=None, **kwargs
+    completions, target, problem_id, label_source=None, log_metric=None, gate=MajorityGate(), **kwargs
 ) -> list[float | None]:
     """TRL reward function, the online pseudo-reward of TTRL (Zuo et al. 2025): on a pseudo-labeled row, 1.0 where
     the completion's answer is equivalent to the majority answer of its own group (the completions of its problem
-    in this call: `consensus.majority_vote`), 0.0 where it is not or the group has no majority; the row's offline
-    pseudo-label is not read. A labeled row keeps its 0/1 reward against the gold answer. None where ungraded, as in
-    `answer_reward`. Logs the share of groups whose online majority differs from the offline label
-    (`group_majority_reward/differs_from_offline_label`) beside `answer_reward`'s figures."""
+    in this call: `consensus.majority_vote`), 0.0 where it is not or the group has no majority that `gate` admits
+    (every completion 0: the group gives no gradient); the row's offline pseudo-label is not read. A labeled row
+    keeps its 0/1 reward against the gold answer. None where ungraded, as in `answer_reward`. Logs the share of
+    voted groups the gate turned away (`group_majority_reward/gated_share`) and of those whose online majority
+    differs from the offline label (`group_majority_reward/differs_from_offline_label`) beside `answer_reward`'s
+    figures."""
     texts = [completion_text(c) for c in completions]
     rows_of: dict[str, list[int]] = {}
     for row, problem in enumerate(problem_id):
         rows_of.setdefault(problem, []).append(row)
     online = list(target)
     voted = [rows for rows in rows_of.values() if label_source is None or label_source[rows[0]] == PSEUDO]
+    gated = 0
     for rows in voted:
-        majority = majority_vote([grading.extract_answer(texts[row]) for row in rows]).answer
+        vote = majority_vote([grading.extract_answer(texts[row]) for row in rows])
+        gated += vote.answer is not None and not gate.admits(vote)
         for row in rows:
-            online[row] = majority
+            online[row] = vote.answer if gate.admits(vote) else None
     rewards = [grading.answer_reward(text, label) if label else 0.0 for text, label in zip(texts, online, strict=True)]
     if log_metric is not None:
         _log_answer_rewards("group_majority_reward", rewards, label_source, log_metric, kwargs)
         if voted:  # only where logged: each group's comparison is a math-verify check
+            log_metric("group_majority_reward/gated_share", gated / len(voted))
             differs = [
                 online[rows[0]] is None or grading.answers_equivalent(target[rows[0]], online[rows[0]]) is not True
                 for rows in voted
@@ -321,17 +344,25 @@ GRPO_CONFIG_FIELDS = (
 """The settings that are TRL's GRPOConfig fields of the same name."""
 
 
-def grpo_loss(settings: GRPOSettings, *, reward: str = HARD_REWARD, log_completions: bool = False) -> Loss:
-    """TRL's GRPO for `settings`: its config's own fields and the reward functions (`reward`'s, and the format
-    reward where it weighs), trained by TRL's GRPOTrainer with the shared-prefix loss (`shared_prefix`) where
-    `settings.shared_prefix` is on. `log_completions` has TRL write each step's completions with their rewards and
-    advantages into the work dir (`logged_completions` reads them)."""
+def grpo_loss(
+    settings: GRPOSettings,
+    *,
+    reward: str = HARD_REWARD,
+    majority_gate: MajorityGate = MajorityGate(),
+    log_completions: bool = False,
+) -> Loss:
+    """TRL's GRPO for `settings`: its config's own fields and the reward functions (`reward`'s, group_majority's
+    under `majority_gate`, and the format reward where it weighs), trained by TRL's GRPOTrainer with the
+    shared-prefix loss (`shared_prefix`) where `settings.shared_prefix` is on. `log_completions` has TRL write each
+    step's completions with their rewards and advantages into the work dir (`logged_completions` reads them)."""
     from trl import GRPOConfig
 
     answer = {
         HARD_REWARD: answer_reward,
         VOTE_SHARE_REWARD: vote_share_reward,
-        GROUP_MAJORITY_REWARD: group_majority_reward,
+        GROUP_MAJORITY_REWARD: functools.update_wrapper(
+            functools.partial(group_majority_reward, gate=majority_gate), group_majority_reward
+        ),
     }[reward]
     with_format = settings.format_reward_weight > 0
     config = {name: getattr(settings, name) for name in GRPO_CONFIG_FIELDS} | {
@@ -404,13 +435,15 @@ def train_grpo(
     run: TrainingRun,
     *,
     reward: str = HARD_REWARD,
+    majority_gate: MajorityGate = MajorityGate(),
     model_dropout: float = 0.0,
     log_completions: bool = False,
 ) -> TrainingResult:
     """GRPO-train the checkpoint at `init_checkpoint` on `dataset` (see `build_training_dataset`) and save
     the trained, merged model with its tokenizer to `out_dir`, over the one setup (`base.TrainerSetup`).
 
-    Resumes from the latest ``checkpoint-*`` in `run.work_dir` if there is one. `reward` is one of `REWARDS`;
+    Resumes from the latest ``checkpoint-*`` in `run.work_dir` if there is one. `reward` is one of `REWARDS`
+    (group_majority's online vote under `majority_gate`);
     `model_dropout` is the student's dropout noise (see `base.load_policy`); `log_completions` keeps each step's
     groups with their rewards and advantages in `run.work_dir` (`logged_completions`).
 
@@ -427,7 +460,12 @@ def train_grpo(
         if settings.rollouts == VLLM_ROLLOUTS
         else None
     )
-    loss = with_rollouts(grpo_loss(settings, reward=reward, log_completions=log_completions), dataset, settings, engine)
+    loss = with_rollouts(
+        grpo_loss(settings, reward=reward, majority_gate=majority_gate, log_completions=log_completions),
+        dataset,
+        settings,
+        engine,
+    )
     setup = TrainerSetup.for_student(settings, model_dropout)
     try:
         return setup.train(loss, grpo_rows(settings), init_checkpoint, dataset, out_dir, run)

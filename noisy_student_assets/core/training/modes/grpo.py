@@ -10,7 +10,7 @@ from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT
 from noisy_student_assets.core.pseudo_labels.student_data import vote_share_table
 from noisy_student_assets.core.settings import HARD_REWARD, VOTE_SHARE_REWARD
 from noisy_student_assets.core.training.compute import grpo_compute
-from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
+from noisy_student_assets.core.training.grpo import MajorityGate, build_training_dataset, train_grpo
 from noisy_student_assets.core.training.modes.base import StudentData, StudentMode
 
 if TYPE_CHECKING:
@@ -45,7 +45,14 @@ class GRPOMode(StudentMode):
         self, settings: StudentSettings, init_dir: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
     ) -> TrainingResult:
         return train_grpo(
-            init_dir, dataset, settings.grpo, out_dir, run, reward=settings.reward, model_dropout=settings.model_dropout
+            init_dir,
+            dataset,
+            settings.grpo,
+            out_dir,
+            run,
+            reward=settings.reward,
+            majority_gate=MajorityGate(settings.vote_min_share, settings.vote_min_margin),
+            model_dropout=settings.model_dropout,
         )
 
     def compute(self, result: TrainingResult, settings: GRPOSettings) -> TrainingCompute:
