@@ -58,6 +58,12 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo")
 TRL itself only rejects an unknown one after the first generation batch, hence the early check."""
 SCALE_REWARDS = ("group", "batch", "none")
 """TRL 1.16 advantage scaling: by the group's reward std (GRPO), the batch's, or not at all (Dr. GRPO)."""
+SATURATION_REWARD = 0.9
+"""A GRPO run's answer reward has saturated once its mean over `SATURATION_WINDOW` steps reaches this (nine
+completions in ten right), where most groups are all right and give no gradient: labeled RL's stopping rule and the
+headroom table's saturation."""
+SATURATION_WINDOW = 4
+"""Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
 TRL_ROLLOUTS, VLLM_ROLLOUTS = "trl", "vllm"
 ROLLOUTS = (TRL_ROLLOUTS, VLLM_ROLLOUTS)
 """Who samples GRPO's groups (`training/rollouts.py`): TRL's own generation (transformers, or its colocated vLLM with
@@ -352,6 +358,16 @@ class GRPOSettings(Settings):
         default=by_profile(cpu=2, gpu=8),
         description="prompts per step: a step trains on prompts_per_step x num_generations completions",
     )
+    # Left out of a dump when None, as completion_cap_margin: a run without the rule keeps its fingerprint.
+    stop_reward: Share | None = Field(
+        default=None,
+        exclude_if=lambda reward: reward is None,
+        description="stop before max_steps once the answer reward's mean over the last stop_window steps reaches "
+        "this: the run has learned its labels (null: always max_steps)",
+    )
+    stop_window: Count = Field(
+        default=SATURATION_WINDOW, description="steps the stopping rule's mean reward is taken over (stop_reward)"
+    )
     max_completion_length: CompletionTokens
     # Left out of a dump when None (the fixed cap, as before the field existed): labeled RL, which has no teacher
     # samples, kept its fingerprint and code version, and a lake's labeled RL is not redone for it.
@@ -495,8 +511,9 @@ class LabeledRLSettings(_RewardedStage):
     """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
 
     grpo: GRPOSettings = Field(
-        default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200)),
-        description="GRPO settings (arm field `labeled_rl_steps`: grpo.max_steps)",
+        default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200), stop_reward=SATURATION_REWARD),
+        description="GRPO settings (arm fields `labeled_rl_steps`: grpo.max_steps, the budget; "
+        "`labeled_rl_stop_reward`: grpo.stop_reward, where it stops once its labels are learned)",
     )
 
     @model_validator(mode="after")

@@ -74,6 +74,21 @@ def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir:
     assert (work_dir / "checkpoint-3").is_dir()
 
 
+def test_a_run_with_a_stopping_rule_stops_once_its_reward_s_mean_reaches_it(
+    sevens_model_dir: Path, training_set, tmp_path: Path
+):
+    """A threshold every mean meets (0) stops the run after its first window, within a budget of 5 steps; the steps
+    it took are what its compute counts, and its stop reason says why."""
+    settings = TINY_RUN.model_copy(update=dict(max_steps=5, stop_reward=0.0, stop_window=2, save_steps=0))
+    result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", TrainingRun(tmp_path / "work"))
+    assert result.metrics["steps"] == 2
+    rewards = step_rewards(result.checkpoint_dir)
+    assert len(rewards) == 2
+    assert grpo.stop_reason(rewards, settings, 2) == (
+        "labels learned: the answer reward's 2-step mean reached 0.0 at step 2 of at most 5"
+    )
+
+
 def test_full_fine_tune_changes_untargeted_weights(sevens_model_dir: Path, training_set, tmp_path: Path):
     settings = TINY_RUN.model_copy(update=dict(max_steps=1, use_lora=False, save_steps=0))
     result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", TrainingRun(tmp_path / "work"))

@@ -173,6 +173,11 @@ ARM_FIELDS: dict[str, ArmField] = {
     "temperature": ArmField(((SAMPLING, "temperature"),), "the teacher's sampling temperature"),
     **_settings_of(STUDENT, "student_init"),
     "labeled_rl_steps": ArmField(((LABELED_RL, "grpo.max_steps"),), "GRPO steps of labeled RL"),
+    "labeled_rl_stop_reward": ArmField(
+        ((LABELED_RL, "grpo.stop_reward"),),
+        "labeled RL stops once its answer reward's mean over grpo.stop_window steps reaches this, within "
+        "labeled_rl_steps (null: it runs them all)",
+    ),
     "labeled_rl_lora": ArmField(
         ((LABELED_RL, "grpo.use_lora"),), "labeled RL with LoRA adapters; false: it fine-tunes every weight"
     ),

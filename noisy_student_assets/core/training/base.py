@@ -101,6 +101,8 @@ class Loss:
     logged: tuple[tuple[str, str], ...]
     """TRL's step-log keys whose first- and last-quarter means `TrainingResult.metrics` reports, under a name each."""
     trainer_options: dict = field(default_factory=dict)
+    callbacks: tuple = ()
+    """TrainerCallbacks of the method's own (GRPO's stopping rule), beside the run's."""
     task_type: ClassVar[str] = "CAUSAL_LM"
     """peft's name for the model's head, the task its LoRA adapts."""
 
@@ -234,7 +236,7 @@ class TrainerSetup:
             init_checkpoint,
             out_dir,
             work_dir=run.work_dir,
-            callbacks=list(run.callbacks),
+            callbacks=[*loss.callbacks, *run.callbacks],
             warn=run.warn,
             what=loss.name,
             label_sources=list(label_sources),

@@ -93,9 +93,16 @@ class CheckpointCompute:
     """`own` plus the total of the checkpoint it started from: everything spent since the base model."""
     recipe: dict = field(default_factory=dict)
     """How this checkpoint's own run trained (`training_recipe`); empty in a record written before recipes were."""
+    stopped: str = ""
+    """Why its own run ended where it did (`grpo.stop_reason`); empty in a record written before it was kept."""
 
-    def as_dict(self) -> dict[str, dict]:
-        return {"own": self.own.as_dict(), "total": self.total.as_dict(), "recipe": self.recipe}
+    def as_dict(self) -> dict:
+        return {
+            "own": self.own.as_dict(),
+            "total": self.total.as_dict(),
+            "recipe": self.recipe,
+            "stopped": self.stopped,
+        }
 
 
 def training_recipe(grpo: GRPOSettings) -> dict:
@@ -162,13 +169,17 @@ def read_compute(checkpoint_dir: Path) -> CheckpointCompute:
         own=TrainingCompute(**recorded["own"]),
         total=TrainingCompute(**recorded["total"]),
         recipe=recorded.get("recipe", {}),
+        stopped=recorded.get("stopped", ""),
     )
 
 
-def record_compute(checkpoint_dir: Path, own: TrainingCompute, init_dir: Path, recipe: dict) -> CheckpointCompute:
-    """Write `compute.json` into a trained checkpoint: its own compute and recipe, and its lineage's total, which
-    depends on where this checkpoint started (a reused run's record is rewritten for its new lineage)."""
-    compute = CheckpointCompute(own=own, total=read_compute(init_dir).total + own, recipe=recipe)
+def record_compute(
+    checkpoint_dir: Path, own: TrainingCompute, init_dir: Path, recipe: dict, stopped: str = ""
+) -> CheckpointCompute:
+    """Write `compute.json` into a trained checkpoint: its own compute, recipe and why its run stopped, and its
+    lineage's total, which depends on where this checkpoint started (a reused run's record is rewritten for its new
+    lineage)."""
+    compute = CheckpointCompute(own=own, total=read_compute(init_dir).total + own, recipe=recipe, stopped=stopped)
     path = checkpoint_dir / COMPUTE_FILE
     path.unlink(missing_ok=True)  # a new file: a reused checkpoint's is a hard link to the original's
     path.write_text(json.dumps(compute.as_dict(), indent=2))

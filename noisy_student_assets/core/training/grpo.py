@@ -29,6 +29,8 @@ from noisy_student_assets.core.pseudo_labels.student_data import vote_share_of
 from noisy_student_assets.core.settings import (
     GROUP_MAJORITY_REWARD,
     HARD_REWARD,
+    SATURATION_REWARD,
+    SATURATION_WINDOW,
     VLLM_ROLLOUTS,
     VOTE_SHARE_REWARD,
 )
@@ -68,26 +70,24 @@ GRPO_LOGGED = (
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
 
 
-SATURATION_REWARD = 0.9
-"""A GRPO run's answer reward has saturated once its mean over `SATURATION_WINDOW` steps reaches this (nine
-completions in ten right), where most groups are all right and give no gradient."""
-SATURATION_WINDOW = 4
-"""Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
-
-
 def step_rewards(checkpoint_dir: Path) -> list[float] | None:
     """The mean answer reward of each step of the GRPO run that trained `checkpoint_dir` (`base.read_training_log`);
     None where it logged none (a checkpoint trained before the log was kept, or not by GRPO's answer reward)."""
-    log = read_training_log(checkpoint_dir) or []
-    rewards = [entry[ANSWER_REWARD_LOGGED] for entry in log if ANSWER_REWARD_LOGGED in entry]
-    return rewards or None
+    return logged_rewards(read_training_log(checkpoint_dir) or []) or None
 
 
-def saturation_step(rewards: list[float]) -> int | None:
-    """The first step (from 1) at which the mean of the last `SATURATION_WINDOW` steps' rewards reaches
-    `SATURATION_REWARD`; None where it never does."""
-    for step in range(SATURATION_WINDOW, len(rewards) + 1):
-        if sum(rewards[step - SATURATION_WINDOW : step]) / SATURATION_WINDOW >= SATURATION_REWARD:
+def logged_rewards(log_history: list[dict]) -> list[float]:
+    """Each logged step's mean answer reward, from TRL's log history."""
+    return [entry[ANSWER_REWARD_LOGGED] for entry in log_history if ANSWER_REWARD_LOGGED in entry]
+
+
+def saturation_step(
+    rewards: list[float], threshold: float = SATURATION_REWARD, window: int = SATURATION_WINDOW
+) -> int | None:
+    """The first step (from 1) at which the mean of the last `window` steps' rewards reaches `threshold`; None where
+    it never does."""
+    for step in range(window, len(rewards) + 1):
+        if sum(rewards[step - window : step]) / window >= threshold:
             return step
     return None
 
@@ -98,8 +98,41 @@ def saturation_summary(rewards: list[float]) -> str:
     step = saturation_step(rewards)
     if step is not None:
         return f"step {step} of {len(rewards)}"
-    last = rewards[-SATURATION_WINDOW:]
-    return f"not in {len(rewards)} steps (last {len(last)}-step mean {sum(last) / len(last):.2f})"
+    return f"not in {len(rewards)} steps ({_last_mean(rewards, SATURATION_WINDOW)})"
+
+
+def _last_mean(rewards: list[float], window: int) -> str:
+    last = rewards[-window:]
+    return f"last {len(last)}-step mean {sum(last) / len(last):.2f}" if last else "no reward logged"
+
+
+def stop_reason(rewards: list[float], settings: GRPOSettings, steps: int) -> str:
+    """Why a GRPO run under `settings` ended after `steps` optimizer steps with these step `rewards`: its stopping rule
+    (`stop_reward`) met at its last step, or its budget spent."""
+    if (
+        settings.stop_reward is not None
+        and saturation_step(rewards, settings.stop_reward, settings.stop_window) == steps
+    ):
+        return (
+            f"labels learned: the answer reward's {settings.stop_window}-step mean reached {settings.stop_reward} at "
+            f"step {steps} of at most {settings.max_steps}"
+        )
+    rule = "" if settings.stop_reward is None else f", the stopping rule ({settings.stop_reward}) not met"
+    return f"max_steps {settings.max_steps} reached{rule} ({_last_mean(rewards, settings.stop_window)})"
+
+
+def reward_stop_callback(threshold: float, window: int):
+    """A transformers `TrainerCallback` that stops training once the logged answer reward's mean over the last
+    `window` steps reaches `threshold` (`saturation_step`); the class is built on first use, as TRL is imported only
+    where a run trains. A resumed run reads the steps before it from the restored log history."""
+    from transformers import TrainerCallback
+
+    class RewardStop(TrainerCallback):
+        def on_log(self, args, state, control, **kwargs):
+            if saturation_step(logged_rewards(state.log_history), threshold, window) is not None:
+                control.should_training_stop = True
+
+    return RewardStop()
 
 
 COMPLETION_CAP_QUANTILE = 0.99
@@ -353,7 +386,8 @@ def grpo_loss(
 ) -> Loss:
     """TRL's GRPO for `settings`: its config's own fields and the reward functions (`reward`'s, group_majority's
     under `majority_gate`, and the format reward where it weighs), trained by TRL's GRPOTrainer with the
-    shared-prefix loss (`shared_prefix`) where `settings.shared_prefix` is on. `log_completions` has TRL write each
+    shared-prefix loss (`shared_prefix`) where `settings.shared_prefix` is on, and stopped by `reward_stop_callback`
+    once its answer reward saturates where `settings.stop_reward` is set. `log_completions` has TRL write each
     step's completions with their rewards and advantages into the work dir (`logged_completions` reads them)."""
     from trl import GRPOConfig
 
@@ -373,7 +407,8 @@ def grpo_loss(
     }
     reward_funcs = [answer] + ([format_reward_fn] if with_format else [])
     options = {"reward_funcs": reward_funcs, "shared_prefix": settings.shared_prefix}
-    return Loss("GRPO", shared_prefix_trainer_class(), GRPOConfig, config, GRPO_LOGGED, options)
+    stop = () if settings.stop_reward is None else (reward_stop_callback(settings.stop_reward, settings.stop_window),)
+    return Loss("GRPO", shared_prefix_trainer_class(), GRPOConfig, config, GRPO_LOGGED, options, stop)
 
 
 def with_rollouts(loss: Loss, dataset: Dataset, settings: GRPOSettings, engine: VllmRollouts | None) -> Loss:

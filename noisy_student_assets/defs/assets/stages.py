@@ -15,7 +15,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -347,7 +347,11 @@ class Training(HeavyStage[Path], seconds_name="training_seconds", publishes_stag
         return self._recorded(self.current.lake.stage_copy(published), read_compute(published).own)
 
     def _recorded(self, checkpoint: Path, own: TrainingCompute) -> Path:
-        record_compute(checkpoint, own, self.init_dir, training_recipe(self.settings.grpo))
+        from noisy_student_assets.core.training.grpo import step_rewards, stop_reason
+
+        grpo = self.settings.grpo
+        stopped = stop_reason(step_rewards(checkpoint) or [], grpo, own.optimizer_steps)
+        record_compute(checkpoint, own, self.init_dir, training_recipe(grpo), stopped)
         return checkpoint
 
 
@@ -442,6 +446,7 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
             "grpo_settings": dg.MetadataValue.json(settings.grpo.model_dump()),
         }
     )
+    current.metadata["stopped"] = spent.stopped
     if rewards := step_rewards(staged):
         current.metadata["reward_saturation"] = saturation_summary(rewards)
     return staged
@@ -509,7 +514,8 @@ def evaluate(
     staged, greedy, sampled = ran.output.staged, ran.output.greedy, ran.output.sampled
     result = scored(eval_problems, greedy, sampled, settings)
     health = output_health(result.greedy)
-    spent = read_compute(checkpoint_dir).total  # what the checkpoint's lineage trained with, for comparisons
+    recorded = read_compute(checkpoint_dir)
+    spent = recorded.total  # what the checkpoint's lineage trained with, for comparisons
     metrics = (
         dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
     )
@@ -518,6 +524,8 @@ def evaluate(
     )
     metrics |= delta_metrics
     added = extras(metrics, result.scores) if extras else ReportExtras()
+    if recorded.stopped:  # the checkpoint's own training: how many steps it took and why it ended there
+        added = replace(added, text="\n\n".join(filter(None, (added.text, f"Training stopped: {recorded.stopped}."))))
     metrics |= added.metrics
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
     inline_report, _ = write_eval_artifact(

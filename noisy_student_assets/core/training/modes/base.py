@@ -78,4 +78,6 @@ class StudentMode(ABC):
             return f"reward {settings.reward!r} is a GRPO reward; mode {self.name!r} has none"
         if settings.unlabeled_share is not None and not self.reads_reward:
             return f"unlabeled_share sets a GRPO run's prompts; mode {self.name!r} trains on samples"
+        if settings.grpo.stop_reward is not None and not self.reads_reward:
+            return f"grpo.stop_reward stops on a GRPO run's answer reward; mode {self.name!r} logs none"
         return None
