@@ -580,7 +580,8 @@ def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: f
     import polars as pl
 
     from noisy_student_assets.core.reporting.markdown import markdown_table
-    from noisy_student_assets.core.reporting.power import MOST_SEEDS, PILOT_SEEDS, arm_hours, power_table, seeds_column
+    from noisy_student_assets.core.reporting.power import MOST_SEEDS, arm_hours, power_table, seeds_column
+    from noisy_student_assets.core.reporting.verdict import PILOT_SEEDS
 
     arms = grid.experiment.all_arms()
     recorded = arm_hours(lake, arms)

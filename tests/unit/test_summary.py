@@ -30,6 +30,7 @@ from noisy_student_assets.core.reporting.summary import (
     summary_markdown,
 )
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
+from noisy_student_assets.core.reporting.verdict import PILOT
 from noisy_student_assets.core.settings import VerifierSettings
 from noisy_student_assets.core.training.verifier import (
     VALIDATION_SCORES_FILE,
@@ -118,18 +119,17 @@ def test_collect_compares_every_round_with_its_controls(lake: Path) -> None:
     assert pooled["estimate"] == pytest.approx(0.2) and pooled["low"] > 0 and pooled["outcome"] == "better"
     assert pooled["compute_matched"]
     same = rows[("tau=0.8", 1, "labeled_only")]
-    assert same["estimate"] == 0 and same["outcome"] == "inconclusive, one seed" and same["seeds"] == 1
+    assert same["estimate"] == 0 and same["outcome"] == PILOT and same["seeds"] == 1
     gold = rows[("tau=0.5", 1, "gold_label")]
     assert gold["seeds"] == 1 and not gold["compute_matched"]  # only seed 0 has one, and it recorded no compute
     assert results.sentences[0].startswith(
         "**grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control: +0.200"
     )
     assert "2 seeds x 40 eval problems" in results.sentences[0]
-    assert results.sentences[1].startswith("**grid, tau=0.8**: round 2 (tau=0.8) is not distinguishable")
-    assert (
-        f"inconclusive: could have missed an effect up to {rows[('tau=0.8', 2, 'labeled_only')]['mde']:.3f}"
-        in (results.sentences[1])
+    assert results.sentences[1].startswith(
+        "**grid, tau=0.8**: round 2 (tau=0.8) minus its labeled-only control, one seed"
     )
+    assert "One seed: no verdict" in results.sentences[1]
     assert pooled["mde"] > pooled["high"] - pooled["estimate"]
     assert results.audits.select("arm", "round", "tau").rows() == [
         ("tau50-s0", 1, 0.5),
@@ -452,7 +452,7 @@ def test_label_sources_are_compared_with_majority_at_matched_coverage_over_seeds
     # binomial variances (0.3*0.7 + 0.25*0.75)/20, (0.25*0.75 + 0.2*0.8)/20, (0.35*0.65 + 0.3*0.7)/20:
     # 0.05 ± 1.96 * sqrt(0.059125) / 3
     assert (by_one["low"], by_one["high"]) == (pytest.approx(-0.1089, abs=1e-3), pytest.approx(0.2089, abs=1e-3))
-    assert row[("one", "verifier")]["outcome"] == "one seed" and row[("one", "verifier")]["low"] is None
+    assert row[("one", "verifier")]["outcome"] == PILOT and row[("one", "verifier")]["low"] is None
     margined = sources_against(sources, curves, margins={by_one["experiment"]: 0.25})
     same_row = [pl.col(column) == by_one[column] for column in ("group", "round", "coverage", "source")]
     assert margined.filter(*same_row)["outcome"].to_list() == ["no effect larger than 0.25"]

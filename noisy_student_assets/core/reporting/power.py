@@ -19,10 +19,8 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.summary import ROLES, arm_evaluations, group_label
+from noisy_student_assets.core.reporting.verdict import PILOT_SEEDS
 
-PILOT_SEEDS = 3
-"""The fewest seeds whose spread is worth projecting: at 2 the per-seed means' MDE is 16 of their standard errors
-(1 degree of freedom), at 3 it is 5.7 (`verdict.minimum_detectable_effect`)."""
 MOST_SEEDS = 100
 """Past this many seeds the problems' own variance is what is left: more problems, not seeds."""
 

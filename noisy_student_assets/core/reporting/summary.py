@@ -33,7 +33,7 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
-from noisy_student_assets.core.reporting.verdict import outcome_of, seeds_interval
+from noisy_student_assets.core.reporting.verdict import PILOT, outcome_of, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.training.verifier import (
     VALIDATION_SCORES_FILE,
@@ -407,7 +407,7 @@ def sources_against(
                 "low": low,
                 "high": high,
                 "mde": mde,
-                "outcome": outcome_of(low, high, (margins or {}).get(experiment)) if low is not None else "one seed",
+                "outcome": outcome_of(low, high, (margins or {}).get(experiment)) if low is not None else PILOT,
             }
         )
     return (

@@ -3,7 +3,8 @@
 Both checkpoints are scored on the same eval problems, so the difference is paired by problem.
 
 - One seed: a percentile bootstrap over problems (Efron & Tibshirani 1993; Koehn 2004, the paired bootstrap). It
-  says nothing about seed-to-seed variation, and every sentence and outcome built on it says "one seed".
+  says nothing about seed-to-seed variation, so a one-seed comparison is a pilot: its outcome is `PILOT` and its
+  sentence says so, never better or worse.
 - Several seeds: seeds and problems are crossed factors (every seed is scored on every problem), so the variance of
   the mean difference is that of a two-way random-effects design without replication (Cornfield & Tukey 1956;
   Owen 2007, "The pigeonhole bootstrap"): (MS_seed + MS_problem - MS_residual) / (seeds x problems), from the
@@ -36,8 +37,13 @@ from scipy import optimize, stats
 N_RESAMPLES = 10_000
 CONFIDENCE = 0.95
 POWER = 0.8
-ONE_SEED = ", one seed"
 INCONCLUSIVE = "inconclusive"
+PILOT = "pilot, one seed: no verdict"
+"""The outcome of every one-seed comparison, whatever its interval over problems says: at a seed-to-seed spread like
+the passes regime's, an interval over problems alone takes a side in most null grids."""
+PILOT_SEEDS = 3
+"""The fewest seeds whose spread is worth projecting: at 2 the per-seed means' MDE is 16 of their standard errors
+(1 degree of freedom), at 3 it is 5.7 (`minimum_detectable_effect`)."""
 
 
 @dataclass(frozen=True)
@@ -64,30 +70,26 @@ class Difference:
 
     @property
     def outcome(self) -> str:
-        """The direction, with ', one seed' where the interval is over problems alone (as the sentence says)."""
-        return self.direction + (ONE_SEED if self.seeds == 1 else "")
+        """The direction (`outcome_of`) over several seeds; on one seed a pilot's (`PILOT`), never better or worse."""
+        return PILOT if self.seeds == 1 else self.direction
 
     def sentence(self) -> str:
-        """The result in one plain sentence. On one seed it says so: its interval is over eval problems alone and
-        says nothing about seed-to-seed variation, so a gain there is not read as settled."""
-        one_seed = self.seeds == 1
-        reading = {
-            "better": f"{self.treatment} {'is ahead of' if one_seed else 'beats'} {self.control}",
-            "worse": f"{self.treatment} {'is behind' if one_seed else 'loses to'} {self.control}",
-        }.get(self.direction, f"{self.treatment} is not distinguishable from {self.control}")
+        """The result in one plain sentence. On one seed it is a pilot's estimate: its interval is over eval problems
+        alone and says nothing about seed-to-seed variation, so it takes no side."""
         interval = f"{self.confidence:.0%} CI {self.low:+.3f} to {self.high:+.3f}"
-        if one_seed:
-            reading += " on one seed"
-            detail = (
-                f"{interval} over {self.problems} eval problems; 1 seed, so the interval says nothing about "
-                "seed-to-seed variation: not a settled difference"
+        if self.seeds == 1:
+            return (
+                f"{self.treatment} minus {self.control}, one seed: {self.estimate:+.3f} greedy accuracy ({interval} "
+                f"over {self.problems} eval problems alone; MDE {self.mde:.3f} at 80% power). One seed: no verdict; "
+                f"`grid power` plans the seeds a verdict needs once {PILOT_SEEDS} seeds have run."
             )
-        else:
-            detail = (
-                f"{interval}; {self.seeds} seeds x {self.problems} eval problems, t-interval over seeds and problems"
-            )
+        reading = {
+            "better": f"{self.treatment} beats {self.control}",
+            "worse": f"{self.treatment} loses to {self.control}",
+        }.get(self.direction, f"{self.treatment} is not distinguishable from {self.control}")
         if self.direction not in ("better", "worse"):
             reading += f" ({wording(self.direction, self.mde)})"
+        detail = f"{interval}; {self.seeds} seeds x {self.problems} eval problems, t-interval over seeds and problems"
         return f"{reading}: {self.estimate:+.3f} greedy accuracy ({detail}; MDE {self.mde:.3f} at 80% power)."
 
     def as_dict(self) -> dict:
@@ -108,10 +110,10 @@ def outcome_of(low: float, high: float, margin: float | None = None) -> str:
 
 
 def wording(outcome: str, mde: float) -> str:
-    """An `outcome_of` in words: an inconclusive one (on one seed too) says the effect it could have missed (`mde`)."""
-    if outcome.removesuffix(ONE_SEED) != INCONCLUSIVE:
+    """An outcome in words: an inconclusive one says the effect it could have missed (`mde`)."""
+    if outcome != INCONCLUSIVE:
         return outcome
-    return f"{INCONCLUSIVE}: could have missed an effect up to {mde:.3f}" + outcome.removeprefix(INCONCLUSIVE)
+    return f"{INCONCLUSIVE}: could have missed an effect up to {mde:.3f}"
 
 
 def minimum_detectable_effect(standard_error: float, dof: float, confidence: float = CONFIDENCE) -> float:
