@@ -255,7 +255,9 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         # No control the experiment does not run is upstream of it: no dialog holds the launch.
         _wait_for_run(cli.home, launched, layout.VERDICT, timeout=VERDICT_TIMEOUT_S)
         page.reload()
-        page.get_by_text(re.compile(rf"round {NEW_ROUND} \(defaults\) is")).first.wait_for(timeout=60000)
+        page.get_by_text(re.compile(rf"round {NEW_ROUND} \(defaults\) minus .*, one seed")).first.wait_for(
+            timeout=60000
+        )
         page.screenshot(path=SCREENSHOTS / "adding-a-round-verdict.png")
         page.close()
 
