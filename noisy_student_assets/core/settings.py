@@ -358,7 +358,8 @@ class GRPOSettings(Settings):
         default=by_profile(cpu=2, gpu=8),
         description="prompts per step: a step trains on prompts_per_step x num_generations completions",
     )
-    # Left out of a dump when None, as completion_cap_margin: a run without the rule keeps its fingerprint.
+    # stop_reward is left out of a dump when None, as completion_cap_margin; stop_window is always dumped, so every
+    # GRPO stage's fingerprint gained it once (labeled RL's default rule redoes a lake from labeled RL on anyway).
     stop_reward: Share | None = Field(
         default=None,
         exclude_if=lambda reward: reward is None,

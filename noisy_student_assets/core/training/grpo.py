@@ -300,9 +300,10 @@ def group_majority_reward(
     gated = 0
     for rows in voted:
         vote = majority_vote([grading.extract_answer(texts[row]) for row in rows])
-        gated += vote.answer is not None and not gate.admits(vote)
+        admitted = gate.admits(vote)
+        gated += vote.answer is not None and not admitted
         for row in rows:
-            online[row] = vote.answer if gate.admits(vote) else None
+            online[row] = vote.answer if admitted else None
     rewards = [grading.answer_reward(text, label) if label else 0.0 for text, label in zip(texts, online, strict=True)]
     if log_metric is not None:
         _log_answer_rewards("group_majority_reward", rewards, label_source, log_metric, kwargs)

@@ -226,12 +226,10 @@ def shared_prefix_trainer_class() -> type:
                 raise ValueError(_unmasked(implementation))
 
         def _prepare_inputs(self, generation_batch):
-            generates = self.model.training and (
-                self._buffered_inputs is None
-                or self._step % (self.args.steps_per_generation * self.num_iterations) == 0
-            )
+            buffered = self._buffered_inputs
             inputs = super()._prepare_inputs(generation_batch)
-            if generates and self._groups_kept_together():
+            # TRL's own schedule decides when a step generates: a new buffer of micro-batches is the sign
+            if self._buffered_inputs is not buffered and self._groups_kept_together():
                 self._buffered_inputs = kept_together(self._buffered_inputs)
                 inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
             return inputs
