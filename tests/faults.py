@@ -14,6 +14,16 @@ from resources.data_lake import INDEX_DIR_NAME, DataLake
 FAULTS_DIR = Path(__file__).resolve().parent / "payload_faults"
 
 
+def fault_environment(fault: str, ready: Path) -> dict[str, str]:
+    """The environment of a process started with `fault` (`payload_faults/sitecustomize.py`), which writes `ready` where
+    it stops."""
+    return {
+        "NOISY_STUDENT_PAYLOAD_FAULT": fault,
+        "NOISY_STUDENT_PAYLOAD_READY": str(ready),
+        "PYTHONPATH": str(FAULTS_DIR),
+    }
+
+
 def fresh(lake_copy) -> DataLake:
     """A lake of round 1's inputs that knows no earlier run to reuse: everything asked for is computed."""
     lake = lake_copy()

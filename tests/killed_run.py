@@ -7,6 +7,9 @@ fault it writes `<ready file>` and waits forever, as a process does in the insta
 - `sampling`: one shard of samples saved, the next one half written;
 - `checkpoint-save`: half of the trained checkpoint's safetensors file written;
 - `training`: the first resumable TRL checkpoint of labeled RL (GRPO) saved, the second step under way;
+- `trl-checkpoint-save`: labeled RL's second TRL checkpoint half saved (its adapter written, half of its optimizer
+  state, no trainer state), the first one whole (`tests/payload_faults`' `hang-in-checkpoint-save`, in this
+  process);
 - `training-sft`, `training-dpo`: the same in round 1's student trained in that mode (on a lake whose
   teacher answers, `sevens_lake_copy`: a random model's samples agree on nothing to train on);
 - `payload-training`: labeled RL trained by a payload process (`subprocess` launcher) that saved its first TRL
@@ -32,6 +35,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.sampling import SampleShards
 from resources.data_lake import DataLake
+from tests.faults import fault_environment
 from tests.lakes import materialize
 from tests.tiny_configs import TINY_GRPO, op, round_names, tiny_config, with_op_config
 
@@ -39,7 +43,16 @@ TRAINING_STEPS = 3
 ARM = "a"
 STUDENT_MODE_FAULTS = {"training-sft": "sft", "training-dpo": "dpo"}
 PAYLOAD_FAULT = "payload-training"
-FAULTS = ("generations-write", "sampling", "checkpoint-save", "training", *STUDENT_MODE_FAULTS, PAYLOAD_FAULT)
+TRL_SAVE_FAULT = "trl-checkpoint-save"
+FAULTS = (
+    "generations-write",
+    "sampling",
+    "checkpoint-save",
+    "training",
+    TRL_SAVE_FAULT,
+    *STUDENT_MODE_FAULTS,
+    PAYLOAD_FAULT,
+)
 FAULT_TIMEOUT_S = 600
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,14 +114,10 @@ def arrange(fault: str, ready: Path) -> None:
             _half_write(Path(filename), safetensors.torch.save(tensors, metadata=metadata), ready)
 
         transformers.modeling_utils.safe_save_file = stop_in_weights
-    elif fault == PAYLOAD_FAULT:
-        from tests.faults import FAULTS_DIR
-
-        os.environ |= {
-            "NOISY_STUDENT_PAYLOAD_FAULT": "hang-after-checkpoint",
-            "NOISY_STUDENT_PAYLOAD_READY": str(ready),
-            "PYTHONPATH": str(FAULTS_DIR),
-        }
+    elif fault == PAYLOAD_FAULT:  # the payload processes this one starts inherit the fault
+        os.environ |= fault_environment("hang-after-checkpoint", ready)
+    elif fault == TRL_SAVE_FAULT:
+        pass  # this process started with the fault (`kill_at`)
     elif fault == "training" or fault in STUDENT_MODE_FAULTS:
         import trl
 
@@ -138,6 +147,7 @@ def kill_at(fault: str, lake: DataLake, model_dir: Path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=os.environ | fault_environment("hang-in-checkpoint-save", ready) if fault == TRL_SAVE_FAULT else None,
         )
     try:
         deadline = time.monotonic() + FAULT_TIMEOUT_S

@@ -11,6 +11,9 @@ operation, and a stopped or starved helper uses no CPU at all.
   threads of the caller - torch's, say - are duplicated) running this file as a script with
   ``python -P``: unlike multiprocessing's spawn, it does not re-import the caller's ``__main__``
   or this package's ``__init__``, only the standard library and math-verify.
+* The helper stays in its caller's process group, so that a SIGKILL to the group (a killed grid) ends it with the
+  rest, even mid-check; it ignores SIGINT, so that a Ctrl-C stays its caller's to handle (the caller stops it, or it
+  exits on EOF once the caller is gone).
 * Startup (interpreter, math-verify import, one warm-up check) is paid once per calling process
   (and after each kill), and is bounded separately by ``STARTUP_TIMEOUT_S``.
 * A check that runs out of CPU time, outlives the backstop, or whose helper dies or fails to start
@@ -92,7 +95,6 @@ class MathVerifyWorker:
                 [sys.executable, "-P", os.path.abspath(__file__), str(child_end.fileno())],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,  # the caller's Ctrl-C is the caller's; we exit on EOF
             )
             self._conn = Connection(parent_end.detach())
         if not self._conn.poll(STARTUP_TIMEOUT_S) or self._conn.recv() != _READY:
@@ -126,6 +128,7 @@ def _out_of_cpu_time(signum, frame) -> None:
 def _serve(fd: int) -> None:
     """Helper process: answer (gold, answer, cpu_s) requests with verify's result, or None when the
     check ran out of CPU time, until the caller leaves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     logging.disable(logging.WARNING)  # math-verify warns that its own timeouts are off: ours bound it

@@ -29,6 +29,7 @@ from noisy_student_assets.core.sampling import (
 )
 
 if TYPE_CHECKING:
+    from noisy_student_assets.core.resumable import SetAside
     from noisy_student_assets.core.settings import ComputeSettings, EvalSettings, SmokeSettings
     from noisy_student_assets.core.training.guards import OutputHealth
 
@@ -147,10 +148,12 @@ def eval_completions(
     shards_dir: Path,
     *,
     progress: Progress | None = None,
+    set_aside: SetAside | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame, int]:
     """The evaluation stage's generation: greedy and sampled completions for every eval problem. Finished shards
     are kept in `shards_dir` (`greedy/`, `sampled/`), so an evaluation killed midway resumes after them; returns
-    both tables and the number of problem passes read back from an earlier attempt's shards."""
+    both tables and the number of problem passes read back from an earlier attempt's shards. A shard that does not
+    read whole is moved aside and told to `set_aside`."""
     sample_sets = [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens, seed=settings.seed)]
     if settings.samples:
         sample_sets.append(
@@ -161,7 +164,7 @@ def eval_completions(
                 seed=settings.seed,
             )
         )
-    shards = [SampleShards(shards_dir / name) for name in ("greedy", "sampled")[: len(sample_sets)]]
+    shards = [SampleShards(shards_dir / name, set_aside) for name in ("greedy", "sampled")[: len(sample_sets)]]
     (greedy, *sampled), resumed = generate_sample_sets_resumable(
         checkpoint_dir,
         eval_problems,

@@ -32,6 +32,7 @@ import polars as pl
 
 from noisy_student_assets.core.grading import extract_answer
 from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT, prompt_template, render_prompt
+from noisy_student_assets.core.resumable import SetAside, whole_parquet
 from noisy_student_assets.core.settings import BACKENDS, DTYPES
 
 if TYPE_CHECKING:
@@ -309,30 +310,37 @@ class SampleShards:
     """The finished shards of one sampling run, on disk, so that a run killed midway resumes from the
     problems already sampled instead of from zero.
 
-    A shard is written under a temporary name and renamed, so a shard file is always complete; a
-    temporary file left by a killed writer is deleted by the next ``load``. The directory belongs to
-    one sampling run (key it by ``sampling_cache_key``): shards of other settings must not mix in.
+    A shard is written under a temporary name and renamed, so a shard file is complete unless the disk lost it; a
+    temporary file left by a killed writer is deleted by the next ``load``, and a shard that does not read whole is
+    moved aside (``resumable.whole_parquet``, told to ``set_aside``) and its problems sampled again. The directory
+    belongs to one sampling run (key it by ``sampling_cache_key``): shards of other settings must not mix in.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, set_aside: SetAside | None = None) -> None:
         self.directory = directory
+        self.set_aside = set_aside
 
     def load(self) -> pl.DataFrame:
         """Every finished shard, in the order written."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for partial in self.directory.glob("*.tmp"):
             partial.unlink()
-        files = sorted(self.directory.glob("shard-*.parquet"))
-        return pl.concat([pl.read_parquet(f) for f in files]) if files else GENERATION_SCHEMA.to_frame()
+        tables = [whole_parquet(path, GENERATION_SCHEMA, self.set_aside) for path in self._files()]
+        return pl.concat([table for table in tables if table is not None] or [GENERATION_SCHEMA.to_frame()])
 
     def write(self, table: pl.DataFrame) -> None:
-        final = self.directory / f"shard-{len(list(self.directory.glob('shard-*.parquet'))):05d}.parquet"
+        files = self._files()
+        number = int(files[-1].stem.removeprefix("shard-")) + 1 if files else 0  # after every shard kept
+        final = self.directory / f"shard-{number:05d}.parquet"
         partial = final.with_name(final.name + ".tmp")
         table.write_parquet(partial)
         os.replace(partial, final)
 
     def clear(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob("shard-*.parquet"))
 
 
 def generate_sample_sets_resumable(

@@ -20,7 +20,7 @@ import psutil
 
 from noisy_student_assets.core import environment
 from noisy_student_assets.payloads.specs import StageSpec
-from noisy_student_assets.payloads.stages import ERROR, RESULT, STEP, TIMING, run, step_line
+from noisy_student_assets.payloads.stages import ERROR, RESULT, SET_ASIDE, STEP, TIMING, run, step_line
 
 
 class PipesReporter:
@@ -39,6 +39,10 @@ class PipesReporter:
         self.pipes.log.info(step_line(step, max_steps, logs))
         self.pipes.report_custom_message({STEP: step, "logs": logs})
 
+    def set_aside(self, message: str) -> None:
+        self.pipes.log.warning(message)
+        self.pipes.report_custom_message({SET_ASIDE: message})
+
 
 class RankReporter:
     """What a rank other than 0 says: to its own stderr, which torchrun prefixes with the rank."""
@@ -48,7 +52,7 @@ class RankReporter:
     def info(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    warning = info
+    warning = set_aside = info
 
     def step(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
         return None

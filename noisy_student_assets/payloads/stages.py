@@ -18,8 +18,9 @@ from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, ScoreSpec,
 if TYPE_CHECKING:
     from noisy_student_assets.core.settings import ComputeSettings
 
-ERROR, RESULT, STEP = "error", "result", "step"
-"""The keys of the custom messages a payload sends through Pipes: its failure, its result, one step's logs."""
+ERROR, RESULT, STEP, SET_ASIDE = "error", "result", "step", "set_aside"
+"""The keys of the custom messages a payload sends through Pipes: its failure, its result, one step's logs, a partial
+file of a killed attempt it moved aside."""
 TIMING = "timing"
 """In a payload's result: seconds from the interpreter's start to `main` (`startup_seconds`) and in the stage
 (`stage_seconds`), when the stage began and ended (`started_at`, `finished_at`), the host and its
@@ -37,6 +38,10 @@ class Reporter(Protocol):
 
     def step(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
         """TRL's logs of one optimizer step."""
+
+    def set_aside(self, message: str) -> None:
+        """A partial file or checkpoint a killed attempt left, moved aside (`core.resumable`): a warning, and a line
+        of the asset's `set_aside` metadata."""
 
 
 def step_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
@@ -65,7 +70,7 @@ def sample(spec: SampleSpec, reporter: Reporter) -> dict:
         Path(spec.teacher_dir),
         pl.read_parquet(spec.problems),
         spec.settings,
-        SampleShards(Path(spec.work_dir)),
+        SampleShards(Path(spec.work_dir), reporter.set_aside),
         spec.compute,
         progress=lambda done, total: reporter.info(f"sampled {done}/{total} problems"),
         checkpoint_label=spec.checkpoint_label,
@@ -84,6 +89,7 @@ def _training_run(work_dir: str, compute: ComputeSettings, reporter: Reporter) -
         report_to=tuple(reporter.report_to),
         callbacks=(_step_callback(reporter),),
         warn=reporter.warning,
+        set_aside=reporter.set_aside,
     )
 
 
@@ -108,6 +114,7 @@ def evaluate(spec: EvalSpec, reporter: Reporter) -> dict:
         spec.compute,
         Path(spec.work_dir),
         progress=lambda done, total: reporter.info(f"eval: {done}/{total} problem passes (greedy, then sampled)"),
+        set_aside=reporter.set_aside,
     )
     output = Path(spec.output_dir)
     greedy.write_parquet(output / GREEDY_FILE)

@@ -17,7 +17,7 @@ import dagster as dg
 
 from noisy_student_assets.core.settings import LauncherSettings
 from noisy_student_assets.payloads.specs import StageSpec
-from noisy_student_assets.payloads.stages import ERROR, RESULT, STEP, TIMING
+from noisy_student_assets.payloads.stages import ERROR, RESULT, SET_ASIDE, STEP, TIMING
 
 PAYLOAD_MODULE = "noisy_student_assets.payloads"
 TERMINATION_GRACE_S = 20
@@ -32,7 +32,13 @@ class StageResult:
     """TRL's logs of each step, for the orchestrator to write to MLflow, when the payload could not (out of process)."""
     metadata: dict = field(default_factory=dict)
     """How long a payload took to start, what the launch cost beyond its stage, and where it ran (`payload/*`,
-    `ray/*`; none in process)."""
+    `ray/*`; none in process); what it set aside of a killed attempt (`set_aside_metadata`)."""
+
+
+def set_aside_metadata(messages: list[str]) -> dict:
+    """The `set_aside` metadata of a stage that moved aside partial files of a killed attempt (`core.resumable`): a
+    sentence each; nothing where it moved none."""
+    return {SET_ASIDE: dg.MetadataValue.json(messages)} if messages else {}
 
 
 class Launcher(ABC):
@@ -104,7 +110,8 @@ def payload_outcome(
             "payload/finished_at": timing["finished_at"],
         }
         steps = [(message[STEP], message["logs"]) for message in messages if STEP in message]
-        return StageResult(results[0], steps=steps, metadata=launch | (metadata or {}))
+        set_aside = set_aside_metadata([message[SET_ASIDE] for message in messages if SET_ASIDE in message])
+        return StageResult(results[0], steps=steps, metadata=launch | set_aside | (metadata or {}))
     errors = [message[ERROR] for message in messages if ERROR in message]
     if returncode < 0:
         ended = f"the payload was killed by {signal_name(returncode)}"

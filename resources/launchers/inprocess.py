@@ -26,7 +26,13 @@ import psutil
 
 from noisy_student_assets.payloads import stages
 from noisy_student_assets.payloads.stages import step_line
-from resources.launchers.base import TERMINATION_GRACE_S, Launcher, StageResult, time_limit_failure
+from resources.launchers.base import (
+    TERMINATION_GRACE_S,
+    Launcher,
+    StageResult,
+    set_aside_metadata,
+    time_limit_failure,
+)
 
 TIME_LIMIT_SIGNAL = signal.SIGUSR1
 """What interrupts a stage past its limit: not SIGALRM, which math-verify's alarms own, nor SIGINT or SIGTERM, which
@@ -44,6 +50,7 @@ class _DagsterReporter:
 
     def __init__(self, log) -> None:
         self.log = log
+        self.set_aside_messages: list[str] = []
 
     def info(self, message: str) -> None:
         self.log.info(message)
@@ -53,6 +60,10 @@ class _DagsterReporter:
 
     def step(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
         self.log.info(step_line(step, max_steps, logs))
+
+    def set_aside(self, message: str) -> None:
+        self.log.warning(message)
+        self.set_aside_messages.append(message)
 
 
 class InProcessLauncher(Launcher):
@@ -74,8 +85,10 @@ class InProcessLauncher(Launcher):
             limit_s = spec.time_limit_s(self.settings)
             watchdog = _Watchdog(limit_s)
             try:
+                reporter = _DagsterReporter(context.log)
                 with watchdog.watching():
-                    results.append(StageResult(stages.run(spec, _DagsterReporter(context.log))))
+                    result = stages.run(spec, reporter)
+                results.append(StageResult(result, metadata=set_aside_metadata(reporter.set_aside_messages)))
             except (StageTimeLimitExceeded, Exception) as error:  # an interrupt (Ctrl-C, SIGTERM) stays one
                 if (
                     watchdog.expired

@@ -7,6 +7,7 @@ resumes what the killed one finished, and afterwards no partial file is left in 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -20,9 +21,9 @@ from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.sampling import GENERATION_SCHEMA, SampleShards
 from noisy_student_assets.defs.assets.stages import PROBLEMS_FILE
 from resources.data_lake import STAGING_DIR_NAME, WORK_DIR_NAME, DataLake
-from tests.killed_run import ARM, TRAINING_STEPS, materialization
+from tests.killed_run import ARM, TRAINING_STEPS, TRL_SAVE_FAULT, materialization
 from tests.killed_run import kill_at as kill_at_fault
-from tests.lakes import materialize, metadata_of
+from tests.lakes import arms_instance, materialize, metadata_of
 from tests.tiny_configs import op, round_names, tiny_config
 
 GENERATIONS = dg.AssetKey(layout.round_asset(1, layout.GENERATIONS))
@@ -109,6 +110,27 @@ def test_killed_while_training_resumes_from_the_last_trl_checkpoint(lake: DataLa
     metadata = metadata_of(rerun("training", lake), layout.LABELED_RL)
     assert metadata["resumed_from_step"].value == 1.0
     assert metadata["steps"].value == float(TRAINING_STEPS)
+    assert_nothing_partial_left(lake)
+
+
+def test_killed_while_saving_a_trl_checkpoint_resumes_from_the_whole_one_before(lake: DataLake, tiny_model_dir) -> None:
+    """Before, every later attempt resumed from the newest checkpoint-N, the one cut short, and failed on it."""
+    kill_at_fault(TRL_SAVE_FAULT, lake, tiny_model_dir)
+    (run_dir,) = lake.root_path.joinpath(WORK_DIR_NAME, layout.LABELED_RL).glob("*/*")
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert not (run_dir / "checkpoint-2" / "trainer_state.json").exists(), "the kill came mid-save"
+
+    with arms_instance() as instance:
+        result = materialize(lake, *materialization(TRL_SAVE_FAULT, str(tiny_model_dir)), instance=instance)
+        warnings = [entry.user_message for entry in instance.all_logs(result.run_id) if entry.level == logging.WARNING]
+    metadata = metadata_of(result, layout.LABELED_RL)
+    assert metadata["resumed_from_step"].value == 1.0 and metadata["steps"].value == float(TRAINING_STEPS)
+    (set_aside,) = metadata["set_aside"].value
+    assert set_aside.startswith(
+        "checkpoint-2 was incomplete (no scheduler.pt, no trainer_state.json; a run killed while"
+    )
+    assert set_aside.endswith("resumed from checkpoint-1")
+    assert [message for message in warnings if set_aside in message], "the stage's log names what it set aside"
     assert_nothing_partial_left(lake)
 
 

@@ -317,3 +317,41 @@ def test_transformers_pads_a_batch_for_a_tokenizer_without_a_pad_token(tiny_mode
     unpadded = generate_samples(tmp_path, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
     padded = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
     assert unpadded["completion"].to_list() == padded["completion"].to_list()
+
+
+def cut_short(path: Path) -> None:
+    """`path` as a disk that lost the end of its write leaves it."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_shard_cut_short_is_set_aside_and_its_problems_sampled_again(tiny_model_dir, tmp_path):
+    """Greedy, in shards of 2: the problems of the shard cut short are sampled again, as they were the first time."""
+    options = {"backend": "transformers", "batch_size": 2, "shard_size": 2}
+    whole, _ = generate_samples_resumable(tiny_model_dir, PROBLEMS, GREEDY, SampleShards(tmp_path), **options)
+    cut_short(tmp_path / "shard-00001.parquet")
+    told: list[str] = []
+    again, resumed = generate_samples_resumable(
+        tiny_model_dir, PROBLEMS, GREEDY, SampleShards(tmp_path, told.append), **options
+    )
+    assert resumed == 3  # shards 0 and 2; shard 1's 2 problems are sampled again
+    assert len(told) == 1 and told[0].startswith(f"shard-00001.parquet in {tmp_path} is not a whole table (")
+    assert again.drop(*LOGPROB_COLUMNS).equals(whole.drop(*LOGPROB_COLUMNS))
+    assert_logprobs_close(again, whole)
+
+
+def test_an_evaluation_shard_cut_short_is_set_aside_and_evaluated_again(tiny_model_dir, tmp_path):
+    from noisy_student_assets.core.evaluation import eval_completions
+    from noisy_student_assets.core.settings import ComputeSettings, EvalSettings
+
+    settings = EvalSettings(backend="transformers", max_new_tokens=8, samples=2, ks=[1, 2], batch_size=2, shard_size=3)
+    problems = PROBLEMS.select("problem_id", "prompt")
+    greedy, sampled, _ = eval_completions(tiny_model_dir, problems, settings, ComputeSettings(), tmp_path)
+    cut_short(tmp_path / "greedy" / "shard-00000.parquet")
+    told: list[str] = []
+    again, sampled_again, resumed = eval_completions(
+        tiny_model_dir, problems, settings, ComputeSettings(), tmp_path, set_aside=told.append
+    )
+    assert resumed == 2 + PROBLEMS.height  # greedy's second shard and every sampled shard were read back
+    assert len(told) == 1 and told[0].startswith("shard-00000.parquet in ") and "greedy" in told[0]
+    assert again.drop(*LOGPROB_COLUMNS).equals(greedy.drop(*LOGPROB_COLUMNS))
+    assert sampled_again.equals(sampled)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import polars as pl
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import GRPOSettings
@@ -72,6 +73,55 @@ def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir:
     assert result.metrics["resumed_from_step"] == 2 and result.metrics["steps"] == 3
     assert [entry["step"] for entry in result.log_history if "reward" in entry] == [1, 2, 3]
     assert (work_dir / "checkpoint-3").is_dir()
+
+
+class KilledAfterSaving(TrainerCallback):
+    """Stops a run once it saved `step`'s checkpoint whole, as a kill in the next step's save would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_a_checkpoint_cut_short_in_its_save_is_set_aside_and_the_run_ends_as_an_uninterrupted_one(
+    sevens_model_dir: Path, training_set, tmp_path: Path
+):
+    """checkpoint-3 as a kill in TRL's save leaves it (the adapter written, `training_args.bin` empty, no trainer
+    state, optimizer or scheduler): the run resumes from the whole checkpoint-2 and ends with the weights of a run
+    never stopped."""
+    settings = TINY_RUN.model_copy(update=dict(max_steps=3))
+    uninterrupted = train_grpo(
+        sevens_model_dir, training_set, settings, tmp_path / "whole", TrainingRun(tmp_path / "w")
+    )
+    work_dir = tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(
+            sevens_model_dir,
+            training_set,
+            settings,
+            tmp_path / "-",
+            TrainingRun(work_dir, callbacks=(KilledAfterSaving(2),)),
+        )
+    cut_short = work_dir / "checkpoint-3"
+    cut_short.mkdir()
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json"):
+        shutil.copy(work_dir / "checkpoint-2" / name, cut_short / name)
+    (cut_short / "training_args.bin").touch()
+    told: list[str] = []
+    resumed = train_grpo(
+        sevens_model_dir, training_set, settings, tmp_path / "merged", TrainingRun(work_dir, set_aside=told.append)
+    )
+    assert resumed.metrics["resumed_from_step"] == 2 and resumed.metrics["steps"] == 3
+    assert len(told) == 1 and told[0].startswith("checkpoint-3 was incomplete (no optimizer.pt, no scheduler.pt, no ")
+    assert told[0].endswith("resumed from checkpoint-2")
+    expected = load_file(uninterrupted.checkpoint_dir / "model.safetensors")
+    trained = load_file(resumed.checkpoint_dir / "model.safetensors")
+    assert expected.keys() == trained.keys()
+    for name, weights in expected.items():
+        torch.testing.assert_close(trained[name], weights, msg=name)
 
 
 def test_a_run_with_a_stopping_rule_stops_once_its_reward_s_mean_reaches_it(

@@ -6,6 +6,9 @@ their PYTHONPATH, and Python imports `sitecustomize` at start-up). `NOISY_STUDEN
   (a retry finds checkpoint-1 and resumes); `kill-rank-1-after-checkpoint`: the same, in torchrun's rank 1 alone;
 - `hang-after-checkpoint`: a training process that saved checkpoint-1 on its first attempt writes the file
   `NOISY_STUDENT_PAYLOAD_READY` names and waits forever, a payload still at work when its Dagster process is killed;
+- `hang-in-checkpoint-save`: a training process that saved checkpoint-1 whole writes checkpoint-2's weights and half
+  of its optimizer state (no trainer state yet), writes the ready file and waits forever, on its first attempt: a
+  process killed while TRL saves;
 - `kill-after-shard`: an evaluation SIGKILLs itself once it saved its first shard of completions, on the first attempt;
 - `hang-after-shard`: sampling or an evaluation that saved its first shard starts a worker process and hangs with it
   (`tests/hangs.py`), on the first attempt.
@@ -24,12 +27,33 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _hang() -> None:
+def _hang(saying: str = "checkpoint-1 saved") -> None:
     import threading
     from pathlib import Path
 
-    Path(os.environ["NOISY_STUDENT_PAYLOAD_READY"]).write_text("checkpoint-1 saved")
+    Path(os.environ["NOISY_STUDENT_PAYLOAD_READY"]).write_text(saying)
     threading.Event().wait()
+
+
+def _hanging_in_second_save(trainer_class) -> type:
+    """`trainer_class` whose save of checkpoint-2 stops halfway through its optimizer state (`_hang`)."""
+    save = trainer_class._save_optimizer_and_scheduler
+
+    class HangingInSave(trainer_class):
+        def _save_optimizer_and_scheduler(self, output_dir):
+            if self.state.global_step != 2:
+                return save(self, output_dir)
+            import io
+            from pathlib import Path
+
+            import torch
+
+            state = io.BytesIO()
+            torch.save(self.optimizer.state_dict(), state)
+            Path(output_dir, "optimizer.pt").write_bytes(state.getvalue()[: len(state.getvalue()) // 2])
+            _hang("checkpoint-2 half saved")
+
+    return HangingInSave
 
 
 AFTER_CHECKPOINT = {
@@ -64,6 +88,8 @@ def _patch_fit(module) -> None:
                         AFTER_CHECKPOINT[FAULT]()
 
             trainer_class = StoppedAfterCheckpoint
+        elif FAULT == "hang-in-checkpoint-save" and first_attempt:
+            trainer_class = _hanging_in_second_save(trainer_class)
         return fit(trainer_class, trainer_kwargs, *args, callbacks=callbacks, work_dir=work_dir, **kwargs)
 
     module.fit = fit_with_fault

@@ -462,3 +462,38 @@ def test_an_ungraded_check_is_not_cached():
     grading.clear_cache()
     assert answers_equivalent(ROOT_OF_ONE, "9^{9^{9^{7}}}", timeout_s=0.2) is None
     assert grading._verdict.cache_info().currsize == 0
+
+
+BUSY_CALLER = r"""
+import sys
+from noisy_student_assets.core.grading import answers_equivalent
+print(answers_equivalent(r"\frac{1}{2}", "0.5"), flush=True)  # the helper started and ready
+answers_equivalent(sys.argv[1], sys.argv[2], timeout_s=600)  # and busy for its CPU bound
+"""
+
+
+def test_a_helper_dies_with_its_caller_s_process_group_even_mid_check():
+    """A grid killed with its process group left its grading helper running, busy until its check's CPU bound ran
+    out: the helper was in a session of its own. It is in its caller's group now, ignoring only SIGINT."""
+    caller = subprocess.Popen(
+        [sys.executable, "-c", BUSY_CALLER, ROOT_OF_ONE, "9^{9^{9^{9}}}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=Path(noisy_student_assets.__file__).parents[1],
+    )
+    try:
+        assert caller.stdout.readline().strip() == "True"
+        (helper,) = [
+            child
+            for child in psutil.Process(caller.pid).children()
+            if "_math_verify_worker" in " ".join(child.cmdline())
+        ]
+        assert os.getpgid(helper.pid) == caller.pid, "a SIGKILL to the caller's group reaches the helper"
+        ignored = int(Path(f"/proc/{helper.pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+        assert ignored & (1 << (signal.SIGINT - 1)), "a Ctrl-C is the caller's to handle"
+    finally:
+        os.killpg(caller.pid, signal.SIGKILL)
+        caller.wait()
+    _, alive = psutil.wait_procs([helper], timeout=HANG_GUARD_S)
+    assert not alive, "the helper ended with its group, mid-check"

@@ -1,6 +1,6 @@
 """The one setup every trainer of the project shares (no Dagster here), as TRL's `base_config.py` with its
 `get_peft_config` is for its trainers: the training arguments, the LoRA, the step budget, the non-finite step guard,
-resuming from the latest checkpoint, and the merged checkpoint it saves, checked finite (`TrainerSetup.train`).
+resuming from the latest whole checkpoint, and the merged checkpoint it saves, checked finite (`TrainerSetup.train`).
 
 A method is its loss (`Loss`: TRL's trainer and config classes and the config's own fields) and its rows (`Rows`:
 what a dataset row is and how many a step trains), nothing else: GRPO (`grpo.py`), SFT (`sft.py`), DPO (`dpo.py`)
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 import polars as pl
 
 from noisy_student_assets.core.layout import TRAINING_LOG_FILE
+from noisy_student_assets.core.resumable import SetAside, resume_point
 
 if TYPE_CHECKING:
     import datasets
@@ -75,6 +76,9 @@ class TrainingRun:
     """TrainerCallbacks beside the step guard."""
     warn: Callable[[str], None] | None = None
     """Told of each skipped step."""
+    set_aside: SetAside | None = None
+    """Told of each incomplete checkpoint in `work_dir` (a run killed while saving it), moved aside before resuming
+    (`resumable.resume_point`)."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +219,8 @@ class TrainerSetup:
         self, loss: Loss, rows: Rows, init_checkpoint: Path, dataset: datasets.Dataset, out_dir: Path, run: TrainingRun
     ) -> TrainingResult:
         """Train `loss` from `init_checkpoint` on `dataset` (checked against the budget before the model loads),
-        resuming from the latest checkpoint in `run.work_dir`, and save the trained, merged model with its tokenizer
-        into `out_dir` (`fit`)."""
+        resuming from the latest whole checkpoint in `run.work_dir`, and save the trained, merged model with its
+        tokenizer into `out_dir` (`fit`)."""
         self.check_budget(rows, dataset)
         model, tokenizer = loss.load(init_checkpoint, self)
         trainer_kwargs = dict(
@@ -238,6 +242,7 @@ class TrainerSetup:
             work_dir=run.work_dir,
             callbacks=[*loss.callbacks, *run.callbacks],
             warn=run.warn,
+            set_aside=run.set_aside,
             what=loss.name,
             label_sources=list(label_sources),
             logged=loss.logged,
@@ -296,19 +301,20 @@ def fit(
     work_dir: Path,
     callbacks: list | None,
     warn: Callable[[str], None] | None,
+    set_aside: SetAside | None,
     what: str,
     label_sources: list[str],
     logged: tuple[tuple[str, str], ...],
 ) -> TrainingResult:
     """Train a TRL trainer (`trainer_class(**trainer_kwargs)`, its args checkpointing into `work_dir`) from
     `init_checkpoint` with the non-finite step guard (failing after `max_consecutive_skipped_steps` in a row), resuming
-    from the latest checkpoint in `work_dir`; save the merged model into `out_dir` and check its weights are finite.
+    from the latest whole checkpoint in `work_dir` (`resumable.resume_point`, which tells `set_aside` of each
+    incomplete one it moves aside); save the merged model into `out_dir` and check its weights are finite.
     `logged` maps log keys to the names whose first- and last-quarter means the metrics report.
 
     `TrainerSetup.train` is its one caller; the payload fault tests (`tests/payload_faults`) wrap it where the
     trainer class and the callbacks meet."""
     from transformers import AutoConfig, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
 
     from noisy_student_assets.core.training.guards import (
         assert_finite_checkpoint,
@@ -321,9 +327,9 @@ def fit(
     # what ran before in the process (another stage's sampling, in a Dagster run of several steps).
     set_seed(trainer_kwargs["args"].seed)
     trainer = guarded_trainer_class(trainer_class)(**trainer_kwargs, callbacks=[guard, *(callbacks or [])])
-    resume_from = get_last_checkpoint(work_dir) if work_dir.is_dir() else None
-    resumed_from_step = int(Path(resume_from).name.split("-")[-1]) if resume_from else 0
-    train_output = trainer.train(resume_from_checkpoint=resume_from)
+    resume_from = resume_point(work_dir, set_aside)
+    resumed_from_step = int(resume_from.name.split("-")[-1]) if resume_from else 0
+    train_output = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if trainer.accelerator.is_main_process:  # one writer of the checkpoint when several processes train
         model = trainer.accelerator.unwrap_model(trainer.model)
         init_config = AutoConfig.from_pretrained(init_checkpoint)

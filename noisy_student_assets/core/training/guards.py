@@ -82,7 +82,8 @@ def _guard_class() -> type:
 
     import torch
     from transformers import TrainerCallback
-    from transformers.trainer_utils import get_last_checkpoint
+
+    from noisy_student_assets.core.resumable import latest_whole_checkpoint
 
     class NonFiniteStepGuard(TrainerCallback):
         """Skip an optimizer step whose loss or gradient norm is not finite; stop after
@@ -131,7 +132,7 @@ def _guard_class() -> type:
                 f"({self.state.consecutive} in a row, {len(self.state.skipped_steps)} in this run)"
             )
             if self.state.consecutive >= self.max_consecutive_skips:
-                last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+                last = latest_whole_checkpoint(Path(args.output_dir))
                 resume = (
                     f"the last good resumable checkpoint is {last}; re-materializing resumes from it"
                     if last

@@ -205,7 +205,7 @@ def train_verifier(
     `settings.max_steps` steps of `settings.pairs_per_step` pairs at `settings.learning_rate` decaying linearly;
     a pair longer than `settings.max_length` tokens is left out (TRL's filter). With `settings.use_lora`, LoRA
     adapters on every linear layer of the backbone and the whole head trained; otherwise every weight. Over the
-    setup every trainer shares (`base.TrainerSetup`), it resumes from the latest checkpoint in `run.work_dir`,
+    setup every trainer shares (`base.TrainerSetup`), it resumes from the latest whole checkpoint in `run.work_dir`,
     skips steps with a non-finite loss or gradient norm (reported through `run.warn`), and checks the saved weights
     are finite.
     """
@@ -402,7 +402,7 @@ def build_verifier(
         teacher_dir,
         problems.select("problem_id", "prompt"),
         decoding,
-        SampleShards(run.work_dir / "samples"),
+        SampleShards(run.work_dir / "samples", run.set_aside),
         backend=settings.backend,
         progress=lambda done, total: say(f"verifier: sampled {done}/{total} problems"),
         **compute.generation_options(),
