@@ -1,6 +1,7 @@
 """The grid command (`make grid`) stopped from outside: killed mid-way, then run again, it resumes where it stopped
-(`--rounds` stops every arm after a round, and a run without it adds the rest); SIGTERM stops it mid-step, with no
-retry and no next run (tiny model)."""
+(`--rounds` stops every arm after a round, and a run without it adds the rest); killed while TRL saves a checkpoint,
+its next run sets the half-saved checkpoint aside and finishes; SIGTERM stops it mid-step, with no retry and no next
+run (tiny model)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import psutil
 import pytest
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -20,6 +22,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.defs.checks import FINITE_WEIGHTS, SMOKE_GENERATION
 from resources.compute import DEVICE_POOL
 from tests.cli import DagsterCli, materializing
+from tests.faults import fault_environment
 from tests.tiny_configs import TINY_GRPO, tiny_config, with_op_config
 
 pytestmark = pytest.mark.e2e
@@ -121,6 +124,40 @@ def test_a_killed_grid_resumes_where_it_stopped(dagster_cli: DagsterCli, tiny_mo
     assert f"| {ARM} | {report} | eval_not_degenerate | passed |" in checks.stdout, (
         checks.stdout
     )  # a check inside its asset
+
+
+def test_a_grid_killed_while_saving_a_checkpoint_sets_it_aside_and_finishes_on_its_next_run(
+    dagster_cli: DagsterCli, tiny_model_dir, tmp_path, monkeypatch
+) -> None:
+    """Killed with its process group while TRL saves labeled RL's checkpoint-2 (`tests/payload_faults`), a grid left
+    it without a trainer state, and every later run resumed from it and failed. Every process the grid started ends
+    with the kill; the next run resumes from checkpoint-1 and its log names what it set aside."""
+    grpo = TINY_GRPO | {"max_steps": 3, "save_steps": 1}
+    config = with_op_config(tiny_config(tiny_model_dir, rounds=1), layout.LABELED_RL, grpo=grpo)
+    dagster_cli.enter(monkeypatch)
+    ready = tmp_path / "saving.ready"
+    first_log = tmp_path / "first.log"
+    first = dagster_cli.grid(
+        EXPERIMENT, config, first_log, "--rounds", "0", env=fault_environment("hang-in-checkpoint-save", ready)
+    )
+    deadline = time.monotonic() + 600
+    try:
+        while not ready.exists():
+            assert first.poll() is None, first_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "labeled RL did not reach its second checkpoint in 10 minutes"
+            time.sleep(0.5)
+        started = psutil.Process(first.pid).children(recursive=True)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, [process.cmdline() for process in alive]
+
+    text = dagster_cli.grid_done(EXPERIMENT, config, tmp_path / "second.log", "--rounds", "0")
+    (line,) = [line for line in text.splitlines() if "checkpoint-2 was incomplete" in line]
+    assert "no trainer_state.json" in line and line.endswith("resumed from checkpoint-1"), line
+    assert not list((dagster_cli.lake / ".work").rglob("incomplete-checkpoint-*")), "set aside until published"
 
 
 def test_sigterm_stops_the_grid_mid_step_without_a_retry_or_the_next_run(
