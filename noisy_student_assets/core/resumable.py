@@ -80,7 +80,10 @@ def resume_point(work_dir: Path, set_aside: SetAside | None = None) -> Path | No
         gaps = checkpoint_gaps(checkpoint)
         if not gaps:
             return checkpoint
-        moved = move_aside(checkpoint)
+        try:
+            moved = move_aside(checkpoint)
+        except FileNotFoundError:  # another rank of the same training moved it first, and tells of it
+            continue
         older = latest_whole_checkpoint(work_dir)
         tell(
             f"{checkpoint.name} was incomplete ({', '.join(gaps)}; a run killed while saving it): set aside as "

@@ -75,6 +75,23 @@ def test_an_incomplete_newest_checkpoint_is_set_aside_and_the_whole_one_before_i
     assert resume_point(tmp_path, told.append) == whole and len(told) == 1, "a second look moves nothing"
 
 
+def test_a_checkpoint_another_rank_moved_aside_first_leaves_the_same_resume_point(tmp_path: Path, monkeypatch):
+    """Every rank of a torchrun training looks for its resume point at once: the one that loses the rename race
+    resumes from the same checkpoint, and leaves the telling to the one that moved it."""
+    from noisy_student_assets.core import resumable
+
+    whole = checkpoint(tmp_path, 2)
+    checkpoint(tmp_path, 3, trainer_state__json=None)
+
+    def moved_by_another_rank(path: Path) -> Path:
+        resumable.os.replace(path, tmp_path / f"{SET_ASIDE_PREFIX}{path.name}-by-rank-0")
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(resumable, "move_aside", moved_by_another_rank)
+    told: list[str] = []
+    assert resume_point(tmp_path, told.append) == whole and told == []
+
+
 def test_steps_order_by_number_and_with_no_whole_checkpoint_training_starts_over(tmp_path: Path):
     checkpoint(tmp_path, 9)
     checkpoint(tmp_path, 10)
