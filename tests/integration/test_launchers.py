@@ -139,6 +139,22 @@ def test_a_killed_training_payload_fails_its_attempt_and_the_retry_resumes(
     assert metadata_of(result, layout.LABELED_RL)["resumed_from_step"].value == 1.0
 
 
+def test_a_payload_killed_while_saving_a_checkpoint_has_its_retry_set_it_aside_and_say_so(
+    sevens_lake_copy, sevens_model_dir, fault
+) -> None:
+    """What a payload set aside reaches the asset's metadata through Pipes."""
+    lake = fresh(sevens_lake_copy)
+    fault("kill-in-checkpoint-save")
+    config = with_op_config(tiny_config(sevens_model_dir), layout.LABELED_RL, grpo=TINY_GRPO | {"max_steps": 3})
+    result = materialize(lake, [layout.LABELED_RL], config, ARM, launcher="subprocess")
+    (retried,) = retries(result, layout.LABELED_RL)
+    assert "stage train failed: the payload was killed by SIGKILL" in retried
+    metadata = metadata_of(result, layout.LABELED_RL)
+    assert metadata["resumed_from_step"].value == 1.0
+    (set_aside,) = metadata["set_aside"].value
+    assert set_aside.startswith("checkpoint-2 was incomplete (") and set_aside.endswith("resumed from checkpoint-1")
+
+
 def test_a_payload_left_running_by_a_killed_dagster_process_is_stopped_before_the_retry(
     lake_copy, tiny_model_dir, fault
 ) -> None:

@@ -8,7 +8,7 @@ their PYTHONPATH, and Python imports `sitecustomize` at start-up). `NOISY_STUDEN
   `NOISY_STUDENT_PAYLOAD_READY` names and waits forever, a payload still at work when its Dagster process is killed;
 - `hang-in-checkpoint-save`: a training process that saved checkpoint-1 whole writes checkpoint-2's weights and half
   of its optimizer state (no trainer state yet), writes the ready file and waits forever, on its first attempt: a
-  process killed while TRL saves;
+  process killed while TRL saves; `kill-in-checkpoint-save`: the same, SIGKILLing itself there;
 - `kill-after-shard`: an evaluation SIGKILLs itself once it saved its first shard of completions, on the first attempt;
 - `hang-after-shard`: sampling or an evaluation that saved its first shard starts a worker process and hangs with it
   (`tests/hangs.py`), on the first attempt.
@@ -35,11 +35,11 @@ def _hang(saying: str = "checkpoint-1 saved") -> None:
     threading.Event().wait()
 
 
-def _hanging_in_second_save(trainer_class) -> type:
-    """`trainer_class` whose save of checkpoint-2 stops halfway through its optimizer state (`_hang`)."""
+def _stopped_in_second_save(trainer_class, stop) -> type:
+    """`trainer_class` whose save of checkpoint-2 stops halfway through its optimizer state (`stop()`)."""
     save = trainer_class._save_optimizer_and_scheduler
 
-    class HangingInSave(trainer_class):
+    class StoppedInSave(trainer_class):
         def _save_optimizer_and_scheduler(self, output_dir):
             if self.state.global_step != 2:
                 return save(self, output_dir)
@@ -51,11 +51,15 @@ def _hanging_in_second_save(trainer_class) -> type:
             state = io.BytesIO()
             torch.save(self.optimizer.state_dict(), state)
             Path(output_dir, "optimizer.pt").write_bytes(state.getvalue()[: len(state.getvalue()) // 2])
-            _hang("checkpoint-2 half saved")
+            stop()
 
-    return HangingInSave
+    return StoppedInSave
 
 
+IN_CHECKPOINT_SAVE = {
+    "hang-in-checkpoint-save": lambda: _hang("checkpoint-2 half saved"),
+    "kill-in-checkpoint-save": _kill_self,
+}
 AFTER_CHECKPOINT = {
     "kill-after-checkpoint": _kill_self,
     "kill-rank-1-after-checkpoint": _kill_self,
@@ -88,8 +92,8 @@ def _patch_fit(module) -> None:
                         AFTER_CHECKPOINT[FAULT]()
 
             trainer_class = StoppedAfterCheckpoint
-        elif FAULT == "hang-in-checkpoint-save" and first_attempt:
-            trainer_class = _hanging_in_second_save(trainer_class)
+        elif FAULT in IN_CHECKPOINT_SAVE and first_attempt:
+            trainer_class = _stopped_in_second_save(trainer_class, IN_CHECKPOINT_SAVE[FAULT])
         return fit(trainer_class, trainer_kwargs, *args, callbacks=callbacks, work_dir=work_dir, **kwargs)
 
     module.fit = fit_with_fault
