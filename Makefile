@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui view explore \
+.PHONY: setup run grid arms test check unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui view explore \
 	notebooks clean-lake
 
 setup: $(STAMP)
@@ -60,6 +60,13 @@ test: setup
 	@# Dagster's event log), so two files at once use the second core.
 	$(BIN)/pytest -n 2 --dist loadfile --durations=20
 
+# The check before a commit (docs/testing.md): format, lint, the import contracts and the unit tests on two workers.
+check: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/pytest -n 2 --durations=10 tests/unit
+
 # Seconds, no model load: pure logic and the code location's wiring (tests/unit), and the import contract.
 unit: setup
 	$(BIN)/lint-imports
@@ -73,7 +80,7 @@ docs: setup
 # (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`. The explorer's test
 # needs the explore extra.
 ui-test: setup $(VENV)/.installed-explore
-	$(BIN)/pytest -m ui tests/ui
+	$(BIN)/pytest -m ui --durations=10 tests/ui
 
 # The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
 # extra goes into the venv first (make run never needs it); CI runs it. long-test: the tests of a minute or more
