@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import numpy as np
 import polars as pl
-from scipy import optimize, stats
 
 N_RESAMPLES = 10_000
 CONFIDENCE = 0.95
@@ -122,6 +121,8 @@ def minimum_detectable_effect(standard_error: float, dof: float, confidence: flo
     noncentrality at which the test statistic (noncentral t) passes the interval's critical value with that
     probability, times the standard error. At a few degrees of freedom it exceeds (t_{1-alpha/2} + t_{power}) x the
     standard error (Bloom 1995), whose power at 2 is 77%."""
+    from scipy import optimize, stats  # here, not at the top: every Dagster step process imports this module
+
     critical = stats.t.ppf(1 - (1 - confidence) / 2, dof)
 
     def power_short_of_target(noncentrality: float) -> float:
@@ -192,6 +193,8 @@ class Interval(NamedTuple):
 def widest_interval(mean: float, errors: list[tuple[float, float]], confidence: float = CONFIDENCE) -> Interval:
     """The t-interval of `mean` at the widest of `errors` (standard error, degrees of freedom; inf: normal), with its
     minimum detectable effect from the same standard error and degrees of freedom."""
+    from scipy import stats
+
     t_quantile = partial(stats.t.ppf, 1 - (1 - confidence) / 2)
     standard_error, dof = max(errors, key=lambda error: t_quantile(error[1]) * error[0])
     half_width = t_quantile(dof) * standard_error
