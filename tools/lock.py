@@ -18,6 +18,7 @@ import platform
 import re
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -49,13 +50,19 @@ def canonicalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def installed_versions() -> dict[str, str]:
+    """The distributions installed in this environment's site-packages, by normal name. Only there: an imported
+    setuptools puts its vendored copies (`setuptools/_vendor/*.dist-info`) on `sys.path`, older versions of the same
+    names."""
+    site_packages = [sysconfig.get_paths()["purelib"]]
+    return {
+        canonicalize_name(dist.metadata["Name"]): dist.version for dist in metadata.distributions(path=site_packages)
+    }
+
+
 def installed_pins() -> list[str]:
     """This environment's distributions as sorted `name==version` lines, less the project."""
-    pins = {
-        canonicalize_name(dist.metadata["Name"]): dist.version
-        for dist in metadata.distributions()
-        if canonicalize_name(dist.metadata["Name"]) not in {PROJECT, *UNLOCKED}
-    }
+    pins = {name: version for name, version in installed_versions().items() if name not in {PROJECT, *UNLOCKED}}
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 

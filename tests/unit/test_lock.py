@@ -70,11 +70,17 @@ def test_this_venv_was_installed_from_the_lock():
     """Every distribution of this venv that the lock names is at the lock's version (make setup installs within it;
     a pin moved by hand needs `make setup` again)."""
     pins = lock.read_pins(LOCK)
-    installed = {lock.canonicalize_name(dist.metadata["Name"]): dist.version for dist in metadata.distributions()}
+    installed = lock.installed_versions()
     moved = {
         name: (version, installed[name]) for name, version in pins.items() if installed.get(name, version) != version
     }
     assert moved == {}
+
+
+def test_setuptools_vendored_copies_are_not_this_venv_s_versions():
+    import setuptools  # noqa: F401  (puts its vendored distributions on sys.path)
+
+    assert lock.installed_versions()["packaging"] == metadata.version("packaging")
 
 
 def test_pip_check_finds_only_the_known_conflicts():
