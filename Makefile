@@ -95,9 +95,10 @@ docs: setup
 
 # The web UI in a real browser: `dagster dev` on 127.0.0.1 driven by Debian's chromium through Playwright
 # (no browser download); screenshots in ui-test-screenshots/. Needs `apt-get install chromium`. The explorer's test
-# needs the explore extra.
+# needs the explore extra. Two workers, a file each: each file's webserver, daemon and browser mostly wait on
+# another process, which leaves a core idle with one file at a time.
 ui-test: setup $(VENV)/.installed-explore
-	$(BIN)/pytest -m ui --durations=10 tests/ui
+	$(BIN)/pytest -m ui -n 2 --dist loadfile --durations=10 tests/ui
 
 # The ray launcher on a local Ray cluster the tests start and stop (declaring 2 GPUs this machine lacks): the ray
 # extra goes into the venv first (make run never needs it); CI runs it. long-test: the tests of a minute or more
