@@ -62,6 +62,32 @@ def vllm_run(tiny_model_dir: Path) -> tuple[pl.DataFrame, list[tuple[int, int]]]
     return reported_samples(tiny_model_dir, backend="vllm", shard_size=4)
 
 
+@pytest.fixture(scope="module")
+def transformers_sets(tiny_model_dir: Path) -> tuple[list[pl.DataFrame], list[tuple[int, int]]]:
+    """`GREEDY` and `SAMPLING` in one load of the transformers backend, in shards of 2, and the progress reports."""
+    return reported_sample_sets(tiny_model_dir, PROBLEMS, backend="transformers", batch_size=2, shard_size=2)
+
+
+@pytest.fixture(scope="module")
+def vllm_sets(tiny_model_dir: Path) -> tuple[list[pl.DataFrame], list[tuple[int, int]]]:
+    """`GREEDY` and `SAMPLING` in one vLLM engine, the problems in reverse order and all in one call (`vllm_run`
+    has them in order, in shards of 4), and the progress reports."""
+    return reported_sample_sets(tiny_model_dir, PROBLEMS.reverse(), backend="vllm", shard_size=PROBLEMS.height)
+
+
+def reported_sample_sets(
+    model_dir: Path, problems: pl.DataFrame, **options
+) -> tuple[list[pl.DataFrame], list[tuple[int, int]]]:
+    """`GREEDY`'s and `SAMPLING`'s samples of `problems` in one load, each in `PROBLEMS`' order, and the progress
+    reports sampling made."""
+    reports: list[tuple[int, int]] = []
+    sets = generate_sample_sets(
+        model_dir, problems, [GREEDY, SAMPLING], progress=lambda done, total: reports.append((done, total)), **options
+    )
+    position = pl.col("problem_id").replace_strict(PROBLEMS["problem_id"], range(PROBLEMS.height))
+    return [samples.sort(position, "sample_index") for samples in sets], reports
+
+
 def assert_k_rows_per_problem_in_order(samples: pl.DataFrame, k: int) -> None:
     assert samples["problem_id"].to_list() == [pid for pid in PROBLEMS["problem_id"] for _ in range(k)]
     assert samples["sample_index"].to_list() == list(range(k)) * PROBLEMS.height
@@ -211,12 +237,10 @@ def test_vllm_gives_k_rows_per_problem_with_consistent_finish_reasons(vllm_run):
     assert reports == [(4, 5), (5, 5)]
 
 
-def test_vllm_samples_of_a_problem_do_not_depend_on_order_or_batching(vllm_run, tiny_model_dir):
+def test_vllm_samples_of_a_problem_do_not_depend_on_order_or_batching(vllm_run, vllm_sets):
     samples, _ = vllm_run
-    again = generate_samples(tiny_model_dir, PROBLEMS.reverse(), SAMPLING, backend="vllm")  # all in one call
-    position = pl.col("problem_id").replace_strict(PROBLEMS["problem_id"], range(PROBLEMS.height))
-    in_original_order = again.sort(position, "sample_index")
-    assert in_original_order["completion"].to_list() == samples["completion"].to_list()
+    (_, again), _ = vllm_sets  # reversed, all in one call
+    assert again["completion"].to_list() == samples["completion"].to_list()
     assert samples["completion"].n_unique() == samples.height  # each sample has a stream of its own
 
 
@@ -248,20 +272,9 @@ def test_recorded_logprobs_are_the_models_own_whatever_the_temperature(backend, 
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
-def test_several_settings_in_one_load_give_what_separate_calls_give(
-    backend, tiny_model_dir, transformers_run, vllm_run
-):
-    reports: list[tuple[int, int]] = []
-    greedy, sampled = generate_sample_sets(
-        tiny_model_dir,
-        PROBLEMS,
-        [GREEDY, SAMPLING],
-        backend=backend,
-        batch_size=2,
-        shard_size=2 if backend == "transformers" else 4,
-        progress=lambda done, total: reports.append((done, total)),
-    )
-    separately = transformers_run[0] if backend == "transformers" else vllm_run[0]
+def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tiny_model_dir, request):
+    (greedy, sampled), reports = request.getfixturevalue(f"{backend}_sets")
+    separately, _ = request.getfixturevalue(f"{backend}_run")
     assert sampled.equals(separately)
     by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(
         backend=pl.lit(backend)
