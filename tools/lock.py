@@ -92,11 +92,11 @@ def unexpected_conflicts(pip_check_output: str) -> list[str]:
     for line in pip_check_output.splitlines():
         if not line.strip() or line.startswith("No broken requirements"):
             continue
-        missing, platform = _MISSING.match(line), _PLATFORM.match(line)
+        missing, unsupported = _MISSING.match(line), _PLATFORM.match(line)
         if missing:
             key = (canonicalize_name(missing["dist"]), canonicalize_name(missing["requirement"]))
-        elif platform:
-            key = (canonicalize_name(platform["dist"]), "platform")
+        elif unsupported:
+            key = (canonicalize_name(unsupported["dist"]), "platform")
         else:
             key = None
         if key not in KNOWN_CONFLICTS:
