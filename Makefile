@@ -77,12 +77,14 @@ test: setup
 	@# Dagster's event log), so two files at once use the second core.
 	$(BIN)/pytest -n 2 --dist loadfile --durations=20
 
-# The check before a commit (docs/testing.md): format, lint, the import contracts and the unit tests on two workers.
+# The check before a commit (docs/testing.md): format, lint, the import contracts, the unit tests and the fastest
+# integration tests (a tiny model's foundation and test-time assets materialized in process), on two workers.
+CHECK_TESTS = tests/unit tests/integration/test_foundation_assets.py tests/integration/test_test_time.py
 check: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest -n 2 --durations=10 tests/unit
+	$(BIN)/pytest -n 2 --durations=10 $(CHECK_TESTS)
 
 # Seconds, no model load: pure logic and the code location's wiring (tests/unit), and the import contract.
 unit: setup
