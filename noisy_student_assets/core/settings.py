@@ -64,6 +64,10 @@ completions in ten right), where most groups are all right and give no gradient:
 headroom table's saturation."""
 SATURATION_WINDOW = 4
 """Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
+VALIDATION_PROMOTION, STUDENT_PROMOTION = "validation", "student"
+PromotionRule = Literal["validation", "student"]
+"""Which model teaches round N+1 (`core/promotion.py`): whichever of round N's student and round N's teacher scores
+higher on the arm's validation problems, or round N's student always."""
 TRL_ROLLOUTS, VLLM_ROLLOUTS = "trl", "vllm"
 ROLLOUTS = (TRL_ROLLOUTS, VLLM_ROLLOUTS)
 """Who samples GRPO's groups (`training/rollouts.py`): TRL's own generation (transformers, or its colocated vLLM with
