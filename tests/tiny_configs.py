@@ -72,11 +72,16 @@ K_CHANGED = round_names(
 
 
 def round_chain(number: int, *controls: str) -> list[str]:
-    """A round's student chain and the given controls, with their evaluations."""
+    """A round's student chain and the given controls, with their evaluations; from round 2 on, opened by what its
+    teacher's promotion reads (the validation evals of the previous round's student and teacher) and the teacher."""
     control_assets = [
         name for control in controls for name in (layout.control_checkpoint(control), layout.control_eval(control))
     ]
-    return round_names(
+    promotion = []
+    if number > 1:
+        promotion = [layout.LABELED_RL_VALIDATION] if number == 2 else []
+        promotion += [*round_names(number - 1, layout.STUDENT_VALIDATION), *round_names(number, layout.TEACHER)]
+    return promotion + round_names(
         number, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *control_assets, layout.EVAL_REPORT
     )
 

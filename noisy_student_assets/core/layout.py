@@ -37,6 +37,8 @@ LABELED_RL_EVAL = "labeled_rl_eval"
 LABELED_RL_VALIDATION = "labeled_rl_validation"
 
 # One per arm and round, under the round's prefix.
+TEACHER = "teacher"
+"""Round N's teacher from round 2 on: round N-1's student or its teacher, promoted (`core/promotion.py`)."""
 GENERATIONS = "generations"
 VERIFIER = "verifier"
 """The round's outcome verifier, trained on the teacher's samples of labeled problems (arms whose label source reads
@@ -111,9 +113,11 @@ def round_asset_names(
 ) -> list[str]:
     """Round `number`'s assets of an arm whose experiment runs `controls`, in dependency order, as key
     paths joined by '/' (`round_001/generations`, ..., `round_001/eval_report`); `validated`: with the student's
-    validation eval; `verified`: with the verifier and its scores, which the vote reads."""
+    validation eval; `verified`: with the verifier and its scores, which the vote reads. From round 2 on, the round
+    opens with its promoted teacher."""
     chain = (
-        [GENERATIONS]
+        ([TEACHER] if number > 1 else [])
+        + [GENERATIONS]
         + ([VERIFIER, VERIFIER_SCORES] if verified else [])
         + [PSEUDO_LABELS, STUDENT]
         + ([STUDENT_VALIDATION] if validated else [])

@@ -831,6 +831,16 @@ class RoundsSettings(Settings):
     )
 
 
+class PromotionSettings(Settings):
+    """Which model teaches round N+1 (the `round_00N+1/teacher` asset, `core/promotion.py`)."""
+
+    rule: PromotionRule = Field(
+        default=VALIDATION_PROMOTION,
+        description="validation: whichever of round N's student and its teacher scores higher on the arm's validation "
+        "problems teaches round N+1 (a tie: the student) | student: round N's student always teaches",
+    )
+
+
 def resolved(settings: Settings) -> dict:
     """The settings a materialization ran with, every default filled in (the profile's problem source too)."""
     return settings.resolved() if isinstance(settings, _Sourced) else settings.model_dump()

@@ -33,7 +33,7 @@ from noisy_student_assets.core.experiments.progress import (
     validation_assets,
 )
 from noisy_student_assets.defs.jobs import RUN_TAGS
-from noisy_student_assets.defs.partitions import teacher_key
+from noisy_student_assets.defs.partitions import teacher_source_key
 from noisy_student_assets.defs.records import check_outcomes_on, latest_materialization
 
 NEXT_ROUND_AUTOMATION = "next_round_automation"
@@ -181,8 +181,8 @@ def round_condition(number: int) -> dg.AutomationCondition:
     handled = (dg.AutomationCondition.newly_requested() | dg.AutomationCondition.newly_updated()).with_label("handled")
     triggered = (
         (due & dg.AutomationCondition.missing()).newly_true()
-        | dg.AutomationCondition.asset_matches(teacher_key(number), dg.AutomationCondition.newly_updated())
-    ).with_label("became due, or its teacher was updated")
+        | dg.AutomationCondition.asset_matches(teacher_source_key(number), dg.AutomationCondition.newly_updated())
+    ).with_label("became due, or what its teacher follows from was updated")
     return (due & ~dg.AutomationCondition.in_progress() & triggered.since(handled)).with_label(
         f"round {number}, when due"
     )

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from noisy_student_assets.defs.assets import controls, models, problems, rounds, verdict
+from noisy_student_assets.defs.assets import controls, models, problems, promotion, rounds, verdict
 from noisy_student_assets.defs.automation import next_round_automation, with_round_automation
 from noisy_student_assets.defs.current_defaults import current_defaults
 from noisy_student_assets.defs.jobs import jobs
@@ -17,6 +17,7 @@ ASSET_DEFINITIONS = with_code_versions(
             problems.defs,
             models.defs,
             *(rounds.round_definitions(number) for number in range(1, ROUNDS + 1)),
+            dg.Definitions(assets=[promotion.teacher_asset(number) for number in range(2, ROUNDS + 1)]),
             *(controls.round_controls(number) for number in range(1, ROUNDS + 1)),
             verdict.defs,
         )

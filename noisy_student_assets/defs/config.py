@@ -17,6 +17,7 @@ from noisy_student_assets.core.settings import (
     LabeledRLSettings,
     ProblemPoolSettings,
     ProblemSplitSettings,
+    PromotionSettings,
     PseudoLabelSettings,
     Settings,
     SmokeSettings,
@@ -57,8 +58,16 @@ BaseModelConfig, LabeledRLConfig, EvalConfig, SmokeConfig = map(
     stage_config, (BaseModelSettings, LabeledRLSettings, EvalSettings, SmokeSettings)
 )
 # A round's and its controls' (assets/rounds.py, assets/controls.py)
-SamplingConfig, VerifierConfig, PseudoLabelConfig, StudentConfig, LabeledOnlyConfig = map(
-    stage_config, (TeacherSamplingSettings, VerifierSettings, PseudoLabelSettings, StudentSettings, LabeledOnlySettings)
+SamplingConfig, VerifierConfig, PseudoLabelConfig, StudentConfig, LabeledOnlyConfig, PromotionConfig = map(
+    stage_config,
+    (
+        TeacherSamplingSettings,
+        VerifierSettings,
+        PseudoLabelSettings,
+        StudentSettings,
+        LabeledOnlySettings,
+        PromotionSettings,
+    ),
 )
 
 

@@ -37,7 +37,14 @@ def round_key(number: int, name: str) -> dg.AssetKey:
 
 
 def teacher_key(number: int) -> dg.AssetKey:
-    """Round 1's teacher is the arm's labeled-RL checkpoint; round N's is round N-1's student."""
+    """Round 1's teacher is the arm's labeled-RL checkpoint; round N's is the one promoted from round N-1's student
+    and teacher (`round_00N/teacher`)."""
+    return round_key(number, layout.TEACHER) if number > 1 else dg.AssetKey(layout.LABELED_RL)
+
+
+def teacher_source_key(number: int) -> dg.AssetKey:
+    """What a new teacher of round `number` follows from: labeled RL for round 1, round N-1's student for round N
+    (whichever model its promotion then picks)."""
     return round_key(number - 1, layout.STUDENT) if number > 1 else dg.AssetKey(layout.LABELED_RL)
 
 

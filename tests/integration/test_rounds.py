@@ -15,7 +15,8 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
-from noisy_student_assets.core.training.compute import MATCHED_FIELDS
+from noisy_student_assets.core.promotion import read_promotion
+from noisy_student_assets.core.training.compute import MATCHED_FIELDS, read_compute
 from noisy_student_assets.defs.checks import COMPUTE_MATCHED
 from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
 from resources.data_lake import DataLake
@@ -83,16 +84,49 @@ def test_metadata_keys_and_lake_paths_are_those_of_the_snapshot(two_rounds, lake
     assert files == snapshot["lake_files"]
 
 
-def test_round_two_samples_from_round_one_student(two_rounds, lake: DataLake) -> None:
+def test_round_two_samples_from_round_one_student_promoted_at_a_tie(two_rounds, lake: DataLake) -> None:
     round_one_student = lake.artifact_dir(key(1, layout.STUDENT), ARM)
     labeled_rl = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
+    teacher = lake.artifact_dir(key(2, layout.TEACHER), ARM)
     first = lake.read_table(key(1, layout.GENERATIONS), ARM)
     second = lake.read_table(key(2, layout.GENERATIONS), ARM)
     assert set(first["checkpoint"]) == {f"{labeled_rl} sha256:{weights_sha256(labeled_rl)[:12]}"}
-    assert set(second["checkpoint"]) == {f"{round_one_student} sha256:{weights_sha256(round_one_student)[:12]}"}
-    assert metadata_of(two_rounds["arm"], "round_002/generations")["teacher"].value == str(round_one_student)
+    assert set(second["checkpoint"]) == {f"{teacher} sha256:{weights_sha256(round_one_student)[:12]}"}
+    assert metadata_of(two_rounds["arm"], "round_002/generations")["teacher"].value == str(teacher)
+    promotion = metadata_of(two_rounds["arm"], "round_002/teacher")
+    assert (promotion["promoted"].value, promotion["rule"].value) == ("student", "validation")
+    assert promotion["margin"].value == 0.0, "a random model answers no validation problem: a tie, to the student"
+    assert read_promotion(teacher).checkpoint == round_one_student
     labeled_only_two = metadata_of(two_rounds["arm"], "round_002/labeled_only_checkpoint")
     assert labeled_only_two["init_checkpoint"].value == str(lake.artifact_dir(key(1, "labeled_only_checkpoint"), ARM))
+
+
+def test_a_student_worse_than_its_teacher_on_validation_is_not_promoted(two_rounds, lake, instance, config) -> None:
+    """Labeled RL scored above round 1's student on the validation problems (its published eval says so here): round
+    2's teacher is labeled RL, and round 2 samples from it, through the promotion asset."""
+    labeled_rl = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
+    metrics_file = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL_VALIDATION), ARM) / layout.METRICS_FILE
+    recorded = metrics_file.read_text()
+    better = json.loads(recorded)
+    better["metrics"]["greedy_accuracy"] = 0.5
+    metrics_file.unlink()  # a new file: a published one may be a hard link to another artifact's
+    metrics_file.write_text(json.dumps(better))
+    promoted = round_names(2, layout.TEACHER, layout.GENERATIONS)
+    try:
+        result = materialize(lake, promoted, config, ARM, instance)
+    finally:
+        metrics_file.unlink()
+        metrics_file.write_text(recorded)
+    teacher = lake.artifact_dir(key(2, layout.TEACHER), ARM)
+    promotion = metadata_of(result, "round_002/teacher")
+    assert (promotion["promoted"].value, promotion["margin"].value) == ("teacher", -0.5)
+    assert read_promotion(teacher).checkpoint == labeled_rl and weights_sha256(teacher) == weights_sha256(labeled_rl)
+    samples = lake.read_table(key(2, layout.GENERATIONS), ARM)
+    assert set(samples["checkpoint"]) == {f"{teacher} sha256:{weights_sha256(labeled_rl)[:12]}"}
+    student_compute = read_compute(lake.artifact_dir(key(1, layout.STUDENT), ARM)).total
+    assert read_compute(teacher).total == student_compute, "round 1's student was trained all the same"
+    materialize(lake, promoted, config, ARM, instance)  # back to the student promoted at a tie
+    assert read_promotion(teacher).promoted == "student"
 
 
 def test_round_artifacts_reports_and_checks(two_rounds, lake: DataLake) -> None:
@@ -405,7 +439,8 @@ def test_a_failed_label_floor_stops_the_round_before_training(two_rounds, lake, 
     materialize(
         lake, [*FOUNDATION, layout.LABELED_RL_EVAL, *round_chain(1, layout.LABELED_ONLY)], config, "b", instance
     )
-    names = round_names(2, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT)
+    promotion = [layout.LABELED_RL_VALIDATION, *round_names(1, layout.STUDENT_VALIDATION)]
+    names = promotion + round_names(2, layout.TEACHER, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT)
     result = materialize(lake, names, floor, "b", instance, raise_on_error=False)
     assert not result.success
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "pseudo_label_quality"]

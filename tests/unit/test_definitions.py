@@ -123,14 +123,25 @@ def test_arms_partition_every_asset_but_the_shared_ones() -> None:
 def test_every_real_input_is_a_drawn_edge() -> None:
     assert ROUNDS == 3  # tests/experiments/automation.yaml
     assert _parents(_round(1, layout.GENERATIONS)) == {layout.LABELED_RL, layout.UNLABELED_PROBLEMS}
-    assert _parents(_round(2, layout.GENERATIONS)) == {_round(1, layout.STUDENT), layout.UNLABELED_PROBLEMS}
+    assert _parents(_round(2, layout.GENERATIONS)) == {_round(2, layout.TEACHER), layout.UNLABELED_PROBLEMS}
+    assert _parents(_round(2, layout.TEACHER)) == {
+        _round(1, layout.STUDENT),
+        layout.LABELED_RL,
+        _round(1, layout.STUDENT_VALIDATION),
+        layout.LABELED_RL_VALIDATION,
+    }, "round 2's teacher: round 1's student or its teacher, by their validation accuracy"
+    assert _parents(_round(3, layout.TEACHER)) == {
+        _round(2, layout.STUDENT),
+        _round(2, layout.TEACHER),
+        _round(2, layout.STUDENT_VALIDATION),
+    }, "a promoted teacher carries its own validation accuracy"
     assert _parents(_round(2, layout.PSEUDO_LABELS)) == {
         _round(2, layout.GENERATIONS),
         _round(2, layout.VERIFIER_SCORES),
         layout.UNLABELED_PROBLEMS,
     }
     assert _parents(_round(2, layout.VERIFIER)) == {
-        _round(1, layout.STUDENT),
+        _round(2, layout.TEACHER),
         layout.LABELED_PROBLEMS,
         layout.VALIDATION_PROBLEMS,
     }
@@ -139,7 +150,7 @@ def test_every_real_input_is_a_drawn_edge() -> None:
         _round(2, layout.GENERATIONS),
         layout.UNLABELED_PROBLEMS,
     }
-    assert {_round(2, layout.PSEUDO_LABELS), _round(1, layout.STUDENT), layout.LABELED_PROBLEMS} <= _parents(
+    assert {_round(2, layout.PSEUDO_LABELS), _round(2, layout.TEACHER), layout.LABELED_PROBLEMS} <= _parents(
         _round(2, layout.STUDENT)
     )
     assert _parents(_round(2, layout.EVAL_REPORT)) >= {
@@ -235,9 +246,10 @@ def test_the_gpu_profile_stabilises_bf16_training() -> None:
 
 
 def test_a_code_location_defines_only_what_its_experiments_run(tmp_path) -> None:
-    """An experiments directory whose one experiment runs the labeled-only control alone, reads no verifier and has
-    no patience: no other control, no verifier, no validation eval and no job for them, so that its lineage and its
-    launches hold only what its arm runs (the UI's side: tests/ui/test_adding_a_round.py)."""
+    """An experiments directory whose one experiment runs the labeled-only control alone, reads no verifier, has no
+    patience and lets the student always teach: no other control, no verifier, no validation eval and no job for
+    them, so that its lineage and its launches hold only what its arm runs (the UI's side:
+    tests/ui/test_adding_a_round.py)."""
     import os
     import subprocess
     import sys
@@ -247,7 +259,11 @@ def test_a_code_location_defines_only_what_its_experiments_run(tmp_path) -> None
     from noisy_student_assets.core.experiments.arms import load_experiment
     from noisy_student_assets.core.experiments.progress import arm_assets
 
-    lean = {"controls": [layout.LABELED_ONLY], "defaults": {"max_rounds": 2}, "arms": {"lean": {}}}
+    lean = {
+        "controls": [layout.LABELED_ONLY],
+        "defaults": {"max_rounds": 2, "promotion": "student"},
+        "arms": {"lean": {}},
+    }
     (tmp_path / "lean.yaml").write_text(yaml.safe_dump(lean))
     code = (
         "import json; from noisy_student_assets.definitions import defs; graph = defs.resolve_asset_graph();"

@@ -27,7 +27,7 @@ def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> No
     experiment = Experiment(name="e", controls=("labeled_only",), defaults=ArmSpec(max_rounds=2), arms={"a": ArmSpec()})
     arm = experiment.arm("a")
     names = arm_assets(experiment, arm, rounds=3)
-    assert names[:9] == [
+    assert names[:10] == [
         "problem_pool",
         "eval_problems",
         "base_model",
@@ -37,17 +37,25 @@ def test_an_experiment_lists_its_rounds_and_controls_in_dependency_order() -> No
         "validation_problems",
         "labeled_rl_checkpoint",
         "labeled_rl_eval",
+        "labeled_rl_validation",
     ]
     assert (
-        names.index("round_001/labeled_only_eval")
+        names.index("round_001/student_validation")
+        < names.index("round_001/labeled_only_eval")
         < names.index("round_001/eval_report")
+        < names.index("round_002/teacher")
         < names.index("round_002/generations")
-    )
+    ), "round 2's teacher is promoted on the validation accuracy of round 1's student and of labeled RL"
     assert "round_001/gold_label_checkpoint" not in names and names[-1] == "round_002/eval_report"
     assert arm_assets(experiment, arm, rounds=1)[-1] == "round_001/eval_report"
+    always = Experiment(name="s", controls=("labeled_only",), arms={"a": ArmSpec(max_rounds=2, promotion="student")})
+    names = arm_assets(always, always.arm("a"))
+    assert "round_002/teacher" in names, "the student always teaching is a promotion too, drawn the same way"
     assert not [name for name in names if "validation" in name.split("/")[-1] and name != "validation_problems"], (
-        "no patience reads them"
+        "neither a patience nor a promotion reads them"
     )
+    one_round = Experiment(name="o", controls=("labeled_only",), arms={"a": ArmSpec(max_rounds=1)})
+    assert "round_001/student_validation" not in arm_assets(one_round, one_round.arm("a")), "nothing to promote"
     tuning = Experiment(
         name="t", defaults=ArmSpec(max_rounds=0), validate_labeled_rl=True, held_out_eval=False, arms={"a": ArmSpec()}
     )

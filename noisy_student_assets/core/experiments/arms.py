@@ -48,6 +48,7 @@ from noisy_student_assets.core.settings import (
     LauncherSettings,
     ProblemPoolSettings,
     ProblemSplitSettings,
+    PromotionSettings,
     PseudoLabelSettings,
     RoundsSettings,
     Settings,
@@ -61,7 +62,7 @@ EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
 PROBLEM_POOL, EVAL_PROBLEMS, BASE_MODEL = "problem_pool", "eval_problems", "base_model"
-PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, ROUNDS = (
+PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_ONLY, EVAL, PROMOTION, ROUNDS = (
     "problem_split",
     "labeled_rl",
     "sampling",
@@ -70,6 +71,7 @@ PROBLEM_SPLIT, LABELED_RL, SAMPLING, VERIFIER, PSEUDO_LABELS, STUDENT, LABELED_O
     "student",
     "labeled_only",
     "eval",
+    "promotion",
     "rounds",
 )
 STAGE_SETTINGS: dict[str, type[Settings]] = {
@@ -84,6 +86,7 @@ STAGE_SETTINGS: dict[str, type[Settings]] = {
     STUDENT: StudentSettings,
     LABELED_ONLY: LabeledOnlySettings,
     EVAL: EvalSettings,
+    PROMOTION: PromotionSettings,
     ROUNDS: RoundsSettings,
 }
 """The settings an arm can change, by the stage that reads them (`rounds`: the stopping rule, which the next-round
@@ -214,6 +217,7 @@ ARM_FIELDS: dict[str, ArmField] = {
         ((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"
     ),
     **_settings_of(STUDENT, "sft_samples_per_problem", "dpo_beta"),
+    "promotion": ArmField(((PROMOTION, "rule"),), "which model teaches the next round"),
     **_settings_of(ROUNDS, "max_rounds", "patience", "min_improvement"),
 }
 """The experiment vocabulary: each arm field and the stage settings it overrides (the one place they are mapped)."""
@@ -426,6 +430,11 @@ class Arm(BaseModel):
     def stopping_rule(self) -> RoundsSettings:
         """How many rounds this arm runs (its `rounds` settings, with the defaults filling what it leaves)."""
         return self.spec.settings(ROUNDS)
+
+    @property
+    def promotion_rule(self) -> str:
+        """Which model teaches this arm's next round (its `promotion`, else the default)."""
+        return self.spec.settings(PROMOTION).rule
 
     @property
     def label_source(self) -> str:

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.pseudo_labels.sources.registry import label_source
-from noisy_student_assets.core.settings import RoundsSettings
+from noisy_student_assets.core.settings import VALIDATION_PROMOTION, RoundsSettings
 
 
 def validated(arm) -> bool:
-    """Whether the arm's rounds are evaluated on its validation problems: its stopping rule reads them."""
-    return arm.stopping_rule.patience is not None
+    """Whether the arm's rounds are evaluated on its validation problems: its stopping rule reads them, or its
+    promotion compares each student with its teacher there before a next round."""
+    rule = arm.stopping_rule
+    promoted = arm.promotion_rule == VALIDATION_PROMOTION and rule.max_rounds > 1
+    return rule.patience is not None or promoted
 
 
 def verified(arm) -> bool:
