@@ -42,7 +42,11 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
                 description=f"Round {number} of an arm: sample, pseudo-label, train the student and the controls its "
                 "experiment lists, evaluate; a control it does not list skips."
                 + (f" An arm whose label source reads a verifier runs {group}_verifier_job first." if verifier else "")
-                + (f" An arm with a patience runs {group}_validation_job after." if validation else ""),
+                + (
+                    f" An arm with a patience or promoted on validation runs {group}_validation_job after."
+                    if validation
+                    else ""
+                ),
             )
         )
         apart = {
@@ -54,7 +58,7 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
             "validation": (
                 validation,
                 f"Round {number}'s student on the arm's validation problems: after {group}_job, for an arm whose "
-                "stopping rule reads it (a patience).",
+                "stopping rule (a patience) or next round's promotion reads it.",
             ),
         }
         round_jobs += [

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.promotion import read_promotion
 from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from resources.compute import DEVICE_LOCK_ACQUIRED, DEVICE_LOCK_RELEASED
 from tests.cli import DAGSTER_DAEMON, DagsterCli, run_failures
@@ -160,7 +161,11 @@ def test_rounds_through_cli_relabel_then_two_at_once(foundation, tmp_path, tiny_
     for arm, number in (("a", 2), ("b", 1)):
         assert pl.read_parquet(lake / f"round_00{number}" / "generations" / arm / "data.parquet").height == 6 * 3
         assert (lake / f"round_00{number}" / "eval_report" / arm / "report.md").is_file()
-    assert _teacher_of(lake, 2, "a") == {str(lake / "round_001" / "student_checkpoint" / "a")}
+    assert _teacher_of(lake, 2, "a") == {str(lake / "round_002" / "teacher" / "a")}
+    assert (
+        read_promotion(lake / "round_002" / "teacher" / "a").checkpoint
+        == lake / "round_001" / "student_checkpoint" / "a"
+    )
     assert not [p for p in (lake / ".staging").rglob("*") if p.is_file()]
 
 
@@ -217,16 +222,20 @@ def test_backfill_of_two_rounds_for_two_arms_through_the_daemon(foundation, tiny
                 for e in instance.all_logs(run.dagster_run.run_id)
                 if e.is_dagster_event and e.dagster_event.is_step_success
             }
-            assert started["round_002__generations"] >= finished["round_001__student_checkpoint"], (
-                "round 2 sampled before its teacher existed"
-            )
+            assert (
+                started["round_002__generations"]
+                >= finished["round_002__teacher"]
+                >= finished["round_001__student_validation"]
+                >= finished["round_001__student_checkpoint"]
+            ), "round 2 sampled before its teacher existed"
             assert started["round_002__labeled_only_checkpoint"] >= finished["round_001__labeled_only_checkpoint"]
     lake = foundation.lake
     for arm in ARMS:
         assert _teacher_of(lake, 1, arm) == {str(lake / "labeled_rl_checkpoint" / arm)}
-        assert _teacher_of(lake, 2, arm) == {str(lake / "round_001" / "student_checkpoint" / arm)}, (
-            "round 2's teacher is this arm's round-1 student"
-        )
+        assert _teacher_of(lake, 2, arm) == {str(lake / "round_002" / "teacher" / arm)}
+        assert read_promotion(lake / "round_002" / "teacher" / arm).checkpoint == (
+            lake / "round_001" / "student_checkpoint" / arm
+        ), "round 2's teacher is promoted from this arm's round-1 student"
         report = json.loads((lake / "round_002" / "eval_report" / arm / "metrics.json").read_text())
         assert report["checkpoint"] == str(lake / "round_002" / "student_checkpoint" / arm)
         labeled_only = json.loads((lake / "round_002" / "labeled_only_eval" / arm / "metrics.json").read_text())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from dataclasses import fields
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
+from noisy_student_assets.core.promotion import PROMOTION_FILE
 from noisy_student_assets.core.pseudo_labels.frontier import MATCHED_COVERAGES, coverage_column, frontier
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting import plots
@@ -364,6 +366,9 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     (checkpoint / "model.safetensors").write_bytes(b"weights")
     for recorded in (layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE):
         (checkpoint / recorded).write_text("{}")
+    teacher = layout.artifact_dir(lake, layout.round_asset(2, layout.TEACHER), ARMS[0].name)
+    shutil.copytree(checkpoint, teacher)
+    (teacher / PROMOTION_FILE).write_text("{}")
     completions = layout.artifact_dir(lake, layout.round_asset(1, layout.EVAL_REPORT), ARMS[0].name) / "greedy.parquet"
     pl.DataFrame({"problem_id": ["p00"], "completion": ["42"]}).write_parquet(completions)
 
@@ -377,6 +382,9 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     )
     kept = sorted(path.name for path in (results / checkpoint.relative_to(lake)).iterdir())
     assert kept == [layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE], "a checkpoint's records, not its weights"
+    assert [path.name for path in (results / teacher.relative_to(lake)).iterdir()] == [PROMOTION_FILE], (
+        "a promoted teacher's decision, not a second copy of its checkpoint's records"
+    )
     assert not (results / completions.relative_to(lake)).exists()
     original, exported = collect(lake, ARMS, rounds=2), collect(results, ARMS, rounds=2)
     assert exported.sentences == original.sentences and exported.differences.equals(original.differences)

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.promotion import PROMOTION_FILE
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
 from noisy_student_assets.core.training.verifier import VALIDATION_SCORES_FILE, VERIFIER_METRICS_FILE
 
@@ -44,7 +45,13 @@ def result_files(lake: Path, arms: list[str]) -> list[Path]:
         for round_dir in sorted(lake.glob(f"{layout.ROUND_PREFIX}*")):
             directories += [
                 round_dir / name / arm
-                for name in (*ROUND_EVAL_ASSETS, *ROUND_CHECKPOINTS, layout.PSEUDO_LABELS, layout.VERIFIER)
+                for name in (
+                    *ROUND_EVAL_ASSETS,
+                    *ROUND_CHECKPOINTS,
+                    layout.TEACHER,
+                    layout.PSEUDO_LABELS,
+                    layout.VERIFIER,
+                )
             ]
     files = []
     for directory in directories:
@@ -64,6 +71,8 @@ def _kept(asset: str, file_name: str) -> bool:
         return file_name in (VERIFIER_METRICS_FILE, VALIDATION_SCORES_FILE)
     if asset in (layout.LABELED_RL, *ROUND_CHECKPOINTS):
         return file_name in CHECKPOINT_FILES
+    if asset == layout.TEACHER:
+        return file_name == PROMOTION_FILE
     if asset == layout.GRID_RUNS:
         return file_name == layout.GRID_HOURS_FILE
     return asset in TABLE_ASSETS and file_name == layout.TABLE_FILE_NAME
