@@ -3,8 +3,9 @@
 import dagster as dg
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S
-from noisy_student_assets.defs.partitions import ARMS, VERDICT_GROUP, round_group, round_key
+from noisy_student_assets.defs.partitions import ARMS, ASKED_FOR, VERDICT_GROUP, round_group, round_key
 
 ARM_JOB = "arm_job"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
@@ -14,9 +15,9 @@ past `RUN_TIME_LIMIT_S`. Job tags, not `run_tags`: a job's backfill gives its ru
 runs, in its own process, have no daemon to stop them; their stages' limits do."""
 
 
-def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
-    """`arm_job`, up to three jobs per round (the round; its verifier and its validation, where `assets` has them) and
-    `verdict_job` over `assets`."""
+def jobs(assets: dg.Definitions, rounds: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
+    """`arm_job`, up to three jobs per round (the round; its verifier and its validation, where `assets` has them and
+    some arm does not run them) and `verdict_job` over `assets`."""
     verdict = dg.AssetSelection.groups(VERDICT_GROUP)
     defined_keys = {key for assets_def in assets.assets for key in assets_def.keys}
     round_jobs = []
@@ -30,7 +31,11 @@ def jobs(assets: dg.Definitions, rounds: int) -> dg.Definitions:
             for name in (layout.VERIFIER, layout.VERIFIER_SCORES)
             if (key := round_key(number, name)) in defined_keys
         ]
-        validation = [key for key in [round_key(number, layout.STUDENT_VALIDATION)] if key in defined_keys]
+        validation = [
+            key
+            for key in [round_key(number, layout.STUDENT_VALIDATION)]
+            if key in defined_keys and not asked_for.every_arm_validated
+        ]
         round_jobs.append(
             dg.define_asset_job(
                 f"{group}_job",

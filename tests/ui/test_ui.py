@@ -29,8 +29,8 @@ def _round(number: int, name: str) -> str:
     return "/".join(layout.round_asset(number, name))
 
 
-# Every real input of a round that issue 2/4 asks the UI to draw: round N's generations <- round N-1's student
-# (round 1: labeled RL), pseudo-labels <- generations, student <- pseudo-labels + teacher, eval report <-
+# Every real input of a round that issue 2/4 asks the UI to draw: round N's generations <- its teacher (round 1:
+# labeled RL; round N: promoted from round N-1's student and teacher), pseudo-labels <- generations, student <- pseudo-labels + teacher, eval report <-
 # student + audit + the reports it compares with.
 DRAWN_EDGES = [
     (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS),  # a test-time arm's unlabeled problems are eval problems
@@ -42,7 +42,9 @@ DRAWN_EDGES = [
     (_round(1, layout.STUDENT), _round(1, layout.EVAL_REPORT)),
     (_round(1, layout.PSEUDO_LABELS), _round(1, layout.EVAL_REPORT)),
     (_round(1, layout.control_eval(layout.LABELED_ONLY)), _round(1, layout.EVAL_REPORT)),
-    (_round(1, layout.STUDENT), _round(2, layout.GENERATIONS)),
+    (_round(1, layout.STUDENT), _round(2, layout.TEACHER)),  # the promotion between the rounds
+    (_round(1, layout.STUDENT_VALIDATION), _round(2, layout.TEACHER)),
+    (_round(2, layout.TEACHER), _round(2, layout.GENERATIONS)),
     (_round(1, layout.EVAL_REPORT), _round(2, layout.EVAL_REPORT)),
 ]
 

@@ -74,6 +74,8 @@ class AskedFor:
     controls: tuple[str, ...]
     verifier: bool
     round_validation: bool
+    every_arm_validated: bool
+    """Every arm evaluates its students on validation: a round's job can then hold the evaluation (none skips it)."""
     labeled_rl_validation: bool
 
     @classmethod
@@ -84,6 +86,7 @@ class AskedFor:
             controls=tuple(c for c in layout.CONTROLS if any(c in experiment.controls for experiment in experiments)),
             verifier=any(verified(arm) for _, arm in arms),
             round_validation=any(validated(arm) for _, arm in arms),
+            every_arm_validated=bool(arms) and all(validated(arm) for _, arm in arms),
             labeled_rl_validation=any(experiment.validate_labeled_rl or validated(arm) for experiment, arm in arms),
         )
 
