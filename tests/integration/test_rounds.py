@@ -103,7 +103,8 @@ def test_round_two_samples_from_round_one_student_promoted_at_a_tie(two_rounds, 
 
 def test_a_student_worse_than_its_teacher_on_validation_is_not_promoted(two_rounds, lake, instance, config) -> None:
     """Labeled RL scored above round 1's student on the validation problems (its published eval says so here): round
-    2's teacher is labeled RL, and round 2 samples from it, through the promotion asset."""
+    2's teacher is labeled RL, and round 2 samples from it, through the promotion asset; under the `student` rule
+    (the arm field `promotion`'s setting) the worse student teaches all the same."""
     labeled_rl = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM)
     metrics_file = lake.artifact_dir(dg.AssetKey(layout.LABELED_RL_VALIDATION), ARM) / layout.METRICS_FILE
     recorded = metrics_file.read_text()
@@ -112,19 +113,23 @@ def test_a_student_worse_than_its_teacher_on_validation_is_not_promoted(two_roun
     metrics_file.unlink()  # a new file: a published one may be a hard link to another artifact's
     metrics_file.write_text(json.dumps(better))
     promoted = round_names(2, layout.TEACHER, layout.GENERATIONS)
+    always_the_student = {"ops": config["ops"] | {op("round_002", layout.TEACHER): {"config": {"rule": "student"}}}}
+    teacher = lake.artifact_dir(key(2, layout.TEACHER), ARM)
     try:
-        result = materialize(lake, promoted, config, ARM, instance)
+        promotion = metadata_of(materialize(lake, promoted, config, ARM, instance), "round_002/teacher")
+        decided, teacher_sha, compute = read_promotion(teacher), weights_sha256(teacher), read_compute(teacher).total
+        samples = lake.read_table(key(2, layout.GENERATIONS), ARM)
+        student_rule = metadata_of(materialize(lake, promoted[:1], always_the_student, ARM, instance), promoted[0])
     finally:
         metrics_file.unlink()
         metrics_file.write_text(recorded)
-    teacher = lake.artifact_dir(key(2, layout.TEACHER), ARM)
-    promotion = metadata_of(result, "round_002/teacher")
     assert (promotion["promoted"].value, promotion["margin"].value) == ("teacher", -0.5)
-    assert read_promotion(teacher).checkpoint == labeled_rl and weights_sha256(teacher) == weights_sha256(labeled_rl)
-    samples = lake.read_table(key(2, layout.GENERATIONS), ARM)
-    assert set(samples["checkpoint"]) == {f"{teacher} sha256:{weights_sha256(labeled_rl)[:12]}"}
-    student_compute = read_compute(lake.artifact_dir(key(1, layout.STUDENT), ARM)).total
-    assert read_compute(teacher).total == student_compute, "round 1's student was trained all the same"
+    assert decided.checkpoint == labeled_rl and teacher_sha == weights_sha256(labeled_rl)
+    assert set(samples["checkpoint"]) == {f"{teacher} sha256:{teacher_sha[:12]}"}
+    assert compute == read_compute(lake.artifact_dir(key(1, layout.STUDENT), ARM)).total, (
+        "round 1's student was trained all the same"
+    )
+    assert (student_rule["promoted"].value, student_rule["margin"].value) == ("student", -0.5)
     materialize(lake, promoted, config, ARM, instance)  # back to the student promoted at a tie
     assert read_promotion(teacher).promoted == "student"
 
