@@ -94,10 +94,19 @@ def record(promotion: Promotion, staged: Path) -> None:
     student_compute = Path(promotion.student) / layout.COMPUTE_FILE
     if student_compute.exists():
         compute.write_text(student_compute.read_text())
-    (staged / PROMOTION_FILE).write_text(promotion.model_dump_json(indent=2))
+    decision = staged / PROMOTION_FILE
+    decision.unlink(missing_ok=True)  # a kept teacher's copy links its own promotion's decision
+    decision.write_text(promotion.model_dump_json(indent=2))
 
 
 def read_promotion(checkpoint: Path) -> Promotion | None:
     """The decision that made a promoted checkpoint, or None for a checkpoint no promotion made (labeled RL's)."""
     path = checkpoint / PROMOTION_FILE
     return layout.read_sidecar(Promotion, path) if path.exists() else None
+
+
+def first_made(checkpoint: Path) -> Path:
+    """The checkpoint a promoted one is a copy of, through any number of promotions: a round's student or labeled RL
+    (a checkpoint no promotion made is its own)."""
+    promotion = read_promotion(checkpoint)
+    return checkpoint if promotion is None else first_made(promotion.checkpoint)

@@ -97,6 +97,8 @@ def test_round_two_samples_from_round_one_student_promoted_at_a_tie(two_rounds, 
     assert (promotion["promoted"].value, promotion["rule"].value) == ("student", "validation")
     assert promotion["margin"].value == 0.0, "a random model answers no validation problem: a tie, to the student"
     assert read_promotion(teacher).checkpoint == round_one_student
+    report = metadata_of(two_rounds["arm"], "round_002/eval_report")
+    assert report["taught_by"].value == "previous_round", "its flips count from round 1's student, its teacher"
     labeled_only_two = metadata_of(two_rounds["arm"], "round_002/labeled_only_checkpoint")
     assert labeled_only_two["init_checkpoint"].value == str(lake.artifact_dir(key(1, "labeled_only_checkpoint"), ARM))
 

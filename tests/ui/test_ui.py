@@ -30,8 +30,8 @@ def _round(number: int, name: str) -> str:
 
 
 # Every real input of a round that issue 2/4 asks the UI to draw: round N's generations <- its teacher (round 1:
-# labeled RL; round N: promoted from round N-1's student and teacher), pseudo-labels <- generations, student <- pseudo-labels + teacher, eval report <-
-# student + audit + the reports it compares with.
+# labeled RL; round N: promoted from round N-1's student and teacher), pseudo-labels <- generations, student <-
+# pseudo-labels + teacher, eval report <- student + audit + the reports it compares with.
 DRAWN_EDGES = [
     (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS),  # a test-time arm's unlabeled problems are eval problems
     (layout.LABELED_RL, _round(1, layout.GENERATIONS)),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.promotion import PROMOTION_FILE, decide, read_promotion, record
+from noisy_student_assets.core.promotion import PROMOTION_FILE, decide, first_made, read_promotion, record
 from noisy_student_assets.core.settings import STUDENT_PROMOTION, VALIDATION_PROMOTION
 
 STUDENT_DIR, TEACHER_DIR = Path("/lake/round_001/student_checkpoint/a"), Path("/lake/labeled_rl_checkpoint/a")
@@ -73,3 +73,17 @@ def test_a_decision_file_that_is_not_a_promotion_is_refused_naming_it(tmp_path: 
     (tmp_path / PROMOTION_FILE).write_text(json.dumps({"promoted": "student"}))
     with pytest.raises(ValueError, match=PROMOTION_FILE):
         read_promotion(tmp_path)
+
+
+def test_a_teacher_kept_twice_is_a_copy_of_the_checkpoint_first_made(tmp_path: Path) -> None:
+    """Round 3's teacher kept round 2's, itself labeled RL kept: its flips count from labeled RL's evaluation."""
+    labeled_rl = _checkpoint(tmp_path / "labeled_rl_checkpoint" / "a", "teacher weights", 6)
+    students = [_checkpoint(tmp_path / f"round_00{n}" / "student_checkpoint" / "a", "weights", 12) for n in (1, 2)]
+    teacher = labeled_rl
+    for number, student in enumerate(students, start=2):
+        promotion = decide(VALIDATION_PROMOTION, student, teacher, 0.1, 0.5)
+        teacher = tmp_path / f"round_00{number}" / "teacher" / "a"
+        shutil.copytree(promotion.checkpoint, teacher, copy_function=os.link)
+        record(promotion, teacher)
+    assert read_promotion(teacher).checkpoint == tmp_path / "round_002" / "teacher" / "a"
+    assert first_made(teacher) == labeled_rl and first_made(students[0]) == students[0]

@@ -30,6 +30,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
+from noisy_student_assets.core.promotion import first_made
 from noisy_student_assets.core.prompts import prompt_template
 from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
@@ -227,6 +228,11 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
 
     labeled_only_eval_key = key(layout.control_eval(layout.LABELED_ONLY))
     earlier = {"previous_round": eval_input(round_key(number - 1, layout.EVAL_REPORT))} if number > 1 else {}
+    # A teacher kept by its promotion is an earlier round's student (or labeled RL): its flips are from that one.
+    earlier |= {layout.round_prefix(k): eval_input(round_key(k, layout.EVAL_REPORT)) for k in range(1, number - 1)}
+    taught = (
+        {"teacher": dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")} if number > 1 else {}
+    )
 
     @dg.asset(
         key=report_key,
@@ -239,6 +245,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
             "labeled_rl": eval_input(layout.LABELED_RL_EVAL),
             "base_model": eval_input(layout.BASE_MODEL_EVAL),
             **earlier,
+            **taught,
         },
         check_specs=[reported_check(NO_EVAL_REGRESSION, report_key), reported_check(EVAL_NOT_DEGENERATE, report_key)],
         description="The round's student on eval_problems, and the verdict: its accuracy minus the labeled-only "
@@ -258,9 +265,11 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
     ):
         arm = context.partition_key
         reference_name = "previous_round" if number > 1 else "labeled_rl"
+        teacher_name = _taught_by(number, baselines.pop("teacher", None))
         for name, found in (
             (labeled_only_eval_key.to_user_string(), labeled_only_eval),
             (reference_name, baselines[reference_name]),
+            (teacher_name, baselines[teacher_name]),
         ):
             if found is None:
                 raise dg.Failure(f"{name} (arm {arm}) is not materialized: the report compares with it")
@@ -270,7 +279,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
             pseudo_labels.frame,
             pseudo_labels.extra_files,
             labeled_only_eval,
-            baselines[reference_name],
+            baselines[teacher_name],
             baselines,
             eval_problems,
         )
@@ -286,7 +295,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
                 },
                 extras=partial(round_report, evidence),
             )
-        yield current.output(staged, metadata=_explorer(arm, number))
+        yield current.output(staged, metadata=_explorer(arm, number) | {"taught_by": teacher_name})
         yield health_check
         yield no_eval_regression(
             report_key,
@@ -310,6 +319,18 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         ],
         asset_checks=checkpoint_checks(student_key),
     )
+
+
+def _taught_by(number: int, teacher: Path | None) -> str:
+    """Whose evaluation round `number`'s flips are counted from: the eval input of the checkpoint its teacher copies
+    (`labeled_rl`, `previous_round`, or an earlier round's prefix)."""
+    if teacher is None:
+        return "labeled_rl"
+    source = first_made(teacher)
+    if source.parent.name == layout.LABELED_RL:
+        return "labeled_rl"
+    taught = layout.round_number(source.parent.parent.name)
+    return "previous_round" if taught == number - 1 else layout.round_prefix(taught)
 
 
 def _explorer(arm: str, number: int) -> dict:
