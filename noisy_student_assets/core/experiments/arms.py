@@ -48,6 +48,7 @@ from noisy_student_assets.core.settings import (
     LauncherSettings,
     ProblemPoolSettings,
     ProblemSplitSettings,
+    PromotionRule,
     PromotionSettings,
     PseudoLabelSettings,
     RoundsSettings,
@@ -432,7 +433,7 @@ class Arm(BaseModel):
         return self.spec.settings(ROUNDS)
 
     @property
-    def promotion_rule(self) -> str:
+    def promotion_rule(self) -> PromotionRule:
         """Which model teaches this arm's next round (its `promotion`, else the default)."""
         return self.spec.settings(PROMOTION).rule
 

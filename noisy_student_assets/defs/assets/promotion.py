@@ -14,7 +14,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.core.promotion import decide, read_promotion, record
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
-from noisy_student_assets.defs.assets.rounds import eval_input
+from noisy_student_assets.defs.assets.rounds import checkpoint_input, eval_input
 from noisy_student_assets.defs.assets.stages import stage
 from noisy_student_assets.defs.config import PromotionConfig
 from noisy_student_assets.defs.partitions import ARMS, ASKED_FOR, round_group, round_key, teacher_key
@@ -39,8 +39,8 @@ def teacher_asset(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.AssetsDefi
         partitions_def=ARMS,
         io_manager_key="checkpoint_io_manager",
         ins={
-            "student": dg.AssetIn(round_key(number - 1, layout.STUDENT), input_manager_key="checkpoint_io_manager"),
-            "teacher": dg.AssetIn(teacher_key(number - 1), input_manager_key="checkpoint_io_manager"),
+            "student": checkpoint_input(round_key(number - 1, layout.STUDENT)),
+            "teacher": checkpoint_input(teacher_key(number - 1)),
             **validations,
         },
         description=f"Round {number}'s teacher: round {number - 1}'s student, or its teacher where the arm's "

@@ -76,7 +76,12 @@ from resources.data_lake import CONTENT_KEY_FILE, LakeTable
 from resources.launchers.base import StageResult
 from resources.stage_resources import StageResources
 
-BASE_MODEL_INPUT = dg.AssetIn(layout.BASE_MODEL, input_manager_key="checkpoint_io_manager")
+
+def checkpoint_input(key: dg.AssetKey | str) -> dg.AssetIn:
+    return dg.AssetIn(key, input_manager_key="checkpoint_io_manager")
+
+
+BASE_MODEL_INPUT = checkpoint_input(layout.BASE_MODEL)
 """The init of a round's student and of its gold- and random-label controls when `student_init` is base_model."""
 
 
@@ -96,7 +101,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         key(layout.STUDENT),
         key(layout.EVAL_REPORT),
     )
-    teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
+    teacher = checkpoint_input(teacher_key(number))
     heavy = {"group_name": round_group(number), "partitions_def": ARMS, **HEAVY}
 
     @dg.asset(
@@ -147,7 +152,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
     @dg.asset(
         key=scores_key,
         ins={
-            "verifier": dg.AssetIn(verifier_key, input_manager_key="checkpoint_io_manager"),
+            "verifier": checkpoint_input(verifier_key),
             "generations": dg.AssetIn(generations_key),
             "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
         },
@@ -230,15 +235,13 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
     earlier = {"previous_round": eval_input(round_key(number - 1, layout.EVAL_REPORT))} if number > 1 else {}
     # A teacher kept by its promotion is an earlier round's student (or labeled RL): its flips are from that one.
     earlier |= {layout.round_prefix(k): eval_input(round_key(k, layout.EVAL_REPORT)) for k in range(1, number - 1)}
-    taught = (
-        {"teacher": dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")} if number > 1 else {}
-    )
+    taught = {"teacher": teacher} if number > 1 else {}
 
     @dg.asset(
         key=report_key,
         io_manager_key="eval_io_manager",
         ins={
-            "student": dg.AssetIn(student_key, input_manager_key="checkpoint_io_manager"),
+            "student": checkpoint_input(student_key),
             "eval_problems": dg.AssetIn(layout.EVAL_PROBLEMS),
             "pseudo_labels": dg.AssetIn(labels_key),
             "labeled_only_eval": eval_input(labeled_only_eval_key),
