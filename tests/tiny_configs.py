@@ -14,6 +14,7 @@ TINY_GRPO = {
     "prompts_per_step": 2,
     "max_completion_length": 8,
     "rollouts": TRL_ROLLOUTS,  # a vLLM engine's start would cost more than a tiny run's sampling
+    "validation_every": 0,  # labeled RL's check generates through that engine (test_labeled_rl_validation.py)
 }
 # A random model runs every completion to its (8-token) limit, often in whitespace alone, and answers nothing:
 # the degenerate-output checks would stop every run, so their thresholds are off here (tests/unit/test_guards.py and

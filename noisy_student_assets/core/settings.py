@@ -63,6 +63,8 @@ SATURATION_REWARD = 0.9
 completions in ten right), where most groups are all right and give no gradient: labeled RL's stopping rule and the
 headroom table's saturation."""
 SATURATION_WINDOW = 4
+VALIDATION_PATIENCE = 2
+"""Validation checks in a row without a higher greedy accuracy that stop a checked GRPO run (`validation_every`)."""
 """Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
 VALIDATION_PROMOTION, STUDENT_PROMOTION = "validation", "student"
 PromotionRule = Literal["validation", "student"]
@@ -373,6 +375,20 @@ class GRPOSettings(Settings):
     stop_window: Count = Field(
         default=SATURATION_WINDOW, description="steps the stopping rule's mean reward is taken over (stop_reward)"
     )
+    # The stalled-validation arm (`training/validation_stop.py`), left out of a dump at its defaults, as stop_reward:
+    # a GRPO stage without the check keeps its fingerprint.
+    validation_every: NonNegativeInt = Field(
+        default=0,
+        exclude_if=lambda every: every == 0,
+        description="check greedy accuracy on the validation problems every this many steps and at the last, stop "
+        "once validation_patience checks in a row do not beat the best, and keep the best check's weights (labeled RL, "
+        "which is given them; needs rollouts vllm; 0: no check)",
+    )
+    validation_patience: Count = Field(
+        default=VALIDATION_PATIENCE,
+        exclude_if=lambda patience: patience == VALIDATION_PATIENCE,
+        description="checks in a row without a higher validation accuracy that stop the run (validation_every)",
+    )
     max_completion_length: CompletionTokens
     # Left out of a dump when None (the fixed cap, as before the field existed): labeled RL, which has no teacher
     # samples, kept its fingerprint and code version, and a lake's labeled RL is not redone for it.
@@ -480,6 +496,10 @@ class GRPOSettings(Settings):
                 "rollouts vllm samples from one engine for the run's one process: it needs processes 1 and use_vllm "
                 "false (TRL's colocated vLLM, the other way to sample with vLLM)"
             )
+        if self.validation_every and self.rollouts != VLLM_ROLLOUTS:
+            raise ValueError(
+                "validation_every checks greedy accuracy through the run's vLLM engine: it needs rollouts vllm"
+            )
         if self.dynamic_sampling_replacements and self.processes > 1:
             raise ValueError(
                 "dynamic_sampling_replacements needs processes 1: each process would replace and count its own "
@@ -516,9 +536,15 @@ class LabeledRLSettings(_RewardedStage):
     """GRPO from the base model on the labeled problems, rewarded against their gold answers."""
 
     grpo: GRPOSettings = Field(
-        default=GRPOSettings(max_steps=by_profile(cpu=6, gpu=200), stop_reward=SATURATION_REWARD),
+        default=GRPOSettings(
+            max_steps=by_profile(cpu=96, gpu=200),
+            stop_reward=SATURATION_REWARD,
+            # on GPU TRL's colocated vLLM samples the groups, and the check needs the project's engine
+            validation_every=by_profile(cpu=8, gpu=0),
+        ),
         description="GRPO settings (arm fields `labeled_rl_steps`: grpo.max_steps, the budget; "
-        "`labeled_rl_stop_reward`: grpo.stop_reward, where it stops once its labels are learned)",
+        "`labeled_rl_stop_reward`: grpo.stop_reward, where it stops once its labels are learned; "
+        "`labeled_rl_validation_every`: grpo.validation_every, where it stops once its validation accuracy stalls)",
     )
 
     @model_validator(mode="after")

@@ -68,6 +68,8 @@ class TrainSpec(_Spec):
     stage: Literal["train"] = "train"
     init_dir: str
     dataset: str
+    validation: str | None = None
+    """The problems (parquet, with their gold) a run with `grpo.validation_every` checks itself on."""
     settings: StudentSettings
     output_dir: str
 

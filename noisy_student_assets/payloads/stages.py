@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -100,6 +101,8 @@ def train(spec: TrainSpec, reporter: Reporter) -> dict:
 
     dataset = datasets.Dataset.from_list(json.loads(Path(spec.dataset).read_text()))
     run = _training_run(spec.work_dir, spec.compute, reporter)
+    if spec.validation is not None:
+        run = replace(run, validation=pl.read_parquet(spec.validation))
     result, spent = train_student(spec.settings, Path(spec.init_dir), dataset, Path(spec.output_dir), run)
     return {"metrics": result.metrics, "compute": spent.as_dict()}
 

@@ -132,9 +132,8 @@ def test_a_run_with_a_stopping_rule_stops_once_its_reward_s_mean_reaches_it(
     settings = TINY_RUN.model_copy(update=dict(max_steps=5, stop_reward=0.0, stop_window=2, save_steps=0))
     result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", TrainingRun(tmp_path / "work"))
     assert result.metrics["steps"] == 2
-    rewards = step_rewards(result.checkpoint_dir)
-    assert len(rewards) == 2
-    assert grpo.stop_reason(rewards, settings, 2) == (
+    assert len(step_rewards(result.checkpoint_dir)) == 2
+    assert grpo.stop_reason(result.log_history, settings, 2) == (
         "labels learned: the answer reward's 2-step mean reached 0.0 at step 2 of at most 5"
     )
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import polars as pl
 import pytest
 import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from noisy_student_assets.core.sampling import SAMPLING_KV_CACHE_BYTES
 from noisy_student_assets.core.settings import TRL_ROLLOUTS, VLLM_ROLLOUTS
+from noisy_student_assets.core.training import grpo, validation_stop
 from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
 from noisy_student_assets.core.training.rollouts import VllmRollouts, kv_cache_bytes
@@ -125,3 +129,61 @@ def _sequence_logprobs(model, sequence: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = model(torch.tensor([sequence])).logits[0, :-1].float()
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sequence[1:])[:, None])[:, 0]
+
+
+class _StopAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+def test_a_run_whose_validation_stalls_stops_and_keeps_its_best_check_s_weights(
+    sevens_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """Checked every step with a patience of 2, accuracies 0.2, 0.5, 0.4, 0.3 stop the run at step 4 of 6 and keep
+    step 2's weights: those of the same run stopped at step 2 (the same schedule). Each check generated a greedy
+    answer to every validation problem through the run's engine; only the accuracies are scripted."""
+    dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
+    validation = labeled_frame(3).with_columns(pl.col("problem_id").str.replace("gold", "validation"))
+    scripted, graded = iter([0.2, 0.5, 0.4, 0.3]), []
+
+    def accuracy(completions: list[str], gold: list[str]) -> float:
+        graded.append(completions)
+        return next(scripted)
+
+    monkeypatch.setattr(validation_stop, "greedy_accuracy", accuracy)
+    settings = _settings(VLLM_ROLLOUTS, 6).model_copy(
+        update={"validation_every": 1, "validation_patience": 2, "save_steps": 1}
+    )
+    checked = train_grpo(
+        sevens_model_dir, dataset, settings, tmp_path / "checked", TrainingRun(tmp_path / "w1", validation=validation)
+    )
+    assert checked.metrics["steps"] == 4
+    assert [len(completions) for completions in graded] == [3] * 4
+    assert all(isinstance(text, str) for completions in graded for text in completions)
+    assert grpo.stop_reason(checked.log_history, settings, 4).startswith(
+        "validation stalled: greedy accuracy 0.500 at step 2 not beaten in 2 checks, to step 4 of at most 6; kept "
+        "step 2's weights"
+    )
+    unchecked = settings.model_copy(update={"validation_every": 0})
+    stopped = train_grpo(
+        sevens_model_dir,
+        dataset,
+        unchecked,
+        tmp_path / "stopped",
+        TrainingRun(tmp_path / "w2", callbacks=(_StopAt(2),)),
+    )
+    assert stopped.metrics["steps"] == 2
+    kept, expected = (load_file(run.checkpoint_dir / "model.safetensors") for run in (checked, stopped))
+    assert kept.keys() == expected.keys()
+    for name, weights in expected.items():
+        torch.testing.assert_close(kept[name], weights, msg=name)
+
+
+def test_a_checked_run_needs_its_validation_problems(sevens_model_dir: Path, tmp_path: Path):
+    dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
+    settings = _settings(VLLM_ROLLOUTS, 1).model_copy(update={"validation_every": 8})
+    with pytest.raises(ValueError, match="validation_every checks the validation problems"):
+        train_grpo(sevens_model_dir, dataset, settings, tmp_path / "out", TrainingRun(tmp_path / "w"))

@@ -16,13 +16,8 @@ from noisy_student_assets.core.experiments.passes import arm_passes
 from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import load_problems
 from noisy_student_assets.core.reporting.headroom import grid_task, headroom_table, headroom_verdict, regime, task_row
-from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE, GRPOSettings
-from noisy_student_assets.core.training.grpo import (
-    ANSWER_REWARD_LOGGED,
-    saturation_step,
-    saturation_summary,
-    stop_reason,
-)
+from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE
+from noisy_student_assets.core.training.grpo import ANSWER_REWARD_LOGGED, saturation_step, saturation_summary
 from noisy_student_assets.defs.config import ProblemPoolConfig, with_arm
 from noisy_student_assets.headroom import EXPERIMENT
 from tests.unit.test_summary import write_audit
@@ -183,19 +178,6 @@ def test_the_reward_saturates_where_its_4_step_mean_reaches_0_9() -> None:
     assert saturation_step(rising) == 5  # 0.8, 0.9, 1.0, 1.0: 0.925
     assert saturation_step(rising[:4]) is None and saturation_summary(rising) == "step 5 of 8"
     assert saturation_summary([0.5] * 6) == "not in 6 steps (last 4-step mean 0.50)"
-
-
-def test_a_run_s_stop_reason_is_its_rule_met_at_its_last_step_or_its_budget_spent() -> None:
-    rule = GRPOSettings(max_steps=8, stop_reward=0.75, stop_window=2)
-    assert saturation_step([0.5, 0.7, 0.8, 0.9], 0.75, 2) == 3
-    assert stop_reason([0.5, 0.7, 0.8], rule, 3) == (
-        "labels learned: the answer reward's 2-step mean reached 0.75 at step 3 of at most 8"
-    )
-    assert stop_reason([0.5] * 8, rule, 8) == (
-        "max_steps 8 reached, the stopping rule (0.75) not met (last 2-step mean 0.50)"
-    )
-    assert stop_reason([0.5] * 8, GRPOSettings(max_steps=8), 8) == "max_steps 8 reached (last 4-step mean 0.50)"
-    assert stop_reason([], GRPOSettings(max_steps=3), 3) == "max_steps 3 reached (no reward logged)"
 
 
 def test_the_table_has_one_line_per_regime_with_its_passes_and_saturation(tmp_path: Path) -> None:

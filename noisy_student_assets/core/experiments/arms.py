@@ -182,6 +182,15 @@ ARM_FIELDS: dict[str, ArmField] = {
         "labeled RL stops once its answer reward's mean over grpo.stop_window steps reaches this, within "
         "labeled_rl_steps (null: it runs them all)",
     ),
+    "labeled_rl_validation_every": ArmField(
+        ((LABELED_RL, "grpo.validation_every"),),
+        "labeled RL checks its greedy validation accuracy every this many steps, stops after "
+        "labeled_rl_validation_patience checks without a higher one and keeps the best check's weights, within "
+        "labeled_rl_steps (0: no check)",
+    ),
+    "labeled_rl_validation_patience": ArmField(
+        ((LABELED_RL, "grpo.validation_patience"),), "checks without a higher validation accuracy that stop labeled RL"
+    ),
     "labeled_rl_lora": ArmField(
         ((LABELED_RL, "grpo.use_lora"),), "labeled RL with LoRA adapters; false: it fine-tunes every weight"
     ),

@@ -79,6 +79,9 @@ class TrainingRun:
     set_aside: SetAside | None = None
     """Told of each incomplete checkpoint in `work_dir` (a run killed while saving it), moved aside before resuming
     (`resumable.resume_point`)."""
+    validation: pl.DataFrame | None = None
+    """The arm's validation problems with their gold answers, which a GRPO run with `grpo.validation_every` checks its
+    greedy accuracy on (labeled RL's)."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,13 @@ from noisy_student_assets.core.training.base import (
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
 from noisy_student_assets.core.training.rollouts import VllmRollouts, trl_sample
 from noisy_student_assets.core.training.shared_prefix import shared_prefix_trainer_class
+from noisy_student_assets.core.training.validation_stop import (
+    best_check,
+    logged_checks,
+    stalled,
+    validation_prompts,
+    validation_stop_callback,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -106,19 +113,28 @@ def _last_mean(rewards: list[float], window: int) -> str:
     return f"last {len(last)}-step mean {sum(last) / len(last):.2f}" if last else "no reward logged"
 
 
-def stop_reason(rewards: list[float], settings: GRPOSettings, steps: int) -> str:
-    """Why a GRPO run under `settings` ended after `steps` optimizer steps with these step `rewards`: its stopping rule
-    (`stop_reward`) met at its last step, or its budget spent."""
+def stop_reason(log_history: list[dict], settings: GRPOSettings, steps: int) -> str:
+    """Why a GRPO run under `settings` ended after `steps` optimizer steps with this step log: its stopping rule met
+    at its last step (the answer reward saturated, `stop_reward`, or the validation checks stalled, `validation_every`),
+    or its budget spent; and, where it checked, which step's weights it kept."""
+    rewards, checks = logged_rewards(log_history), logged_checks(log_history)
+    best = best_check(checks)
+    kept = f"; kept step {best.step}'s weights, the best of {len(checks)} checks" if best else ""
     if (
         settings.stop_reward is not None
         and saturation_step(rewards, settings.stop_reward, settings.stop_window) == steps
     ):
         return (
             f"labels learned: the answer reward's {settings.stop_window}-step mean reached {settings.stop_reward} at "
-            f"step {steps} of at most {settings.max_steps}"
+            f"step {steps} of at most {settings.max_steps}{kept}"
+        )
+    if best and stalled(checks, settings.validation_patience) and checks[-1].step == steps:
+        return (
+            f"validation stalled: greedy accuracy {best.accuracy:.3f} at step {best.step} not beaten in "
+            f"{settings.validation_patience} checks, to step {steps} of at most {settings.max_steps}{kept}"
         )
     rule = "" if settings.stop_reward is None else f", the stopping rule ({settings.stop_reward}) not met"
-    return f"max_steps {settings.max_steps} reached{rule} ({_last_mean(rewards, settings.stop_window)})"
+    return f"max_steps {settings.max_steps} reached{rule} ({_last_mean(rewards, settings.stop_window)}){kept}"
 
 
 def reward_stop_callback(threshold: float, window: int):
@@ -491,8 +507,17 @@ def train_grpo(
     if reward not in REWARDS:
         raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
+    checked = settings.validation_every > 0
+    if checked and run.validation is None:
+        raise ValueError("grpo.validation_every checks the validation problems, and the run was given none")
     engine = (
-        VllmRollouts(init_checkpoint, settings.seed, run.dtype, run.device)
+        VllmRollouts(
+            init_checkpoint,
+            settings.seed,
+            run.dtype,
+            run.device,
+            extra_prompts=validation_prompts(run.validation) if checked else [],
+        )
         if settings.rollouts == VLLM_ROLLOUTS
         else None
     )
@@ -502,6 +527,11 @@ def train_grpo(
         settings,
         engine,
     )
+    if checked:
+        check = validation_stop_callback(
+            settings.validation_every, settings.validation_patience, run.validation, engine, run.work_dir
+        )
+        loss = replace(loss, callbacks=(*loss.callbacks, check))
     setup = TrainerSetup.for_student(settings, model_dropout)
     try:
         return setup.train(loss, grpo_rows(settings), init_checkpoint, dataset, out_dir, run)

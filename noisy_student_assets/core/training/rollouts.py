@@ -81,6 +81,8 @@ class VllmRollouts:
     seed: int
     dtype: str = "float32"
     device: str = "cpu"
+    extra_prompts: list = field(default_factory=list)
+    """Prompts beside the training set's that the engine must fit (`greedy`'s: the validation check's)."""
     _engine: Any = field(default=None, init=False, repr=False)
     _weights_dir: Path | None = field(default=None, init=False, repr=False)
     _loaded_step: int | None = field(default=None, init=False, repr=False)
@@ -118,20 +120,35 @@ class VllmRollouts:
         outputs = self._engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         return prompt_ids, [list(output.outputs[0].token_ids) for output in outputs]
 
+    def greedy(self, prompt_ids: list[list[int]], model, step: int, max_tokens: int, stop_token_ids: list[int]):
+        """The greedy completion's token ids of each of `prompt_ids` under `model`'s weights after optimizer step
+        `step` (loaded as the next step's sampling would load them, so that its requests' seeds are unchanged)."""
+        from vllm import SamplingParams
+
+        if self._loaded_step != step:
+            self.load_policy(model, step)
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=stop_token_ids)
+        outputs = self._engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        return [list(output.outputs[0].token_ids) for output in outputs]
+
     def load_weights(self, trainer) -> None:
-        """Load the trainer's current weights into the engine, and drop the prompts' cached keys and values, which
-        the previous weights computed."""
+        """Load the trainer's current weights into the engine (`load_policy`)."""
+        self.load_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step)
+
+    def load_policy(self, model, step: int) -> None:
+        """Load `model`'s weights after optimizer step `step` into the engine, and drop the prompts' cached keys and
+        values, which the previous weights computed."""
         import torch
         from safetensors.torch import save_file
 
         with torch.no_grad():
-            weights = policy_weights(trainer.accelerator.unwrap_model(trainer.model))
+            weights = policy_weights(model)
         path = self._weights_dir / "policy.safetensors"
         save_file({name: weight.contiguous() for name, weight in weights}, str(path))
         self._engine.collective_rpc("load_policy_weights", args=(str(path),))
         path.unlink()
         self._engine.reset_prefix_cache()
-        self._loaded_step, self._calls_in_step = trainer.state.global_step, 0
+        self._loaded_step, self._calls_in_step = step, 0
 
     def close(self) -> None:
         """Stop the engine's processes now, freeing their memory and cores for what runs next."""
@@ -152,7 +169,7 @@ class VllmRollouts:
                 os.environ.setdefault(name, value)
         from vllm import LLM
 
-        prompts = list(trainer.train_dataset["prompt"])
+        prompts = list(trainer.train_dataset["prompt"]) + self.extra_prompts
         longest_prompt = max(len(ids) for ids in trainer._tokenize_prompts(prompts)[0])
         max_model_len = longest_prompt + trainer.max_completion_length
         self._weights_dir = Path(tempfile.mkdtemp(prefix="rollout-weights-"))

@@ -13,12 +13,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
 from noisy_student_assets.core.training.compute import TrainingCompute
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.core.training.modes.registry import student_mode_for
 
 if TYPE_CHECKING:
     import datasets
+    import polars as pl
 
     from noisy_student_assets.core.settings import ComputeSettings, StudentSettings
     from noisy_student_assets.core.training.base import TrainingResult, TrainingRun
@@ -30,12 +32,17 @@ def training_set(settings: StudentSettings, data: StudentData) -> datasets.Datas
 
 
 def training_fingerprint(
-    settings: StudentSettings, init_weights_sha256: str, dataset: datasets.Dataset, compute: ComputeSettings
+    settings: StudentSettings,
+    init_weights_sha256: str,
+    dataset: datasets.Dataset,
+    compute: ComputeSettings,
+    validation: pl.DataFrame | None = None,
 ) -> str:
     """Everything that shapes a training run: TRL checkpoints of a crashed attempt are kept under it (a retry
     resumes the same run, a changed input never resumes a stale one), and an identical published run is found
     by it. Training options at their defaults are left out, so that a plain GRPO run keys as it did before they
-    existed; the compute precision only when it is not float32."""
+    existed; the compute precision only when it is not float32; the `validation` problems only where a checked run
+    (`grpo.validation_every`) reads them."""
     options = settings.changed()
     precision = [] if compute.dtype == "float32" else [{"dtype": compute.dtype}]
     identity = [
@@ -45,6 +52,7 @@ def training_fingerprint(
         settings.grpo.model_dump(),
         *([options] if options else []),
         *precision,
+        *([{"validation": problems_fingerprint(validation)}] if validation is not None else []),
     ]
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 

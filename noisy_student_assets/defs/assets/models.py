@@ -62,6 +62,7 @@ def base_model(
     ins={
         "base_model": dg.AssetIn(BASE_MODEL, input_manager_key="checkpoint_io_manager"),
         "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
+        "validation_problems": dg.AssetIn(layout.VALIDATION_PROBLEMS),
     },
     **HEAVY,
 )
@@ -70,11 +71,14 @@ def labeled_rl_checkpoint(
     config: LabeledRLConfig,
     base_model: Path,
     labeled_problems: pl.DataFrame,
+    validation_problems: pl.DataFrame,
     stage_resources: StageResources,
 ) -> dg.Output[Path]:
-    """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers: round 1's teacher."""
+    """GRPO from `base_model` on the arm's labeled problems, rewarded against their gold answers, until it has
+    learned them (its answer reward saturates, or its greedy accuracy on `validation_problems` stalls, which keeps
+    the best check's weights; `grpo.stop_reward`, `grpo.validation_every`): round 1's teacher."""
     with stage(context, config, stage_resources) as current:
-        staged = train_on_labeled(current, base_model, labeled_problems)
+        staged = train_on_labeled(current, base_model, labeled_problems, validation_problems)
     return current.output(staged)
 
 

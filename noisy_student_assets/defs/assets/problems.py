@@ -77,7 +77,8 @@ def eval_problems(
             group_name=GROUP,
         ),
         layout.VALIDATION_PROBLEMS: dg.AssetOut(
-            description="Labeled problems held out to choose settings on (labeled-RL steps); nothing trains on them.",
+            description="Labeled problems held out to choose settings on (where labeled RL stops, which model teaches "
+            "the next round); nothing trains on them.",
             group_name=GROUP,
         ),
     },

@@ -65,8 +65,9 @@ HEAVY = {"pool": DEVICE_POOL}
 """What every heavy asset (sampling, training, evaluation) is declared with: the `device` pool. `stage` retries a
 heavy step once; the retry resumes from the stage's shards or TRL checkpoints."""
 HEAVY_RETRIES = 1
-DATASET_FILE, PROBLEMS_FILE = "dataset.json", "problems.parquet"
-"""What a payload reads from a stage's work dir: the training rows, the problems to sample or evaluate."""
+DATASET_FILE, PROBLEMS_FILE, VALIDATION_FILE = "dataset.json", "problems.parquet", "validation.parquet"
+"""What a payload reads from a stage's work dir: the training rows, the problems to sample or evaluate, the problems
+a checked training run measures itself on."""
 
 
 @dataclass
@@ -318,6 +319,8 @@ class Training(HeavyStage[Path], seconds_name="training_seconds", publishes_stag
     dataset: Any
     """The training rows (a `datasets.Dataset`), as fingerprinted."""
     settings: StudentSettings
+    validation: pl.DataFrame | None = None
+    """The problems a checked run measures itself on (`grpo.validation_every`), as fingerprinted."""
 
     @property
     def identical(self) -> str:
@@ -325,6 +328,8 @@ class Training(HeavyStage[Path], seconds_name="training_seconds", publishes_stag
 
     def stage(self, work_dir: Path, staged: Path) -> list:
         (work_dir / DATASET_FILE).write_text(json.dumps(self.dataset.to_list()))
+        if self.validation is not None:
+            self.validation.write_parquet(work_dir / VALIDATION_FILE)
         settings = self.settings
         self.current.context.log.info(
             f"{settings.mode} from {self.init_dir} on {len(self.dataset)} rows for {settings.grpo.max_steps} steps"
@@ -333,6 +338,7 @@ class Training(HeavyStage[Path], seconds_name="training_seconds", publishes_stag
             TrainSpec(
                 init_dir=str(self.init_dir),
                 dataset=str(work_dir / DATASET_FILE),
+                validation=str(work_dir / VALIDATION_FILE) if self.validation is not None else None,
                 settings=settings,
                 **self.payload_fields(work_dir),
                 output_dir=str(staged),
@@ -347,10 +353,11 @@ class Training(HeavyStage[Path], seconds_name="training_seconds", publishes_stag
         return self._recorded(self.current.lake.stage_copy(published), read_compute(published).own)
 
     def _recorded(self, checkpoint: Path, own: TrainingCompute) -> Path:
-        from noisy_student_assets.core.training.grpo import step_rewards, stop_reason
+        from noisy_student_assets.core.training.base import read_training_log
+        from noisy_student_assets.core.training.grpo import stop_reason
 
         grpo = self.settings.grpo
-        stopped = stop_reason(step_rewards(checkpoint) or [], grpo, own.optimizer_steps)
+        stopped = stop_reason(read_training_log(checkpoint) or [], grpo, own.optimizer_steps)
         record_compute(checkpoint, own, self.init_dir, training_recipe(grpo), stopped)
         return checkpoint
 
@@ -413,14 +420,16 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     are skipped and logged as warnings; too many in a row, or a trained checkpoint with non-finite weights,
     fail the asset before anything is published.
     """
+    from noisy_student_assets.core.training.base import read_training_log
     from noisy_student_assets.core.training.grpo import saturation_summary, step_rewards
     from noisy_student_assets.core.training.student import training_fingerprint, training_set
+    from noisy_student_assets.core.training.validation_stop import best_check, logged_checks
 
     dataset = training_set(settings, data)
     init_sha = weights_sha256(init_dir)
     compute = current.resources.compute.settings
-    run_fingerprint = reuse_key(training_fingerprint(settings, init_sha, dataset, compute), settings)
-    ran = run_heavy(current, Training(current, run_fingerprint, init_dir, dataset, settings))
+    run_fingerprint = reuse_key(training_fingerprint(settings, init_sha, dataset, compute, data.validation), settings)
+    ran = run_heavy(current, Training(current, run_fingerprint, init_dir, dataset, settings, data.validation))
     staged = ran.output
     metrics = {name: float(value) for name, value in ran.results[0].result["metrics"].items()} if ran.results else {}
     sources = list(dataset["label_source"]) if "label_source" in dataset.column_names else [PSEUDO] * len(dataset)
@@ -449,6 +458,9 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     current.metadata["stopped"] = spent.stopped
     if rewards := step_rewards(staged):
         current.metadata["reward_saturation"] = saturation_summary(rewards)
+    if checks := logged_checks(read_training_log(staged) or []):
+        current.metadata["validation_checks"] = dg.MetadataValue.json({str(c.step): c.accuracy for c in checks})
+        current.metadata["kept_step"] = best_check(checks).step
     return staged
 
 
@@ -475,11 +487,15 @@ def capped_to_teacher(current: StageRun, generations: pl.DataFrame) -> None:
     )
 
 
-def train_on_labeled(current: StageRun, init_dir: Path, labeled_problems: pl.DataFrame) -> Path:
+def train_on_labeled(
+    current: StageRun, init_dir: Path, labeled_problems: pl.DataFrame, validation: pl.DataFrame | None = None
+) -> Path:
     """GRPO (`current.settings.grpo`) from `init_dir` on the labeled problems alone, rewarded against their gold
-    answers: labeled RL, and the labeled-only control that continues it."""
+    answers: labeled RL, which checks itself on the `validation` problems where `grpo.validation_every` says, and the
+    labeled-only control that continues it."""
     grpo_only = StudentSettings(grpo=current.settings.grpo)
-    return train_checkpoint(current, init_dir=init_dir, data=StudentData(labeled_problems), settings=grpo_only)
+    data = StudentData(labeled_problems, validation=validation if grpo_only.grpo.validation_every else None)
+    return train_checkpoint(current, init_dir=init_dir, data=data, settings=grpo_only)
 
 
 def evaluate(

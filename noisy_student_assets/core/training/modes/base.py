@@ -36,6 +36,8 @@ class StudentData:
     labeled: pl.DataFrame
     pseudo_labeled: pl.DataFrame | None = None
     generations: pl.DataFrame | None = None
+    validation: pl.DataFrame | None = None
+    """The arm's validation problems, which a GRPO run with `grpo.validation_every` checks itself on (labeled RL's)."""
 
     def required(self, what: str) -> pl.DataFrame:
         frame = {"pseudo-labels": self.pseudo_labeled, "generations": self.generations}[what]
