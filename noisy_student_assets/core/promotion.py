@@ -54,6 +54,23 @@ class Promotion(BaseModel):
             return None
         return self.student_validation - self.teacher_validation
 
+    def sentence(self, number: int) -> str:
+        """Which model teaches round `number` (this decision's round plus one) and by how much, in words."""
+        previous = number - 1
+        scores = (
+            f"the student scored {self.student_validation:.3f} on the validation problems, its teacher "
+            f"{self.teacher_validation:.3f} ({self.margin:+.3f})"
+            if self.margin is not None
+            else "neither was scored on the validation problems"
+        )
+        if self.rule == STUDENT_PROMOTION:
+            why = "student, as the `student` rule always has it"
+        elif self.promoted == STUDENT:
+            why = "student, promoted over its teacher"
+        else:
+            why = "teacher again, kept over its student"
+        return f"Round {number} is taught by round {previous}'s {why}: {scores}."
+
 
 def decide(
     rule: PromotionRule,

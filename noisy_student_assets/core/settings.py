@@ -63,9 +63,9 @@ SATURATION_REWARD = 0.9
 completions in ten right), where most groups are all right and give no gradient: labeled RL's stopping rule and the
 headroom table's saturation."""
 SATURATION_WINDOW = 4
+"""Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
 VALIDATION_PATIENCE = 2
 """Validation checks in a row without a higher greedy accuracy that stop a checked GRPO run (`validation_every`)."""
-"""Steps the saturation's mean is taken over: one step's few prompts are too noisy to call."""
 VALIDATION_PROMOTION, STUDENT_PROMOTION = "validation", "student"
 PromotionRule = Literal["validation", "student"]
 """Which model teaches round N+1 (`core/promotion.py`): whichever of round N's student and round N's teacher scores

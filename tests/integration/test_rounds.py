@@ -16,6 +16,7 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.promotion import read_promotion
+from noisy_student_assets.core.reporting.eval_report import REPORT_NAME
 from noisy_student_assets.core.training.compute import MATCHED_FIELDS, read_compute
 from noisy_student_assets.defs.checks import COMPUTE_MATCHED
 from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
@@ -99,6 +100,8 @@ def test_round_two_samples_from_round_one_student_promoted_at_a_tie(two_rounds, 
     assert read_promotion(teacher).checkpoint == round_one_student
     report = metadata_of(two_rounds["arm"], "round_002/eval_report")
     assert report["taught_by"].value == "previous_round", "its flips count from round 1's student, its teacher"
+    report_text = (lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / f"{REPORT_NAME}.md").read_text()
+    assert "**Teacher.** Round 2 is taught by round 1's student, promoted over its teacher: " in report_text
     labeled_only_two = metadata_of(two_rounds["arm"], "round_002/labeled_only_checkpoint")
     assert labeled_only_two["init_checkpoint"].value == str(lake.artifact_dir(key(1, "labeled_only_checkpoint"), ARM))
 
@@ -149,7 +152,7 @@ def test_round_artifacts_reports_and_checks(two_rounds, lake: DataLake) -> None:
         assert "delta_vs_labeled_rl/greedy_accuracy" in metrics and "verdict/difference" in metrics
     second = json.loads((lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / "metrics.json").read_text())
     assert "delta_vs_previous_round/greedy_accuracy" in second["metrics"]
-    report = (lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / "report.md").read_text()
+    report = (lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM) / f"{REPORT_NAME}.md").read_text()
     assert "**Verdict.** round_002 (arm a)" in report and "its labeled-only control" in report and "95% CI" in report
     checks = two_rounds["arm"].get_asset_check_evaluations()
     names = {(c.asset_key.to_user_string(), c.check_name) for c in checks}
@@ -356,7 +359,7 @@ def test_round_report_has_figures_calibration_flips_frontier_and_the_accuracy_by
     two_rounds, lake: DataLake
 ) -> None:
     report = lake.artifact_dir(key(2, layout.EVAL_REPORT), ARM)
-    text = (report / "report.md").read_text()
+    text = (report / f"{REPORT_NAME}.md").read_text()
     assert (
         "## Pseudo-label calibration" in text and "| [0.9, 1.0] |" in text and "## Compute since the base model" in text
     )

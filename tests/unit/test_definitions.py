@@ -12,7 +12,8 @@ import pytest
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import ROUNDS as ROUNDS_STAGE
 from noisy_student_assets.core.experiments.arms import STAGES, load_experiments
-from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S
+from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S, resolved
+from noisy_student_assets.core.staleness import digest
 from noisy_student_assets.definitions import defs
 from noisy_student_assets.defs.jobs import MAX_RUNTIME_TAG
 from noisy_student_assets.defs.partitions import ARMS, ROUNDS
@@ -53,12 +54,16 @@ def test_the_code_location_keeps_the_names_of_the_snapshot() -> None:
     assert sorted(sensor.name for sensor in defs.sensors) == snapshot["sensors"]
 
 
-def test_every_shipped_arm_keeps_its_override_fingerprints() -> None:
-    """The grid redoes a stage whose arm-override fingerprint changed: the fingerprints of every shipped arm are those
-    recorded before the core/defs split, so no lake made earlier is redone for a refactor."""
-    snapshot = json.loads((REPO_ROOT / "tests" / "snapshots" / "code_location.json").read_text())["arm_overrides_sha"]
+def test_every_shipped_arm_keeps_its_settings() -> None:
+    """The grid redoes a stage whose effective settings changed (`staleness.fingerprint`): every shipped arm's are
+    those of its snapshot, so no lake made earlier is redone for a refactor, or for a new default that an experiment
+    pins its old value against. The default arm's labeled RL, labeled-only control and student moved with the
+    default teacher and round steps (issue 72); its entry is theirs since."""
+    snapshot = json.loads((REPO_ROOT / "tests" / "snapshots" / "code_location.json").read_text())["arm_settings_sha"]
     fingerprints = {
-        f"{experiment.name}/{arm.name}": {stage: arm.overrides_sha(stage) for stage in STAGES if stage != ROUNDS_STAGE}
+        f"{experiment.name}/{arm.name}": {
+            stage: digest(resolved(arm.spec.settings(stage)), 16) for stage in STAGES if stage != ROUNDS_STAGE
+        }
         for experiment in load_experiments(REPO_ROOT / "experiments").values()
         for arm in experiment.all_arms()
     }

@@ -200,3 +200,26 @@ def test_a_setting_added_at_the_behaviour_from_before_it_changes_no_fingerprint(
         assert "completion_cap_margin" not in dumped["grpo"] and "max_completion_length" in dumped["grpo"]
     for dumped in (StudentSettings().model_dump(), StudentConfig().model_dump(), LabeledOnlyConfig().model_dump()):
         assert dumped["grpo"]["completion_cap_margin"] == COMPLETION_CAP_MARGIN
+
+
+def test_a_default_arm_made_with_the_fixed_step_teacher_redoes_labeled_rl_saying_what_changed() -> None:
+    """The default teacher trains until its validation accuracy stalls within 96 steps, where it trained 6 (the
+    teacher that experiments pinning `labeled_rl_steps: 6` and `labeled_rl_validation_every: 0` keep): a default arm
+    made with the 6-step teacher redoes labeled RL and what reads it, and `grid plan` names the two settings; the
+    pinned arm redoes nothing."""
+    from noisy_student_assets.core.experiments.arms import LABELED_RL, Arm, ArmSpec
+    from noisy_student_assets.core.settings import resolved
+
+    def teacher(spec: ArmSpec) -> dict:
+        return {"config": resolved(Arm(name="a", experiment="e", spec=spec).spec.settings(LABELED_RL))}
+
+    pinned = SETTINGS | {"labeled_rl": teacher(ArmSpec(seed=0, labeled_rl_steps=6, labeled_rl_validation_every=0))}
+    assert stale_assets(TARGETS, PARENTS, STAGES, pinned, made_as_now(pinned)) == {}
+    now = SETTINGS | {"labeled_rl": teacher(ArmSpec(seed=0))}
+    stale = stale_assets(TARGETS, PARENTS, STAGES, now, made_as_now(pinned))
+    assert stale == {
+        "labeled_rl": "settings changed: config.grpo.max_steps: 6 -> 96; config.grpo.validation_every: null -> 8",
+        "generations": "input labeled_rl redone",
+        "pseudo_labels": "input generations redone",
+        "student": "input pseudo_labels, labeled_rl redone",
+    }

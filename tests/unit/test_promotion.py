@@ -87,3 +87,33 @@ def test_a_teacher_kept_twice_is_a_copy_of_the_checkpoint_first_made(tmp_path: P
         record(promotion, teacher)
     assert read_promotion(teacher).checkpoint == tmp_path / "round_002" / "teacher" / "a"
     assert first_made(teacher) == labeled_rl and first_made(students[0]) == students[0]
+
+
+@pytest.mark.parametrize(
+    ("rule", "student", "teacher", "words"),
+    [
+        (
+            VALIDATION_PROMOTION,
+            0.5,
+            0.4,
+            "Round 2 is taught by round 1's student, promoted over its teacher: the "
+            "student scored 0.500 on the validation problems, its teacher 0.400 (+0.100).",
+        ),
+        (
+            VALIDATION_PROMOTION,
+            0.3,
+            0.4,
+            "Round 2 is taught by round 1's teacher again, kept over its student: the "
+            "student scored 0.300 on the validation problems, its teacher 0.400 (-0.100).",
+        ),
+        (
+            STUDENT_PROMOTION,
+            None,
+            None,
+            "Round 2 is taught by round 1's student, as the `student` rule always has "
+            "it: neither was scored on the validation problems.",
+        ),
+    ],
+)
+def test_a_decision_says_which_model_teaches_and_by_how_much(rule, student, teacher, words) -> None:
+    assert decide(rule, STUDENT_DIR, TEACHER_DIR, student, teacher).sentence(2) == words

@@ -15,7 +15,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, ArmSpec, Experiment
-from noisy_student_assets.core.promotion import PROMOTION_FILE
+from noisy_student_assets.core.promotion import PROMOTION_FILE, decide, record
 from noisy_student_assets.core.pseudo_labels.frontier import MATCHED_COVERAGES, coverage_column, frontier
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting import plots
@@ -33,7 +33,9 @@ from noisy_student_assets.core.reporting.summary import (
 )
 from noisy_student_assets.core.reporting.test_time import YARDSTICK_TABLE
 from noisy_student_assets.core.reporting.verdict import PILOT
-from noisy_student_assets.core.settings import VerifierSettings
+from noisy_student_assets.core.settings import VALIDATION_PROMOTION, VerifierSettings
+from noisy_student_assets.core.training.compute import CheckpointCompute, TrainingCompute
+from noisy_student_assets.core.training.validation_stop import VALIDATION_LOGGED
 from noisy_student_assets.core.training.verifier import (
     VALIDATION_SCORES_FILE,
     VERIFIER_METRICS_FILE,
@@ -49,6 +51,9 @@ AUDIT = PublishedAudit.model_validate_json(
     '"teacher_pass_at_1": 0.3, "tau": 0.5}'
 )
 """An arm's round-1 audit as the pseudo-label stage publishes it, with the figures every audit has."""
+TEACHER_STOPPED = (
+    "validation stalled: greedy accuracy 0.500 at step 16 not beaten in 2 checks, to step 32 of at most 96"
+)
 
 
 def _eval(
@@ -68,6 +73,22 @@ def write_audit(lake: Path, arm: str, **figures: float) -> None:
     labels = layout.artifact_dir(lake, layout.round_asset(1, layout.PSEUDO_LABELS), arm)
     labels.mkdir(parents=True)
     (labels / AUDIT_FILE).write_text(PublishedAudit.model_validate(AUDIT.model_dump() | figures).model_dump_json())
+
+
+def write_teacher(lake: Path, arm: str, checks: dict[int, float], steps: int, stopped: str) -> None:
+    """`arm`'s labeled-RL checkpoint as a trained one leaves its records: the compute record with why it stopped and
+    the training log with its validation checks (`checks`: step -> greedy accuracy)."""
+    checkpoint = layout.artifact_dir(lake, layout.LABELED_RL, arm)
+    checkpoint.mkdir(parents=True)
+    own = TrainingCompute(optimizer_steps=steps, prompts=2 * steps, completions=8 * steps)
+    (checkpoint / layout.COMPUTE_FILE).write_text(
+        json.dumps(CheckpointCompute(own=own, total=own, stopped=stopped).as_dict())
+    )
+    log = [
+        {"step": step, "loss": 0.1} | ({VALIDATION_LOGGED: checks[step]} if step in checks else {})
+        for step in range(1, steps + 1)
+    ]
+    (checkpoint / layout.TRAINING_LOG_FILE).write_text(json.dumps(log))
 
 
 def _correct(share: float, shift: int = 0) -> list[bool]:
@@ -101,6 +122,13 @@ def lake(tmp_path: Path) -> Path:
             control = student if arm.spec.tau == 0.8 else _correct(0.3, index)
             _eval(tmp_path, layout.round_asset(number, "labeled_only_eval"), arm.name, control)
         write_audit(tmp_path, arm.name, tau=arm.spec.tau)
+    write_teacher(tmp_path, ARMS[0].name, {8: 0.4, 16: 0.5, 24: 0.45, 32: 0.5}, 32, TEACHER_STOPPED)
+    _eval(tmp_path, layout.LABELED_RL_VALIDATION, ARMS[0].name, _correct(0.5))
+    student_dir = layout.artifact_dir(tmp_path, layout.round_asset(1, layout.STUDENT), ARMS[0].name)
+    teacher = layout.artifact_dir(tmp_path, layout.round_asset(2, layout.TEACHER), ARMS[0].name)
+    teacher.mkdir(parents=True)
+    labeled_rl = layout.artifact_dir(tmp_path, layout.LABELED_RL, ARMS[0].name)
+    record(decide(VALIDATION_PROMOTION, student_dir, labeled_rl, 0.45, 0.5), teacher)
     _eval(
         tmp_path, layout.round_asset(1, "gold_label_eval"), ARMS[0].name, _correct(0.6), compute={}
     )  # not compute-matched
@@ -140,14 +168,45 @@ def test_collect_compares_every_round_with_its_controls(lake: Path) -> None:
     ]
 
 
-def test_the_summary_leads_with_the_verdict(lake: Path) -> None:
+def test_the_summary_leads_with_the_teacher_then_who_taught_each_round(lake: Path) -> None:
+    """Labeled RL's steps, why it stopped, the step it kept and its accuracy, its labels' against the gold, beside the
+    labeled-only control; then per round which model taught and the student against its control; then the verdict."""
     results = collect(lake, ARMS, rounds=2)
-    text = summary_markdown(results)
-    assert text.splitlines()[2].startswith("- **grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control")
+    teacher = results.teachers.row(0, named=True)
+    assert results.teachers["arm"].to_list() == [ARMS[0].name], "only an arm whose labeled RL has trained"
+    assert (teacher["steps"], teacher["stopped"], teacher["kept_step"], teacher["best_check"]) == (
+        32,
+        TEACHER_STOPPED,
+        16,
+        0.5,
+    ), "the earliest of the best checks is kept"
+    assert (teacher["validation_greedy"], teacher["held_out_greedy"]) == (0.5, 0.3)
+    assert (teacher["labels_kept"], teacher["kept_label_accuracy"], teacher["all_label_accuracy"]) == (
+        "12 of 48",
+        0.8,
+        0.6,
+    )
+    assert (teacher["control_round"], teacher["control_held_out_greedy"]) == (2, 0.3)
+    taught = {row["round"]: row for row in results.taught.filter(pl.col("arm") == ARMS[0].name).iter_rows(named=True)}
+    assert taught[1]["taught_by"] == "Round 1 is taught by labeled RL."
+    assert taught[2]["taught_by"].startswith("Round 2 is taught by round 1's teacher again, kept over its student")
+    assert "(-0.050)" in taught[2]["taught_by"]
+    assert (taught[2]["student_held_out"], taught[2]["control_held_out"]) == (0.5, 0.3)
+    assert taught[2]["student_minus_control"] == pytest.approx(0.2)
+    text = summary_markdown(results).splitlines()
+    headings = [line for line in text if line.startswith("## ")]
+    assert headings[0].startswith("## The teacher: labeled RL") and headings[1].startswith("## Who taught each round")
+    assert headings[2].startswith("## Verdict")
+    verdict = text.index(headings[2])
+    assert text[verdict + 2].startswith("- **grid, tau=0.5**: round 2 (tau=0.5) beats its labeled-only control")
     pivot = accuracy_pivot(results.accuracy)
     first = pivot.filter((pl.col("group") == "tau=0.5") & (pl.col("round") == 0)).row(0, named=True)
     assert first["base_model"] == "0.1 ± 0.0 (n=2)" and first["student"] == "0.3 ± 0.0 (n=2)"
-    assert "## Pseudo-labels" in text and "## Student minus control" in text
+    assert (
+        "## Pseudo-labels (audited against the hidden gold)" in headings
+        and "## Student minus control" in headings[3]
+        and TEACHER_STOPPED in text[4]
+    )
 
 
 def test_seeds_are_listed_in_number_order_and_an_arm_without_a_seed_is_listed_too() -> None:
@@ -367,8 +426,7 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     for recorded in (layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE):
         (checkpoint / recorded).write_text("{}")
     teacher = layout.artifact_dir(lake, layout.round_asset(2, layout.TEACHER), ARMS[0].name)
-    shutil.copytree(checkpoint, teacher)
-    (teacher / PROMOTION_FILE).write_text("{}")
+    shutil.copytree(checkpoint, teacher, dirs_exist_ok=True)
     completions = layout.artifact_dir(lake, layout.round_asset(1, layout.EVAL_REPORT), ARMS[0].name) / "greedy.parquet"
     pl.DataFrame({"problem_id": ["p00"], "completion": ["42"]}).write_parquet(completions)
 

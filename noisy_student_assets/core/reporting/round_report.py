@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.promotion import Promotion
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
 from noisy_student_assets.core.pseudo_labels.labels import (
     AUDIT_BUCKETS_FILE,
@@ -42,6 +43,8 @@ class RoundEvidence:
     teacher: PublishedEval
     baselines: dict[str, PublishedEval | None]
     eval_problems: pl.DataFrame
+    promotion: Promotion | None = None
+    """The decision that made the round's teacher; None where labeled RL teaches (round 1)."""
 
 
 def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.DataFrame) -> ReportExtras:
@@ -62,7 +65,9 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
         if matched
         else "**Not compute-matched**: see the compute table; the difference is not a gain at equal compute."
     )
+    taught = evidence.promotion.sentence(number) if evidence.promotion else f"Round {number} is taught by labeled RL."
     lead += (
+        f"\n\n**Teacher.** {taught}"
         f"\n\n**Flips from the teacher.** {flipped['wrong_to_right']} problems went from wrong to right and "
         f"{flipped['right_to_wrong']} from right to wrong, of {flipped['problems']} "
         f"({flipped['difference']:+.3f} greedy accuracy)."

@@ -3,7 +3,9 @@
 For every round of every arm: the student's greedy accuracy and each control's, and the difference
 student minus control with a paired interval (`noisy_student_assets.core.reporting.verdict`): over eval problems on
 one seed; arms of one experiment that differ only by seed are pooled, with an interval over seeds and problems. The
-summary leads with one plain sentence per arm group: the last round against its labeled-only control.
+summary leads with the teacher (`teacher.py`: labeled RL's steps, why it stopped, its accuracy and its labels') and
+which model taught each round, then one plain sentence per arm group: the last round against its labeled-only
+control.
 
 `python -m noisy_student_assets.summary` (run by `make run` after the grid) prints it and writes it to
 `<data lake>/run_summary.md`; the `verdict` asset publishes the same tables with the comparison plot.
@@ -33,6 +35,7 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
+from noisy_student_assets.core.reporting.teacher import teacher_tables
 from noisy_student_assets.core.reporting.verdict import PILOT, outcome_of, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.training.verifier import (
@@ -129,6 +132,10 @@ class ExperimentResults:
     labels): experiment, group, arm, seed, round and why."""
     margins: dict[str, float | None] = field(default_factory=dict)
     """Per experiment: its equivalence margin (`Experiment.equivalence_margin`), which words its verdicts."""
+    teachers: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """Per arm: its labeled-RL teacher and the labeled-only control beside it (`teacher.teacher_row`)."""
+    taught: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """Per arm and round: which model taught it, the student against its control (`teacher.teaching_rows`)."""
 
     @property
     def frontiers(self) -> dict[tuple[str, int], pl.DataFrame]:
@@ -307,6 +314,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                             + ("" if matched else " (NOT compute-matched)")
                         )
     sentences = list(last_verdicts.values())
+    teachers, taught = teacher_tables(lake, arms)
     return ExperimentResults(
         accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
         differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
@@ -322,6 +330,8 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         pending=pending,
         failed=pl.DataFrame(failed, schema=_FAILED_SCHEMA),
         margins=margins,
+        teachers=teachers,
+        taught=taught,
     )
 
 
@@ -458,8 +468,26 @@ def seed_accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
 
 
 def summary_markdown(results: ExperimentResults) -> str:
-    """The verdict sentences, then the tables, as markdown that can be pasted into a write-up."""
-    lines = ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
+    """The teacher and who taught each round, the verdict sentences, then the tables, as markdown that can be pasted
+    into a write-up."""
+    lines = []
+    if results.teachers.height:
+        lines += [
+            "## The teacher: labeled RL (steps, why it stopped, kept step and its validation check; greedy accuracy on "
+            "the validation and held-out problems; its round-1 labels against the hidden gold; the labeled-only "
+            "control's held-out accuracy at its last round)",
+            "",
+            markdown_table(results.teachers, max_rows=None, max_chars=300),
+            "",
+        ]
+    if results.taught.height:
+        lines += [
+            "## Who taught each round, and the student against its labeled-only control (held-out greedy accuracy)",
+            "",
+            markdown_table(results.taught, max_rows=None, max_chars=300),
+            "",
+        ]
+    lines += ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
     lines += [f"- {sentence}" for sentence in results.sentences] or [
         "No round has been evaluated against its labeled-only control yet."
     ]

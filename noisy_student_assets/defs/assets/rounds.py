@@ -30,7 +30,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
-from noisy_student_assets.core.promotion import first_made
+from noisy_student_assets.core.promotion import first_made, read_promotion
 from noisy_student_assets.core.prompts import prompt_template
 from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from noisy_student_assets.core.pseudo_labels.student_data import labeled_rows
@@ -268,7 +268,8 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
     ):
         arm = context.partition_key
         reference_name = "previous_round" if number > 1 else "labeled_rl"
-        teacher_name = _taught_by(number, baselines.pop("teacher", None))
+        teacher = baselines.pop("teacher", None)
+        teacher_name = _taught_by(number, teacher)
         for name, found in (
             (labeled_only_eval_key.to_user_string(), labeled_only_eval),
             (reference_name, baselines[reference_name]),
@@ -285,6 +286,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
             baselines[teacher_name],
             baselines,
             eval_problems,
+            read_promotion(teacher) if teacher is not None else None,
         )
         with stage(context, config, stage_resources) as current:
             staged, metrics, health_check = evaluate(

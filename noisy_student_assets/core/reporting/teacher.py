@@ -1,0 +1,96 @@
+"""What the run summary leads with (no Dagster here): per arm, the teacher labeled RL made (its steps, why it stopped,
+its validation and held-out accuracy, its round-1 labels' accuracy against the hidden gold) beside the labeled-only
+control's held-out accuracy; then per round, which model taught it and the student against its control.
+
+Everything is read from files a results directory keeps too (`results.result_files`): the labeled-RL checkpoint's
+compute record and training log, the evaluations, the audits and each promotion's decision.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from noisy_student_assets.core import layout
+from noisy_student_assets.core.experiments.arms import Arm
+from noisy_student_assets.core.promotion import read_promotion
+from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
+from noisy_student_assets.core.reporting.eval_report import read_published_eval
+from noisy_student_assets.core.training.base import read_training_log
+from noisy_student_assets.core.training.compute import read_compute
+from noisy_student_assets.core.training.validation_stop import best_check, logged_checks
+
+
+def _greedy(lake: Path, key_path: tuple[str, ...] | str, arm: str) -> float | None:
+    evaluation = read_published_eval(layout.artifact_dir(lake, key_path, arm))
+    return evaluation.metrics["greedy_accuracy"] if evaluation else None
+
+
+def _audit(lake: Path, number: int, arm: str) -> PublishedAudit | None:
+    labels = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm)
+    return PublishedAudit.read(labels) if (labels / AUDIT_FILE).exists() else None
+
+
+def _last_control(lake: Path, arm: Arm) -> tuple[int | None, float | None]:
+    """The last round with a labeled-only control's evaluation, and its held-out greedy accuracy."""
+    for number in range(arm.stopping_rule.max_rounds, 0, -1):
+        accuracy = _greedy(lake, layout.round_asset(number, layout.control_eval(layout.LABELED_ONLY)), arm.name)
+        if accuracy is not None:
+            return number, accuracy
+    return None, None
+
+
+def teacher_row(lake: Path, arm: Arm) -> dict | None:
+    """The arm's labeled-RL teacher as the summary's first table shows it; None before labeled RL has trained."""
+    checkpoint = layout.artifact_dir(lake, layout.LABELED_RL, arm.name)
+    if not (checkpoint / layout.COMPUTE_FILE).exists():
+        return None
+    compute = read_compute(checkpoint)
+    best = best_check(logged_checks(read_training_log(checkpoint) or []))
+    audit = _audit(lake, 1, arm.name)
+    control_round, control = _last_control(lake, arm)
+    return {
+        "arm": arm.name,
+        "steps": compute.own.optimizer_steps,
+        "stopped": compute.stopped,
+        "kept_step": best.step if best else None,
+        "best_check": best.accuracy if best else None,
+        "validation_greedy": _greedy(lake, layout.LABELED_RL_VALIDATION, arm.name),
+        "held_out_greedy": _greedy(lake, layout.LABELED_RL_EVAL, arm.name),
+        "labels_kept": f"{audit.kept:.0f} of {audit.kept / audit.coverage:.0f}" if audit and audit.coverage else None,
+        "kept_label_accuracy": audit.kept_label_accuracy if audit else None,
+        "all_label_accuracy": audit.all_label_accuracy if audit else None,
+        "control_round": control_round,
+        "control_held_out_greedy": control,
+    }
+
+
+def teaching_rows(lake: Path, arm: Arm) -> list[dict]:
+    """Per round with a student evaluated: which model taught it (with its promotion's decision) and the student's
+    held-out accuracy against its labeled-only control's."""
+    rows = []
+    for number in range(1, arm.stopping_rule.max_rounds + 1):
+        student = _greedy(lake, layout.round_asset(number, layout.eval_of(layout.STUDENT_ROLE)), arm.name)
+        if student is None:
+            break
+        control = _greedy(lake, layout.round_asset(number, layout.control_eval(layout.LABELED_ONLY)), arm.name)
+        promotion = read_promotion(layout.artifact_dir(lake, layout.round_asset(number, layout.TEACHER), arm.name))
+        rows.append(
+            {
+                "arm": arm.name,
+                "round": number,
+                "taught_by": promotion.sentence(number) if promotion else f"Round {number} is taught by labeled RL.",
+                "student_held_out": student,
+                "control_held_out": control,
+                "student_minus_control": student - control if control is not None else None,
+            }
+        )
+    return rows
+
+
+def teacher_tables(lake: Path, arms: list[Arm]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The summary's teacher table (`teacher_row`) and its table of who taught each round (`teaching_rows`)."""
+    teachers = [row for arm in arms if (row := teacher_row(lake, arm)) is not None]
+    taught = [row for arm in arms for row in teaching_rows(lake, arm)]
+    return pl.DataFrame(teachers), pl.DataFrame(taught)
