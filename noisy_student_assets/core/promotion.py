@@ -116,6 +116,11 @@ def record(promotion: Promotion, staged: Path) -> None:
     decision.write_text(promotion.model_dump_json(indent=2))
 
 
+def taught_sentence(promotion: Promotion | None, number: int) -> str:
+    """Which model teaches round `number`, in words: labeled RL where no promotion made its teacher (round 1)."""
+    return promotion.sentence(number) if promotion is not None else f"Round {number} is taught by labeled RL."
+
+
 def read_promotion(checkpoint: Path) -> Promotion | None:
     """The decision that made a promoted checkpoint, or None for a checkpoint no promotion made (labeled RL's)."""
     path = checkpoint / PROMOTION_FILE

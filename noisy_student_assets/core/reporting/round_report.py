@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.promotion import Promotion
+from noisy_student_assets.core.promotion import Promotion, taught_sentence
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
 from noisy_student_assets.core.pseudo_labels.labels import (
     AUDIT_BUCKETS_FILE,
@@ -65,9 +65,8 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
         if matched
         else "**Not compute-matched**: see the compute table; the difference is not a gain at equal compute."
     )
-    taught = evidence.promotion.sentence(number) if evidence.promotion else f"Round {number} is taught by labeled RL."
     lead += (
-        f"\n\n**Teacher.** {taught}"
+        f"\n\n**Teacher.** {taught_sentence(evidence.promotion, number)}"
         f"\n\n**Flips from the teacher.** {flipped['wrong_to_right']} problems went from wrong to right and "
         f"{flipped['right_to_wrong']} from right to wrong, of {flipped['problems']} "
         f"({flipped['difference']:+.3f} greedy accuracy)."

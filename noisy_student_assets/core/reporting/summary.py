@@ -35,7 +35,7 @@ from noisy_student_assets.core.reporting.eval_report import PublishedEval, metad
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
-from noisy_student_assets.core.reporting.teacher import teacher_tables
+from noisy_student_assets.core.reporting.teacher import teacher_markdown, teacher_tables
 from noisy_student_assets.core.reporting.verdict import PILOT, outcome_of, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
 from noisy_student_assets.core.training.verifier import (
@@ -470,23 +470,7 @@ def seed_accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
 def summary_markdown(results: ExperimentResults) -> str:
     """The teacher and who taught each round, the verdict sentences, then the tables, as markdown that can be pasted
     into a write-up."""
-    lines = []
-    if results.teachers.height:
-        lines += [
-            "## The teacher: labeled RL (steps, why it stopped, kept step and its validation check; greedy accuracy on "
-            "the validation and held-out problems; its round-1 labels against the hidden gold; the labeled-only "
-            "control's held-out accuracy at its last round)",
-            "",
-            markdown_table(results.teachers, max_rows=None, max_chars=300),
-            "",
-        ]
-    if results.taught.height:
-        lines += [
-            "## Who taught each round, and the student against its labeled-only control (held-out greedy accuracy)",
-            "",
-            markdown_table(results.taught, max_rows=None, max_chars=300),
-            "",
-        ]
+    lines = teacher_markdown(results.teachers, results.taught)
     lines += ["## Verdict: each arm group's last round against its labeled-only control (same compute)", ""]
     lines += [f"- {sentence}" for sentence in results.sentences] or [
         "No round has been evaluated against its labeled-only control yet."

@@ -14,9 +14,10 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
-from noisy_student_assets.core.promotion import read_promotion
+from noisy_student_assets.core.promotion import read_promotion, taught_sentence
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting.eval_report import read_published_eval
+from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.training.base import read_training_log
 from noisy_student_assets.core.training.compute import read_compute
 from noisy_student_assets.core.training.validation_stop import best_check, logged_checks
@@ -80,7 +81,7 @@ def teaching_rows(lake: Path, arm: Arm) -> list[dict]:
             {
                 "arm": arm.name,
                 "round": number,
-                "taught_by": promotion.sentence(number) if promotion else f"Round {number} is taught by labeled RL.",
+                "taught_by": taught_sentence(promotion, number),
                 "student_held_out": student,
                 "control_held_out": control,
                 "student_minus_control": student - control if control is not None else None,
@@ -94,3 +95,25 @@ def teacher_tables(lake: Path, arms: list[Arm]) -> tuple[pl.DataFrame, pl.DataFr
     teachers = [row for arm in arms if (row := teacher_row(lake, arm)) is not None]
     taught = [row for arm in arms for row in teaching_rows(lake, arm)]
     return pl.DataFrame(teachers), pl.DataFrame(taught)
+
+
+def teacher_markdown(teachers: pl.DataFrame, taught: pl.DataFrame) -> list[str]:
+    """The summary's first sections: the teacher table, then who taught each round (`teacher_tables`)."""
+    lines = []
+    if teachers.height:
+        lines += [
+            "## The teacher: labeled RL (steps, why it stopped, kept step and its validation check; greedy accuracy on "
+            "the validation and held-out problems; its round-1 labels against the hidden gold; the labeled-only "
+            "control's held-out accuracy at its last round)",
+            "",
+            markdown_table(teachers, max_rows=None, max_chars=300),
+            "",
+        ]
+    if taught.height:
+        lines += [
+            "## Who taught each round, and the student against its labeled-only control (held-out greedy accuracy)",
+            "",
+            markdown_table(taught, max_rows=None, max_chars=300),
+            "",
+        ]
+    return lines
