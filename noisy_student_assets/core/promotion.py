@@ -117,8 +117,13 @@ def record(promotion: Promotion, staged: Path) -> None:
 
 
 def taught_sentence(promotion: Promotion | None, number: int) -> str:
-    """Which model teaches round `number`, in words: labeled RL where no promotion made its teacher (round 1)."""
-    return promotion.sentence(number) if promotion is not None else f"Round {number} is taught by labeled RL."
+    """Which model teaches round `number`, in words: labeled RL in round 1; a later round's teacher by its decision,
+    or as a lake made before promotions has it (no decision: round `number` - 1's student)."""
+    if promotion is not None:
+        return promotion.sentence(number)
+    if number == 1:
+        return "Round 1 is taught by labeled RL."
+    return f"Round {number} is taught by round {number - 1}'s student (no promotion recorded)."
 
 
 def read_promotion(checkpoint: Path) -> Promotion | None:

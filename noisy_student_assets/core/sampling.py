@@ -452,7 +452,7 @@ def _sample_with_transformers(
     import torch
     from transformers import GenerationConfig
 
-    stop_ids = _stop_token_ids(model.generation_config.eos_token_id, tokenizer)
+    stop_ids = stop_token_ids(model.generation_config.eos_token_id, tokenizer)
     if tokenizer.pad_token_id is None:
         # Batches are left-padded; the pad positions are masked out, so any id serves (a base model's
         # tokenizer often defines none, and `tokenizer.pad` then refuses to pad).
@@ -522,7 +522,7 @@ def _transformers_sampling_kwargs(settings: SamplingSettings) -> dict:
     return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
 
 
-def _stop_token_ids(generation_eos: int | list[int] | None, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+def stop_token_ids(generation_eos: int | list[int] | None, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """The token ids that end a generation: the generation config's, else the tokenizer's EOS."""
     if generation_eos is None:
         return {tokenizer.eos_token_id}

@@ -197,3 +197,33 @@ def test_too_small_a_dataset_is_rejected_before_loading(tmp_path: Path, training
     too_small = training_set.select(range(n_rows))
     with pytest.raises(ValueError, match=message):
         train_grpo(tmp_path / "no-model", too_small, TINY_RUN, tmp_path / "out", TrainingRun(tmp_path / "work"))
+
+
+def test_a_checked_run_resumed_after_its_stall_stays_stopped_and_a_saved_best_drops_the_earlier_bests(tmp_path) -> None:
+    """A run saved at its stalled check and resumed stops at once (transformers clears the stop as training begins);
+    an earlier best check's weights go only once a checkpoint whose log names the later best is saved."""
+    import polars as pl
+    from transformers import TrainerControl, TrainerState
+
+    from noisy_student_assets.core.training.validation_stop import (
+        BEST_WEIGHTS,
+        VALIDATION_LOGGED,
+        validation_stop_callback,
+    )
+
+    problems = pl.DataFrame({"problem_id": ["p0"], "prompt": ["What is 1 + 1?"], "gold_answer": ["2"]})
+    callback = validation_stop_callback(8, 2, problems, engine=None, work_dir=tmp_path)
+    accuracies = {8: 0.4, 16: 0.6, 24: 0.7, 32: 0.65, 40: 0.6}
+    early, stalled_run = TrainerState(global_step=16, max_steps=96), TrainerState(global_step=40, max_steps=96)
+    early.log_history = [{"step": step, VALIDATION_LOGGED: accuracies[step]} for step in (8, 16)]
+    stalled_run.log_history = [{"step": step, VALIDATION_LOGGED: accuracy} for step, accuracy in accuracies.items()]
+    controls = {name: TrainerControl() for name in ("early", "stalled")}
+    callback.on_train_begin(None, early, controls["early"])
+    callback.on_train_begin(None, stalled_run, controls["stalled"])
+    assert not controls["early"].should_training_stop and controls["stalled"].should_training_stop
+    for step in (16, 24):
+        (tmp_path / BEST_WEIGHTS.format(step=step)).write_bytes(b"weights")
+    callback.on_save(None, early, controls["early"])
+    assert len(list(tmp_path.iterdir())) == 2, "step 16's checkpoint does not know step 24's check"
+    callback.on_save(None, stalled_run, controls["stalled"])
+    assert [path.name for path in tmp_path.iterdir()] == [BEST_WEIGHTS.format(step=24)]

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.promotion import PROMOTION_FILE, decide, first_made, read_promotion, record
+from noisy_student_assets.core.promotion import (
+    PROMOTION_FILE,
+    decide,
+    first_made,
+    read_promotion,
+    record,
+    taught_sentence,
+)
 from noisy_student_assets.core.settings import STUDENT_PROMOTION, VALIDATION_PROMOTION
 
 STUDENT_DIR, TEACHER_DIR = Path("/lake/round_001/student_checkpoint/a"), Path("/lake/labeled_rl_checkpoint/a")
@@ -117,3 +124,8 @@ def test_a_teacher_kept_twice_is_a_copy_of_the_checkpoint_first_made(tmp_path: P
 )
 def test_a_decision_says_which_model_teaches_and_by_how_much(rule, student, teacher, words) -> None:
     assert decide(rule, STUDENT_DIR, TEACHER_DIR, student, teacher).sentence(2) == words
+
+
+def test_without_a_decision_round_one_is_taught_by_labeled_rl_and_a_later_round_by_the_student_before_it() -> None:
+    assert taught_sentence(None, 1) == "Round 1 is taught by labeled RL."
+    assert taught_sentence(None, 3) == "Round 3 is taught by round 2's student (no promotion recorded)."

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from noisy_student_assets.core.settings import GRPOSettings
+from noisy_student_assets.core.training import validation_stop
 from noisy_student_assets.core.training.grpo import ANSWER_REWARD_LOGGED, saturation_step, stop_reason
 from noisy_student_assets.core.training.validation_stop import (
     VALIDATION_LOGGED,
@@ -66,9 +67,15 @@ def test_the_best_check_is_the_earliest_of_the_highest_and_a_stall_counts_the_ch
     assert best_check([]) is None and not stalled([], 1)
 
 
-def test_validation_accuracy_is_over_the_graded_answers() -> None:
+def test_validation_accuracy_is_over_the_graded_answers(monkeypatch) -> None:
     completions = ["so \\boxed{12}", "\\boxed{7}", "no answer"]
-    assert greedy_accuracy(completions, ["12", "8", "3"]) == pytest.approx(1 / 3)
+    assert greedy_accuracy(completions, ["12", "8", "3"]) == pytest.approx(1 / 3), "no answer grades as wrong"
+    graded = validation_stop.answers_equivalent
+    monkeypatch.setattr(
+        validation_stop, "answers_equivalent", lambda gold, answer: None if gold == "8" else graded(gold, answer)
+    )
+    assert greedy_accuracy(completions, ["12", "8", "3"]) == pytest.approx(1 / 2), "an ungraded answer is left out"
+    assert greedy_accuracy(["\\boxed{7}"], ["8"]) == 0.0, "and none graded is none right"
 
 
 def test_validation_stop_needs_the_run_s_vllm_engine() -> None:

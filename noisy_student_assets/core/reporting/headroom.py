@@ -28,8 +28,8 @@ from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.experiments.passes import LABELED_RL_RUN, arm_passes
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
 from noisy_student_assets.core.reporting import verdict
-from noisy_student_assets.core.reporting.eval_report import PublishedEval
-from noisy_student_assets.core.reporting.summary import group_label, read_evaluation
+from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_evaluation
+from noisy_student_assets.core.reporting.summary import group_label
 from noisy_student_assets.core.training.grpo import saturation_step, step_rewards
 
 ROUND = 1

@@ -31,7 +31,7 @@ from noisy_student_assets.core.pseudo_labels.labels import (
 )
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_published_eval
+from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_evaluation
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
@@ -72,11 +72,6 @@ AUDIT_COLUMNS = (
     "teacher_pass_at_k",
 )
 """The audit's figures in the summary's audit table, and the verifier's validation AUROC (on arms with one)."""
-
-
-def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
-    """An eval asset's published metrics and per-problem scores, or None."""
-    return read_published_eval(layout.artifact_dir(lake, key_path, arm))
 
 
 def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], PublishedEval]:

@@ -16,7 +16,7 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.promotion import read_promotion, taught_sentence
 from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
-from noisy_student_assets.core.reporting.eval_report import read_published_eval
+from noisy_student_assets.core.reporting.eval_report import read_evaluation
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.training.base import read_training_log
 from noisy_student_assets.core.training.compute import read_compute
@@ -24,7 +24,7 @@ from noisy_student_assets.core.training.validation_stop import best_check, logge
 
 
 def _greedy(lake: Path, key_path: tuple[str, ...] | str, arm: str) -> float | None:
-    evaluation = read_published_eval(layout.artifact_dir(lake, key_path, arm))
+    evaluation = read_evaluation(lake, key_path, arm)
     return evaluation.metrics["greedy_accuracy"] if evaluation else None
 
 
@@ -94,7 +94,7 @@ def teacher_tables(lake: Path, arms: list[Arm]) -> tuple[pl.DataFrame, pl.DataFr
     """The summary's teacher table (`teacher_row`) and its table of who taught each round (`teaching_rows`)."""
     teachers = [row for arm in arms if (row := teacher_row(lake, arm)) is not None]
     taught = [row for arm in arms for row in teaching_rows(lake, arm)]
-    return pl.DataFrame(teachers), pl.DataFrame(taught)
+    return pl.DataFrame(teachers, infer_schema_length=None), pl.DataFrame(taught, infer_schema_length=None)
 
 
 def teacher_markdown(teachers: pl.DataFrame, taught: pl.DataFrame) -> list[str]:

@@ -82,6 +82,11 @@ def validation_stop_callback(every: int, patience: int, problems: pl.DataFrame, 
     prompts = validation_prompts(problems)
 
     class ValidationStopCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            # a run resumed after its stall (a checkpoint is saved at the stalled check's step) stays stopped
+            if stalled(logged_checks(state.log_history), patience):
+                control.should_training_stop = True
+
         def on_log(self, args, state, control, logs=None, model=None, processing_class=None, **kwargs):
             step = state.global_step
             due = step % every == 0 or step >= state.max_steps or control.should_training_stop
@@ -89,13 +94,18 @@ def validation_stop_callback(every: int, patience: int, problems: pl.DataFrame, 
             # one check a step, on its step log (the run's summary log comes after the last step's, at the same step)
             if not due or entry.get("step") != step or "train_runtime" in entry or VALIDATION_LOGGED in entry:
                 return
-            accuracy = self._check(model, processing_class, step, args)
-            entry[VALIDATION_LOGGED] = logs[VALIDATION_LOGGED] = accuracy
+            entry[VALIDATION_LOGGED] = self._check(model, processing_class, step, args)
             checks = logged_checks(state.log_history)
             if best_check(checks).step == step:
                 _keep_best(model, work_dir, step)
             if stalled(checks, patience):
                 control.should_training_stop = True
+
+        def on_save(self, args, state, control, **kwargs):
+            # a resumed run reads its best check from the saved log: an earlier best's weights go once it is saved
+            best = best_check(logged_checks(state.log_history))
+            if best is not None:
+                _drop_best_before(work_dir, best.step)
 
         def on_train_end(self, args, state, control, model=None, **kwargs):
             best = best_check(logged_checks(state.log_history))
@@ -103,19 +113,16 @@ def validation_stop_callback(every: int, patience: int, problems: pl.DataFrame, 
                 _restore_best(model, work_dir, best.step)
 
         def _check(self, model, tokenizer, step: int, args) -> float:
+            from noisy_student_assets.core.sampling import stop_token_ids
+
             ids = tokenizer.apply_chat_template(
                 conversation=prompts, add_generation_prompt=True, tokenize=True, return_dict=True
             )["input_ids"]
-            stop_ids = sorted({tokenizer.eos_token_id, *_generation_eos(model)})
+            stop_ids = sorted(stop_token_ids(model.generation_config.eos_token_id, tokenizer))
             completions = engine.greedy(ids, model, step, args.max_completion_length, stop_ids)
             return greedy_accuracy(tokenizer.batch_decode(completions, skip_special_tokens=True), gold)
 
     return ValidationStopCallback()
-
-
-def _generation_eos(model) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 def _trainable(model) -> dict:
@@ -123,17 +130,19 @@ def _trainable(model) -> dict:
 
 
 def _keep_best(model, work_dir: Path, step: int) -> None:
-    """Save `model`'s trainable weights (the LoRA adapters, or every weight) as the best check's, replacing the
-    previous best's."""
+    """Save `model`'s trainable weights (the LoRA adapters, or every weight) as the best check's, at step `step`."""
     from safetensors.torch import save_file
 
-    previous = list(work_dir.glob(BEST_WEIGHTS.format(step="*")))
     save_file(
         {name: weight.contiguous() for name, weight in _trainable(model).items()},
         work_dir / BEST_WEIGHTS.format(step=step),
     )
-    for path in previous:
-        if path.name != BEST_WEIGHTS.format(step=step):
+
+
+def _drop_best_before(work_dir: Path, step: int) -> None:
+    """Delete the saved weights of earlier best checks than step `step`'s."""
+    for path in work_dir.glob(BEST_WEIGHTS.format(step="*")):
+        if int(path.stem.rsplit("-", 1)[1]) < step:
             path.unlink()
 
 

@@ -425,6 +425,11 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     from noisy_student_assets.core.training.student import training_fingerprint, training_set
     from noisy_student_assets.core.training.validation_stop import best_check, logged_checks
 
+    if settings.grpo.validation_every and data.validation is None:
+        raise dg.Failure(
+            "grpo.validation_every is set, but this stage is given no validation problems to check itself on: only "
+            "labeled RL is (labeled_rl_validation_every)"
+        )
     dataset = training_set(settings, data)
     init_sha = weights_sha256(init_dir)
     compute = current.resources.compute.settings
