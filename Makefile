@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(PROFILE)
 
 setup: $(STAMP)
 	@# The Dagster CLI reads .env from the working directory: it makes the instance in this repo persistent.
-	@# NOISY_STUDENT_DATABASE_URL, when set, moves it (and MLflow's store) to Postgres (README, "A shared instance").
+	@# NOISY_STUDENT_DATABASE_URL, when set, moves it (and MLflow's store) to Postgres (docs/usage.md, "A shared instance").
 	@printf 'DAGSTER_HOME=%s\nNOISY_STUDENT_DATA_LAKE=%s\nNOISY_STUDENT_PROFILE=%s\n' \
 		"$(CURDIR)" "$(CURDIR)/data_lake" "$(PROFILE)" > .env
 	@$(if $(NOISY_STUDENT_DATABASE_URL),printf 'NOISY_STUDENT_DATABASE_URL=%s\n' '$(NOISY_STUDENT_DATABASE_URL)' >> .env)
@@ -137,7 +137,7 @@ ui: setup
 
 # One experiment's own view in the web UI (`make view EXPERIMENT=experiments/passes.yaml`): the code location over
 # its experiment file alone (linked, so an edit and *Reload definitions* show), whose round groups hold its assets
-# alone and whose launches warn of nothing its arms do not read (README, "Adding a round").
+# alone and whose launches warn of nothing its arms do not read (docs/usage.md, "Adding a round").
 VIEW = .views/$(basename $(notdir $(EXPERIMENT)))
 view: setup
 	test -f "$(EXPERIMENT)" || { echo "make view EXPERIMENT=experiments/<name>.yaml: no file $(EXPERIMENT)"; exit 2; }
@@ -157,7 +157,7 @@ wheelhouse: setup
 	$(BIN)/python -m tools.wheelhouse --out $(WHEELHOUSE) --part-mib $(PART_MIB) --manylinux $(NODE_GLIBC) \
 		$(if $(NODE_PYTHON),--python-version $(NODE_PYTHON)) $(if $(NODE_LIST),--node-list $(NODE_LIST))
 
-# The check of a CUDA node (README, "Running on a GPU"), within BUDGET_MIN minutes, its report in GPU_CHECK_OUT. No
+# The check of a CUDA node (docs/usage.md, "Running on a GPU"), within BUDGET_MIN minutes, its report in GPU_CHECK_OUT. No
 # setup: a node without an index has installed the wheelhouse; the venv's python where there is one.
 BUDGET_MIN ?= 16
 GPU_CHECK_OUT ?= gpu-check

@@ -1,4 +1,4 @@
-"""The README's "Adding a round" path in a real browser (`make ui-test`), as a user follows it: an experiment whose one
+"""docs/usage.md's "Adding a round" path in a browser (`make ui-test`), as a user follows it: an experiment whose one
 arm has made two rounds (the grid, tiny model), `max_rounds` raised to 3 in its file, *Reload definitions*, then
 `round_003_job` launched for the arm from the job's page (the partition picked, the run config typed into the
 launchpad's editor). The experiments directory holds this experiment alone, so the code location is its own view:
@@ -153,7 +153,7 @@ def _partitions_filled(page, group: str, timeout: float = 60) -> dict[str, bool]
 
 
 def _mlflow_ui(cli: DagsterCli, store: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """`mlflow ui` on `store`, as the README starts it, on a free port; its URL once it answers."""
+    """`mlflow ui` on `store`, as docs/usage.md starts it, on a free port; its URL once it answers."""
     port = free_port()
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -261,7 +261,7 @@ def test_a_round_added_in_the_experiment_file_runs_from_the_ui_and_shows_in_the_
         page.screenshot(path=SCREENSHOTS / "adding-a-round-verdict.png")
         page.close()
 
-    # MLflow: the experiment's runs table, at the address the README gives, then filtered on round 3 as it says: one
+    # MLflow: the experiment's runs table, at the address docs/usage.md gives, then filtered on round 3 as it says: one
     # run per asset made, named by `run_name` (`r3 eval student r`, ...), none hidden under a parent.
     store = f"sqlite:///{cli.lake / layout.TRACKING_DB_NAME}"
     mlflow_ui, mlflow_url = _mlflow_ui(cli, store, cli.home / "mlflow-ui.log")
