@@ -38,7 +38,7 @@ ROUND = lake_rounds(LAKE).filter(arm=ARM)["round"].max()  # the arm's latest rou
 import polars as pl
 from IPython.display import Image, Markdown, display
 
-from noisy_student_assets.core.experiments.arms import default_experiments_dir
+from noisy_student_assets.core.experiments.directory import default_experiments_dir
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.inspection import RoundLake, flipped_problems, side_by_side, teacher_evaluation
 from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, lake_arms

@@ -9,10 +9,10 @@ from noisy_student_assets.core.experiments.arms import (
     EXPERIMENT_SUFFIX,
     Arm,
     Experiment,
-    default_experiments_dir,
     find_arm,
     load_experiment,
 )
+from noisy_student_assets.core.experiments.directory import default_experiments_dir
 
 
 class ExperimentFiles(dg.ConfigurableResource):

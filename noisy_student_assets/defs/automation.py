@@ -25,7 +25,8 @@ from functools import partial
 import dagster as dg
 
 from noisy_student_assets.core import layout, staleness
-from noisy_student_assets.core.experiments.arms import Arm, Experiment, default_experiments_dir, load_experiments
+from noisy_student_assets.core.experiments.arms import Arm, Experiment, load_experiments
+from noisy_student_assets.core.experiments.directory import default_experiments_dir
 from noisy_student_assets.core.experiments.progress import (
     pre_round_assets,
     round_assets,

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 import dagster as dg
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 
 from noisy_student_assets.core.staleness import own_code_changes
 from noisy_student_assets.defs.lineage import (
@@ -110,7 +111,8 @@ def _outcome(verdict: Verdict) -> dict:
 
 
 def current_defaults(assets: dg.Definitions) -> dg.Definitions:
-    """The check on every asset of `assets` and the sensor that reports it after a reload."""
+    """The check on every asset of `assets` and the sensor that reports it after a reload; both judge the graph of
+    `assets` (the code location's assets, with their code versions)."""
     keys = [
         key
         for assets_def in assets.assets
@@ -124,7 +126,7 @@ def current_defaults(assets: dg.Definitions) -> dg.Definitions:
         can_subset=True,
     )
     def made_with_current_defaults(context: dg.AssetCheckExecutionContext):
-        verdicts = judge(context.instance, _code_location_graph())
+        verdicts = judge(context.instance, _graph(assets))
         for check in context.selected_asset_check_keys:
             verdict = verdicts.get(check.asset_key, Verdict(True, "not materialized"))
             yield dg.AssetCheckResult(asset_key=check.asset_key, **_outcome(verdict))
@@ -138,7 +140,7 @@ def current_defaults(assets: dg.Definitions) -> dg.Definitions:
     )
     def made_with_current_defaults_sensor(context: dg.SensorEvaluationContext):
         reported = json.loads(context.cursor) if context.cursor else {}
-        verdicts = judge(context.instance, _code_location_graph())
+        verdicts = judge(context.instance, _graph(assets))
         changed = 0
         for key, verdict in verdicts.items():
             state = [verdict.passed, verdict.description]
@@ -152,8 +154,6 @@ def current_defaults(assets: dg.Definitions) -> dg.Definitions:
     return dg.Definitions(asset_checks=[made_with_current_defaults], sensors=[made_with_current_defaults_sensor])
 
 
-def _code_location_graph():
-    """The code location's asset graph, at evaluation time: the check and the sensor are part of it."""
-    from noisy_student_assets.defs.code_location import defs
-
-    return defs.resolve_asset_graph()
+def _graph(assets: dg.Definitions) -> AssetGraph:
+    """The asset graph of `assets` alone: the code location's resources are not theirs to validate."""
+    return AssetGraph.from_assets(list(assets.assets))

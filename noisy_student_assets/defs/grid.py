@@ -210,7 +210,8 @@ class Grid:
         self.path, self.launcher_override = experiment_path, launcher
         import dagster as dg
 
-        from noisy_student_assets.core.experiments.arms import default_experiments_dir, load_experiments
+        from noisy_student_assets.core.experiments.arms import load_experiments
+        from noisy_student_assets.core.experiments.directory import default_experiments_dir
         from noisy_student_assets.defs.code_location import ASSET_DEFINITIONS, defs
         from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 

@@ -13,7 +13,8 @@ The number of rounds is fixed when the code location loads: the most rounds any 
 import dagster as dg
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import default_experiments_dir, load_experiments, max_rounds
+from noisy_student_assets.core.experiments.arms import load_experiments, max_rounds
+from noisy_student_assets.core.experiments.directory import default_experiments_dir
 from noisy_student_assets.core.experiments.progress import AskedFor
 
 ARMS = dg.DynamicPartitionsDefinition(name="arm")

@@ -75,7 +75,7 @@ def _profile_defaults(profile: str) -> dict:
     """`profile`'s defaults over the shipped experiment files, whatever experiments the caller points at: the
     page documents the ops the shipped code location defines."""
     from noisy_student_assets.core import environment
-    from noisy_student_assets.core.experiments.arms import SHIPPED_EXPERIMENTS
+    from noisy_student_assets.core.experiments.directory import SHIPPED_EXPERIMENTS
 
     env = os.environ | {PROFILE_ENV_VAR: profile, environment.EXPERIMENTS: str(SHIPPED_EXPERIMENTS)}
     out = subprocess.run(

@@ -461,15 +461,6 @@ class Arm(BaseModel):
         return f"{self.experiment}:{self.spec.without_seed().model_dump_json(exclude_none=True)}"
 
 
-SHIPPED_EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"
-"""The repository's `experiments/`."""
-
-
-def default_experiments_dir() -> Path:
-    """`NOISY_STUDENT_EXPERIMENTS`, else the repository's `experiments/`."""
-    return environment.experiments_dir(SHIPPED_EXPERIMENTS)
-
-
 def load_experiment(path: Path) -> Experiment:
     """Parse and validate one experiment file (its name is the file's stem)."""
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from noisy_student_assets.core.experiments.directory import SHIPPED_EXPERIMENTS, default_experiments_dir
 from noisy_student_assets.core.settings import CPU_EVAL_SOURCE, CPU_TRAINING_SOURCE, ProblemSource
 
 TASKS_DIR = "tasks"
@@ -55,9 +56,6 @@ class Task:
 def tasks_dirs() -> list[Path]:
     """Where tasks are declared: the repository's `experiments/tasks/`, and `tasks/` of the experiments directory
     when that is another (`NOISY_STUDENT_EXPERIMENTS`)."""
-    # Imported here: arms' fields read the tasks.
-    from noisy_student_assets.core.experiments.arms import SHIPPED_EXPERIMENTS, default_experiments_dir
-
     return list(dict.fromkeys([SHIPPED_EXPERIMENTS / TASKS_DIR, default_experiments_dir().resolve() / TASKS_DIR]))
 
 

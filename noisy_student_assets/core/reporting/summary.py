@@ -20,7 +20,8 @@ import numpy as np
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import Arm, default_experiments_dir, load_experiments
+from noisy_student_assets.core.experiments.arms import Arm, load_experiments
+from noisy_student_assets.core.experiments.directory import default_experiments_dir
 from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at
 from noisy_student_assets.core.pseudo_labels.labels import (
     AUDIT_BUCKETS_FILE,

@@ -94,7 +94,9 @@ def validation_stop_callback(every: int, patience: int, problems: pl.DataFrame, 
             # one check a step, on its step log (the run's summary log comes after the last step's, at the same step)
             if not due or entry.get("step") != step or "train_runtime" in entry or VALIDATION_LOGGED in entry:
                 return
-            entry[VALIDATION_LOGGED] = self._check(model, processing_class, step, args)
+            accuracy = self._check(model, processing_class, step, args)
+            # the step log keeps it; the run's own step logger, a later callback, prints it from `logs`
+            entry[VALIDATION_LOGGED] = logs[VALIDATION_LOGGED] = accuracy
             checks = logged_checks(state.log_history)
             if best_check(checks).step == step:
                 _keep_best(model, work_dir, step)
