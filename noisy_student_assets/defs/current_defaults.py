@@ -12,6 +12,7 @@ daemon of `dagster dev`) judges every asset on each tick and reports the verdict
 evaluations. The check also runs as a step where the UI includes it (materializing an asset, *Execute*). The grid
 leaves it out: `grid plan` says the same from the run config the grid runs with."""
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -113,6 +114,12 @@ def _outcome(verdict: Verdict) -> dict:
 def current_defaults(assets: dg.Definitions) -> dg.Definitions:
     """The check on every asset of `assets` and the sensor that reports it after a reload; both judge the graph of
     `assets` (the code location's assets, with their code versions)."""
+
+    @functools.cache
+    def graph() -> AssetGraph:
+        """Built once, on first use: the code location's resources are not the graph's to validate."""
+        return AssetGraph.from_assets(list(assets.assets))
+
     keys = [
         key
         for assets_def in assets.assets
@@ -126,7 +133,7 @@ def current_defaults(assets: dg.Definitions) -> dg.Definitions:
         can_subset=True,
     )
     def made_with_current_defaults(context: dg.AssetCheckExecutionContext):
-        verdicts = judge(context.instance, _graph(assets))
+        verdicts = judge(context.instance, graph())
         for check in context.selected_asset_check_keys:
             verdict = verdicts.get(check.asset_key, Verdict(True, "not materialized"))
             yield dg.AssetCheckResult(asset_key=check.asset_key, **_outcome(verdict))
@@ -140,7 +147,7 @@ def current_defaults(assets: dg.Definitions) -> dg.Definitions:
     )
     def made_with_current_defaults_sensor(context: dg.SensorEvaluationContext):
         reported = json.loads(context.cursor) if context.cursor else {}
-        verdicts = judge(context.instance, _graph(assets))
+        verdicts = judge(context.instance, graph())
         changed = 0
         for key, verdict in verdicts.items():
             state = [verdict.passed, verdict.description]
@@ -152,8 +159,3 @@ def current_defaults(assets: dg.Definitions) -> dg.Definitions:
         return dg.SkipReason(f"{changed} verdicts reported, {len(verdicts)} assets judged")
 
     return dg.Definitions(asset_checks=[made_with_current_defaults], sensors=[made_with_current_defaults_sensor])
-
-
-def _graph(assets: dg.Definitions) -> AssetGraph:
-    """The asset graph of `assets` alone: the code location's resources are not theirs to validate."""
-    return AssetGraph.from_assets(list(assets.assets))

@@ -81,3 +81,12 @@ def test_validation_accuracy_is_over_the_graded_answers(monkeypatch) -> None:
 def test_validation_stop_needs_the_run_s_vllm_engine() -> None:
     with pytest.raises(ValueError, match="needs rollouts vllm"):
         GRPOSettings(rollouts="trl", validation_every=8)
+
+
+def test_a_checked_run_without_validation_problems_is_refused() -> None:
+    import polars as pl
+
+    with pytest.raises(ValueError, match="given no validation problems"):
+        validation_stop.require_validation(8, None)
+    validation_stop.require_validation(0, None)
+    validation_stop.require_validation(8, pl.DataFrame({"problem_id": ["p0"], "gold_answer": ["2"]}))

@@ -49,6 +49,7 @@ from noisy_student_assets.core.training.shared_prefix import shared_prefix_train
 from noisy_student_assets.core.training.validation_stop import (
     best_check,
     logged_checks,
+    require_validation,
     stalled,
     validation_prompts,
     validation_stop_callback,
@@ -507,9 +508,8 @@ def train_grpo(
     if reward not in REWARDS:
         raise ValueError(f"reward {reward!r} is not one of {REWARDS}")
     validate_training_dataset(dataset)
+    require_validation(settings.validation_every, run.validation)
     checked = settings.validation_every > 0
-    if checked and run.validation is None:
-        raise ValueError("grpo.validation_every checks the validation problems, and the run was given none")
     engine = (
         VllmRollouts(
             init_checkpoint,

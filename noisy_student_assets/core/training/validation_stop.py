@@ -53,6 +53,16 @@ def stalled(checks: list[Check], patience: int) -> bool:
     return best is not None and sum(check.step > best.step for check in checks) >= patience
 
 
+def require_validation(every: int, problems: pl.DataFrame | None) -> None:
+    """Refuse a run checked every `every` steps (`grpo.validation_every`) that is given no validation problems: only
+    labeled RL is given them."""
+    if every and problems is None:
+        raise ValueError(
+            "grpo.validation_every is set, but the run is given no validation problems to check itself on: only "
+            "labeled RL is (labeled_rl_validation_every)"
+        )
+
+
 def validation_prompts(problems: pl.DataFrame) -> list[list[dict]]:
     """The validation problems as the student's chat prompts, without prompt noise (as an evaluation sees them)."""
     return [

@@ -421,15 +421,14 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
     fail the asset before anything is published.
     """
     from noisy_student_assets.core.training.base import read_training_log
-    from noisy_student_assets.core.training.grpo import saturation_summary, step_rewards
+    from noisy_student_assets.core.training.grpo import logged_rewards, saturation_summary
     from noisy_student_assets.core.training.student import training_fingerprint, training_set
-    from noisy_student_assets.core.training.validation_stop import best_check, logged_checks
+    from noisy_student_assets.core.training.validation_stop import best_check, logged_checks, require_validation
 
-    if settings.grpo.validation_every and data.validation is None:
-        raise dg.Failure(
-            "grpo.validation_every is set, but this stage is given no validation problems to check itself on: only "
-            "labeled RL is (labeled_rl_validation_every)"
-        )
+    try:  # before anything is staged, and not retried
+        require_validation(settings.grpo.validation_every, data.validation)
+    except ValueError as error:
+        raise dg.Failure(str(error)) from error
     dataset = training_set(settings, data)
     init_sha = weights_sha256(init_dir)
     compute = current.resources.compute.settings
@@ -461,9 +460,10 @@ def train_checkpoint(current: StageRun, *, init_dir: Path, data: StudentData, se
         }
     )
     current.metadata["stopped"] = spent.stopped
-    if rewards := step_rewards(staged):
+    log = read_training_log(staged) or []
+    if rewards := logged_rewards(log):
         current.metadata["reward_saturation"] = saturation_summary(rewards)
-    if checks := logged_checks(read_training_log(staged) or []):
+    if checks := logged_checks(log):
         current.metadata["validation_checks"] = dg.MetadataValue.json({str(c.step): c.accuracy for c in checks})
         current.metadata["kept_step"] = best_check(checks).step
     return staged
