@@ -34,6 +34,7 @@ def _round(number: int, name: str) -> str:
 # pseudo-labels + teacher, eval report <- student + audit + the reports it compares with.
 DRAWN_EDGES = [
     (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS),  # a test-time arm's unlabeled problems are eval problems
+    (layout.VALIDATION_PROBLEMS, layout.LABELED_RL),  # where labeled RL checks itself and stops
     (layout.LABELED_RL, _round(1, layout.GENERATIONS)),
     (_round(1, layout.GENERATIONS), _round(1, layout.PSEUDO_LABELS)),
     (_round(1, layout.PSEUDO_LABELS), _round(1, layout.STUDENT)),
