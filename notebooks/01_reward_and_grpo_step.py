@@ -33,7 +33,7 @@ ARM = environment.inspected_arm(layout.DEFAULT_ARM)  # NOISY_STUDENT_ARM; `defau
 # Labeled RL's own GRPO settings (the profile's learning rate, LoRA and loss), cut to a smaller step than the
 # pipeline's so that the notebook runs in seconds on a 2-core CPU: one step, no TRL checkpoint, groups of 4
 # completions of at most 48 tokens, sampled by TRL's own generation (the pipeline's vLLM engine takes longer to start
-# than this whole step takes).
+# than this whole step takes), so without the validation checks that run through that engine.
 GRPO = LabeledRLSettings().grpo.model_copy(
     update={
         "max_steps": 1,
@@ -41,6 +41,7 @@ GRPO = LabeledRLSettings().grpo.model_copy(
         "num_generations": 4,
         "max_completion_length": 48,
         "rollouts": TRL_ROLLOUTS,
+        "validation_every": 0,
     }
 )
 

@@ -185,5 +185,5 @@ def test_a_run_whose_validation_stalls_stops_and_keeps_its_best_check_s_weights(
 def test_a_checked_run_needs_its_validation_problems(sevens_model_dir: Path, tmp_path: Path):
     dataset = build_training_dataset(labeled_frame(), None, SYSTEM_PROMPT)
     settings = _settings(VLLM_ROLLOUTS, 1).model_copy(update={"validation_every": 8})
-    with pytest.raises(ValueError, match="validation_every checks the validation problems"):
+    with pytest.raises(ValueError, match="validation_every is set, but the run is given no validation problems"):
         train_grpo(sevens_model_dir, dataset, settings, tmp_path / "out", TrainingRun(tmp_path / "w"))
