@@ -239,7 +239,7 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
     from noisy_student_assets.core.checkpoints import weights_sha256
     from noisy_student_assets.core.profiles import active_profile
     from noisy_student_assets.core.pseudo_labels.labels import audit_pseudo_labels, vote_pseudo_labels
-    from noisy_student_assets.core.sampling import decoding, generate_samples
+    from noisy_student_assets.core.sampling import decoding, generate
     from noisy_student_assets.core.settings import EvalSettings, PseudoLabelSettings, TeacherSamplingSettings
     from noisy_student_assets.defs.grid import materialize_selection
     from noisy_student_assets.defs.partitions import ARMS
@@ -294,8 +294,8 @@ def run(teacher_steps: int, skip: set[str]) -> dict:
         for backend in ("vllm",) if "transformers" in skip else ("vllm", "transformers"):
             print(f"generation: {backend}, {problems.height} problems x {settings.n} samples", flush=True)
             start = time.time()
-            generations[backend] = generate_samples(
-                teacher, problems, settings, backend=backend, **compute.settings.generation_options()
+            (generations[backend],), _ = generate(
+                teacher, problems, [settings], backend=backend, **compute.settings.generation_options()
             )
             end = time.time()
             tokens = int(generations[backend]["n_tokens"].sum())

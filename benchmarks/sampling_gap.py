@@ -19,10 +19,10 @@ STEPS = (
     "and one request per problem with a seed of its own",
     "and the chosen token's log-prob at each position (`logprobs=0`)",
     "and one `generate` call per shard of `shard_size` problems",
-    "the project's sampling: `generate_samples_resumable`, each shard written as parquet",
+    "the project's sampling: `sampling.generate` with shards, each shard written as parquet",
 )
 """Per-request seeds come after the engine arguments: with chunked prefill on, vLLM's CPU sampler refuses a seeded
-request whose prefill is split (`sampling.vllm_cpu_engine_args`)."""
+request whose prefill is split (`vllm_engine.cpu_engine_args`)."""
 
 
 def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype: str) -> list[dict]:
@@ -34,9 +34,9 @@ def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype
         SampleShards,
         SamplingSettings,
         _vllm_sampling_params,
-        generate_samples_resumable,
-        vllm_cpu_engine_args,
+        generate,
     )
+    from noisy_student_assets.core.vllm_engine import cpu_engine_args
 
     decoding = SamplingSettings(
         **{name: settings[name] for name in ("n", "temperature", "top_p", "max_new_tokens", "seed")}
@@ -56,7 +56,7 @@ def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype
     ids, token_ids = problems["problem_id"].to_list(), prompt_token_ids(teacher, prompts)
     requests = [{"prompt_token_ids": tokens} for tokens in token_ids]
     max_model_len = max(map(len, token_ids)) + decoding.max_new_tokens
-    project_engine = vllm_cpu_engine_args(max_model_len, SAMPLING_KV_CACHE_BYTES) | {"max_model_len": max_model_len}
+    project_engine = cpu_engine_args(max_model_len, SAMPLING_KV_CACHE_BYTES) | {"max_model_len": max_model_len}
     seeded = [_vllm_sampling_params(decoding, problem_id) for problem_id in ids]
     without_logprobs = [params.clone() for params in seeded]
     for params in without_logprobs:
@@ -76,11 +76,11 @@ def sampling_gap(teacher: Path, problems, settings: dict, shard_size: int, dtype
             {"step": step, **timed_engine(teacher, dtype, decoding.seed, project_engine, requests, params, calls)}
         )
     started = time.time()
-    table, _ = generate_samples_resumable(
+    (table,), _ = generate(
         teacher,
         problems,
-        decoding,
-        SampleShards(Path(tempfile.mkdtemp(prefix="sampling-gap-"))),
+        [decoding],
+        shards=[SampleShards(Path(tempfile.mkdtemp(prefix="sampling-gap-")))],
         shard_size=shard_size,
         dtype=dtype,
     )

@@ -24,8 +24,7 @@ from noisy_student_assets.core.sampling import (
     Progress,
     SampleShards,
     SamplingSettings,
-    generate_sample_sets,
-    generate_sample_sets_resumable,
+    generate,
 )
 
 if TYPE_CHECKING:
@@ -165,11 +164,11 @@ def eval_completions(
             )
         )
     shards = [SampleShards(shards_dir / name, set_aside) for name in ("greedy", "sampled")[: len(sample_sets)]]
-    (greedy, *sampled), resumed = generate_sample_sets_resumable(
+    (greedy, *sampled), resumed = generate(
         checkpoint_dir,
         eval_problems,
         sample_sets,
-        shards,
+        shards=shards,
         backend=settings.backend,
         batch_size=settings.batch_size,
         shard_size=settings.shard_size,
@@ -200,13 +199,13 @@ def smoke_test(
     look broken (None when they do not)."""
     from noisy_student_assets.core.training.guards import output_health, smoke_failure
 
-    completions = generate_sample_sets(
+    (completions,), _ = generate(
         checkpoint_dir,
         eval_problems.head(settings.prompts),
         [SamplingSettings(n=1, temperature=0.0, max_new_tokens=settings.max_new_tokens)],
         backend="transformers",
         **compute.generation_options(),
-    )[0]
+    )
     health = output_health(completions)
     return (
         completions,

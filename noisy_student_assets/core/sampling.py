@@ -1,4 +1,5 @@
-"""Sample K completions per problem from a checkpoint, with vLLM or transformers, into one table.
+"""Sample K completions per problem from a checkpoint, with vLLM or transformers, into one table: `generate`, over
+one or several sets of decoding settings, resumable from saved shards where it is given them.
 
 Both backends see the same token ids: each problem goes through ``render_prompt`` and is tokenized
 here once, without extra special tokens (the chat template already holds them).  Both sample from
@@ -7,8 +8,9 @@ so their samples are comparable, and greedy decoding gives the same text up to f
 
 Reproducibility: a seed fixes the samples of both backends, but differently.  transformers draws
 from one generator seeded per call, so samples also depend on ``batch_size`` and problem order.
-vLLM gives every problem a generator of its own, so a problem's samples depend only on the
-checkpoint, its prompt and id, and the settings.
+vLLM (the project's one engine, `vllm_engine.VllmEngine`) gives every problem a generator of its own
+(`vllm_engine.request_seed`), so a problem's samples depend only on the checkpoint, its prompt and id,
+and the settings.
 
 Every sample also carries its tokens' log-probabilities under the model's own distribution, before
 temperature and top-p (vLLM's raw logprobs; for transformers, a forward pass over each generated
@@ -26,7 +28,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import polars as pl
 
@@ -34,6 +36,7 @@ from noisy_student_assets.core.grading import extract_answer
 from noisy_student_assets.core.prompts import DEFAULT_SYSTEM_PROMPT, prompt_template, render_prompt
 from noisy_student_assets.core.resumable import SetAside, whole_parquet
 from noisy_student_assets.core.settings import BACKENDS, DTYPES
+from noisy_student_assets.core.vllm_engine import VllmEngine, request_seed
 
 if TYPE_CHECKING:
     import torch
@@ -59,16 +62,6 @@ GENERATION_SCHEMA = pl.Schema(
         "sampling": pl.Utf8,
     }
 )
-
-# vLLM on CPU, when the caller's environment does not say otherwise: vLLM keeps one core away from its compute
-# threads for the scheduler process; on 2 cores that halves the compute, and giving both to compute sampled 48 x 4
-# completions in 130 s instead of 190 s (SmolLM2-135M). vLLM's CPU worker, a process of its own, scans every loaded
-# module for kernels when it starts and so touches torch's deprecated `torch.distributed.reduce_op`: that warning
-# (vLLM's, not this project's) is silenced in the worker through the environment it inherits.
-VLLM_CPU_ENV_DEFAULTS = {
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    "PYTHONWARNINGS": "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning",
-}
 
 # Without an explicit KV cache size the CPU worker claims gpu_memory_utilization (0.92 by default) of *all* RAM, and
 # fails on a shared machine; 2 GiB holds 41k tokens of SmolLM2-135M in float32 (64 problems x 8 samples x 80 tokens),
@@ -131,57 +124,55 @@ class Sample:
     log-softmax of its logits, before temperature and top-p."""
 
 
-def generate_samples(
-    checkpoint_dir: Path, problems: pl.DataFrame, settings: SamplingSettings, **options
-) -> pl.DataFrame:
-    """``settings.n`` completions for each problem (columns ``problem_id``, ``prompt``), as a table
-    with exactly ``GENERATION_SCHEMA``, in problem order then ``sample_index``.
+class Generated(NamedTuple):
+    """What `generate` returns."""
 
-    ``options`` are those of ``generate_sample_sets``.
-    """
-    (table,) = generate_sample_sets(checkpoint_dir, problems, [settings], **options)
-    return table
+    tables: list[pl.DataFrame]
+    """One table per set of settings, with exactly ``GENERATION_SCHEMA``, in problem order then ``sample_index``."""
+    resumed: int
+    """Problem passes read back from saved shards instead of sampled."""
 
 
-def generate_sample_sets(
+def generate(
     checkpoint_dir: Path,
     problems: pl.DataFrame,
-    settings_list: Sequence[SamplingSettings],
+    settings_sets: Sequence[SamplingSettings],
     *,
+    shards: Sequence[SampleShards] | None = None,
     backend: str = "vllm",
     device: str = "cpu",
     dtype: str = "float32",
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     batch_size: int = 16,
     shard_size: int = 64,
-    skip: Sequence[set[str]] | None = None,
-    on_shard: ShardCallback | None = None,
     progress: Progress | None = None,
     checkpoint_label: str | None = None,
     gpu_memory_utilization: float = 0.85,
     model: PreTrainedModel | None = None,
-) -> list[pl.DataFrame]:
-    """One ``generate_samples`` table per entry of ``settings_list``, all from one model load (one
-    vLLM engine, whose start-up dominates short runs on a CPU), or none: ``model`` is the checkpoint's,
-    already loaded (``load_transformers_model``; transformers only), which a caller asking often keeps.
+) -> Generated:
+    """``settings.n`` completions of each problem (columns ``problem_id``, ``prompt``) for each entry of
+    ``settings_sets``, all from one model load (one vLLM engine, whose start-up dominates short runs on a CPU), or
+    none: ``model`` is the checkpoint's, already loaded (``load_transformers_model``; transformers only), which a
+    caller asking often keeps.
 
-    Problems go to the backend ``shard_size`` at a time (vLLM batches a shard internally;
-    transformers in batches of ``batch_size``). After each shard, ``on_shard`` gets its table (to
-    persist it: see ``SampleShards``) and ``progress(problems_done, total)`` is called, counting over
-    all the settings: ``total`` is ``len(problems) * len(settings_list)``. ``skip[i]`` holds problem
-    ids that set i leaves out (sampled before: see ``generate_sample_sets_resumable``); they count as
-    done. ``gpu_memory_utilization`` only matters for vLLM on a GPU.
+    Problems go to the backend ``shard_size`` at a time (vLLM batches a shard internally; transformers in batches of
+    ``batch_size``), and ``progress(problems_done, total)`` is called after each shard, counting over all the sets.
+    With ``shards``, every finished shard of set i is saved into ``shards[i]``, and the problems an earlier,
+    interrupted call saved there are read back instead of sampled. ``gpu_memory_utilization`` only matters for vLLM
+    on a GPU.
     """
     _validate(problems, backend, dtype)
     if model is not None and backend != "transformers":
         raise ValueError(f"a loaded model samples with transformers; {backend} loads its own engine")
-    if not settings_list:
-        raise ValueError("no sampling settings given")
+    if not settings_sets or (shards and len(shards) != len(settings_sets)):
+        raise ValueError(f"need one or more sampling settings, and as many shard directories: {len(settings_sets)}")
+    empty = GENERATION_SCHEMA.to_frame()
+    done = [set_shards.load() for set_shards in shards] if shards else [empty] * len(settings_sets)
     problem_ids = problems["problem_id"].cast(pl.Utf8).to_list()
-    skip = skip or [set() for _ in settings_list]
-    jobs = [[index for index, problem_id in enumerate(problem_ids) if problem_id not in skipped] for skipped in skip]
-    total = len(problem_ids) * len(settings_list)
-    progressed = total - sum(map(len, jobs))
+    skipped = [set(table["problem_id"]) for table in done]
+    jobs = [[index for index, problem_id in enumerate(problem_ids) if problem_id not in skip] for skip in skipped]
+    total, resumed = len(problem_ids) * len(settings_sets), sum(map(len, skipped))
+    progressed = resumed
 
     def table(set_index: int, indices: list[int], samples: list[list[Sample]]) -> pl.DataFrame:
         return _samples_table(
@@ -189,37 +180,52 @@ def generate_sample_sets(
             samples,
             checkpoint=checkpoint_label or str(checkpoint_dir),
             backend=backend,
-            sampling=json.dumps(settings_list[set_index].as_dict(), sort_keys=True),
+            sampling=json.dumps(settings_sets[set_index].as_dict(), sort_keys=True),
         )
 
     def shard_done(set_index: int, indices: list[int], samples: list[list[Sample]]) -> None:
         nonlocal progressed
         progressed += len(samples)
-        if on_shard is not None:
-            on_shard(set_index, table(set_index, indices, samples))
+        if shards:
+            shards[set_index].write(table(set_index, indices, samples))
         if progress is not None:
             progress(progressed, total)
 
-    if not any(jobs):  # every set was sampled before: no model to load
-        return [table(set_index, [], []) for set_index in range(len(settings_list))]
-    from transformers import AutoTokenizer  # torch/transformers load here, not when the config imports us
+    sample_sets: list[list[list[Sample]]] = [[] for _ in settings_sets]
+    if any(jobs):  # else every set was sampled before: no model to load
+        from transformers import AutoTokenizer  # torch/transformers load here, not when the config imports us
 
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
-    prompt_ids = [
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
+        prompt_ids = _prompt_ids(tokenizer, problems, system_prompt)
+        work = _Work(checkpoint_dir, prompt_ids, jobs, settings_sets, device, dtype, shard_size, shard_done)
+        if backend == "vllm":
+            sample_sets = _sample_with_vllm(work, problem_ids, gpu_memory_utilization)
+        else:
+            model = model if model is not None else load_transformers_model(checkpoint_dir, dtype, device)
+            sample_sets = _sample_with_transformers(work, tokenizer, batch_size, model)
+    new = [table(set_index, jobs[set_index], samples) for set_index, samples in enumerate(sample_sets)]
+    return Generated(_in_problem_order(problems, done, new) if shards else new, resumed)
+
+
+def _prompt_ids(tokenizer: PreTrainedTokenizerBase, problems: pl.DataFrame, system_prompt: str) -> list[list[int]]:
+    """Each problem's prompt as the checkpoint's tokenizer encodes its chat template, without extra special tokens
+    (the template holds them)."""
+    return [
         tokenizer(render_prompt(tokenizer, problem, system_prompt), add_special_tokens=False).input_ids
         for problem in problems["prompt"].to_list()
     ]
-    work = _Work(checkpoint_dir, prompt_ids, jobs, settings_list, device, dtype, shard_size, shard_done)
-    if backend == "vllm":
-        sample_sets = _sample_with_vllm(work, problem_ids, gpu_memory_utilization)
-    else:
-        sample_sets = _sample_with_transformers(
-            work,
-            tokenizer,
-            batch_size,
-            model if model is not None else load_transformers_model(checkpoint_dir, dtype, device),
-        )
-    return [table(set_index, jobs[set_index], samples) for set_index, samples in enumerate(sample_sets)]
+
+
+def _in_problem_order(problems: pl.DataFrame, done: list[pl.DataFrame], new: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    """Each set's samples read back and sampled now, in problem order, then ``sample_index``."""
+    order = problems.select(pl.col("problem_id").cast(pl.Utf8)).with_row_index("problem_order")
+    return [
+        pl.concat([before, after])
+        .join(order, on="problem_id")
+        .sort("problem_order", "sample_index")
+        .drop("problem_order")
+        for before, after in zip(done, new, strict=True)
+    ]
 
 
 def sampling_cache_key(
@@ -284,11 +290,11 @@ def sample_teacher(
 ) -> tuple[pl.DataFrame, int]:
     """The sampling stage: the teacher's K samples of every problem (only its id and prompt are read), saved shard
     by shard into `shards` and resumed from there; the table and the number of problems taken from saved shards."""
-    return generate_samples_resumable(
+    (table,), resumed = generate(
         teacher_dir,
         problems.select(*REQUIRED_COLUMNS),
-        decoding(settings),
-        shards,
+        [decoding(settings)],
+        shards=[shards],
         backend=settings.backend,
         shard_size=settings.shard_size,
         batch_size=settings.batch_size,
@@ -296,6 +302,7 @@ def sample_teacher(
         checkpoint_label=checkpoint_label,
         **compute.generation_options(),
     )
+    return table, resumed
 
 
 def problem_parts(problems: pl.DataFrame, parts: int) -> list[pl.DataFrame]:
@@ -341,45 +348,6 @@ class SampleShards:
 
     def _files(self) -> list[Path]:
         return sorted(self.directory.glob("shard-*.parquet"))
-
-
-def generate_sample_sets_resumable(
-    checkpoint_dir: Path,
-    problems: pl.DataFrame,
-    settings_list: Sequence[SamplingSettings],
-    shards: Sequence[SampleShards],
-    **options,
-) -> tuple[list[pl.DataFrame], int]:
-    """``generate_sample_sets``, saving every finished shard of set i into ``shards[i]`` and sampling only the
-    problems that an earlier, interrupted call has not saved there. Returns the tables (problem order, then
-    ``sample_index``) and the number of problem passes taken from saved shards."""
-    done = [set_shards.load() for set_shards in shards]
-    skip = [set(table["problem_id"]) for table in done]
-    new = generate_sample_sets(
-        checkpoint_dir,
-        problems,
-        settings_list,
-        skip=skip,
-        on_shard=lambda set_index, table: shards[set_index].write(table),
-        **options,
-    )
-    order = problems.select(pl.col("problem_id").cast(pl.Utf8)).with_row_index("problem_order")
-    tables = [
-        pl.concat([before, after])
-        .join(order, on="problem_id")
-        .sort("problem_order", "sample_index")
-        .drop("problem_order")
-        for before, after in zip(done, new, strict=True)
-    ]
-    return tables, sum(map(len, skip))
-
-
-def generate_samples_resumable(
-    checkpoint_dir: Path, problems: pl.DataFrame, settings: SamplingSettings, shards: SampleShards, **options
-) -> tuple[pl.DataFrame, int]:
-    """``generate_sample_sets_resumable`` of one set: the table and the number of problems taken from saved shards."""
-    (table,), resumed = generate_sample_sets_resumable(checkpoint_dir, problems, [settings], [shards], **options)
-    return table, resumed
 
 
 def _validate(problems: pl.DataFrame, backend: str, dtype: str) -> None:
@@ -545,42 +513,26 @@ def _decode_generated(
 
 
 def _sample_with_vllm(work: _Work, problem_ids: list[str], gpu_memory_utilization: float) -> list[list[list[Sample]]]:
-    on_cpu = work.device == "cpu"
-    if on_cpu:
-        for name, value in VLLM_CPU_ENV_DEFAULTS.items():
-            os.environ.setdefault(name, value)
-    from vllm import LLM  # imported here: slow, and only this backend needs it
-
     max_model_len = max(map(len, work.prompt_ids)) + max(settings.max_new_tokens for settings in work.settings_list)
-    # The engine takes its seed, but every request below carries its own, so the samples do not depend on it.
-    llm = LLM(
-        model=str(work.checkpoint_dir),
-        dtype=work.dtype,
-        seed=work.settings_list[0].seed,
-        max_model_len=max_model_len,
-        logprobs_mode="raw_logprobs",  # vLLM's default, named: the logprobs must be untempered and unfiltered
-        **(
-            vllm_cpu_engine_args(max_model_len, SAMPLING_KV_CACHE_BYTES)
-            if on_cpu
-            else {"gpu_memory_utilization": gpu_memory_utilization}
-        ),
-    )
     sample_sets: list[list[list[Sample]]] = []
-    try:
+    with VllmEngine(
+        work.checkpoint_dir,
+        max_model_len=max_model_len,
+        seed=work.settings_list[0].seed,
+        dtype=work.dtype,
+        device=work.device,
+        kv_cache_bytes=SAMPLING_KV_CACHE_BYTES,
+        gpu_memory_utilization=gpu_memory_utilization,
+    ) as engine:
         for set_index, settings in enumerate(work.settings_list):
             samples: list[list[Sample]] = []
             for shard in _chunks(work.jobs[set_index], work.shard_size):
-                prompts = [{"prompt_token_ids": work.prompt_ids[index]} for index in shard]
                 params = [_vllm_sampling_params(settings, problem_ids[index]) for index in shard]
-                outputs = llm.generate(prompts, params, use_tqdm=False)
+                outputs = engine.generate([work.prompt_ids[index] for index in shard], params)
                 shard_samples = [[_vllm_sample(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outputs]
                 work.shard_done(set_index, shard, shard_samples)
                 samples.extend(shard_samples)
             sample_sets.append(samples)
-    finally:
-        # Stop the engine processes now rather than at garbage collection, so that they free their
-        # memory and cores for whatever runs next (another engine, the transformers backend).
-        llm.llm_engine.engine_core.shutdown()
     return sample_sets
 
 
@@ -593,34 +545,15 @@ def _vllm_sample(completion: CompletionOutput) -> Sample:
     return Sample(completion.text, len(completion.token_ids), completion.finish_reason, logprobs)
 
 
-def vllm_cpu_engine_args(max_model_len: int, kv_cache_bytes: int) -> dict:
-    """Engine settings for vLLM on CPU, a KV cache of `kv_cache_bytes` (timings measured with SmolLM2-135M, 2 cores)."""
-    return {
-        "kv_cache_memory_bytes": kv_cache_bytes,
-        # torch.compile triples start-up (about 35 s to 80-110 s) for about 20% more tokens/s.
-        "enforce_eager": True,
-        # Per-request seeds crash vLLM on CPU when a prompt's prefill is split across steps ("CPU
-        # Generator does not use offset"); unsplit prompts need a batch that holds the longest one.
-        "enable_chunked_prefill": False,
-        "max_num_batched_tokens": max(max_model_len, VLLM_MIN_BATCHED_TOKENS),
-    }
-
-
 def _vllm_sampling_params(settings: SamplingSettings, problem_id: str):
-    """One problem's vLLM request settings, with a seed of its own.
-
-    The engine's shared generator would make samples depend on which requests happen to share a
-    step, which varies from run to run; a per-request generator does not.  vLLM seeds the K
-    samples ``seed + k``, so each problem's base seed is drawn from (settings seed, problem id).
-    """
+    """One problem's vLLM request settings, seeded from (settings seed, problem id) (`request_seed`)."""
     from vllm import SamplingParams
 
-    digest = hashlib.sha256(f"{settings.seed}/{problem_id}".encode()).digest()
     return SamplingParams(
         n=settings.n,
         temperature=settings.temperature,
         top_p=settings.top_p,
         max_tokens=settings.max_new_tokens,
-        seed=int.from_bytes(digest[:6], "big"),
+        seed=request_seed(settings.seed, problem_id),
         logprobs=0,  # the chosen token's logprob alone, at each position
     )

@@ -281,7 +281,7 @@ class ComputeSettings(Settings):
         return self.device
 
     def generation_options(self) -> dict:
-        """What `sampling.generate_sample_sets` takes of these settings: the device, the dtype, vLLM's memory share
+        """What `sampling.generate` takes of these settings: the device, the dtype, vLLM's memory share
         (a slot's: vLLM reserves it whatever the engine needs, and another stage may hold the device beside it)."""
         return {
             "device": self.resolved_device(),

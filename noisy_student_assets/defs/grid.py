@@ -633,7 +633,8 @@ def _load_dotenv() -> None:
     load_dotenv(Path.cwd() / ".env", override=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The grid's command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["register", "plan", "run", "checks", "power"])
     parser.add_argument("experiment", type=Path, help="an experiment file, experiments/<name>.yaml")
@@ -693,6 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         help="power: the hours one seed costs (default: the mean of those the grid recorded for the experiment's "
         "arms in --lake)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 0:
         parser.error(f"--rounds must be >= 0, got {args.rounds}")

@@ -194,8 +194,13 @@ def render() -> str:
     ]
     lines += ["| source | weighs each sample's vote by |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(source.description)} |" for name, source in SOURCES.items()]
-    lines += ["", "## Resources", ""]
-    for name, resource in cpu["resources"].items():
+    return "\n".join(lines + _resource_sections(cpu["resources"], gpu["resources"])).rstrip() + "\n"
+
+
+def _resource_sections(cpu: dict, gpu: dict) -> list[str]:
+    """The reference page's resources: each one's fields with their cpu and gpu defaults."""
+    lines = ["", "## Resources", ""]
+    for name, resource in cpu.items():
         # The lake and the compute nest into other resources (IO managers, stage_resources): each is documented once.
         fields = {
             path: row
@@ -209,9 +214,10 @@ def render() -> str:
             if path.rsplit(".", 1)[-1] in MACHINE_PATHS:
                 cpu_shown = gpu_shown = "(a path on this machine)"
             else:
-                cpu_shown, gpu_shown = _value(default), _value(gpu["resources"][name]["fields"][path][0])
+                cpu_shown, gpu_shown = _value(default), _value(gpu[name]["fields"][path][0])
             lines.append(f"| `{path}` | {cpu_shown} | {gpu_shown} | {_cell(help_text)} |")
         lines.append("")
+    return lines
     return "\n".join(lines).rstrip() + "\n"
 
 

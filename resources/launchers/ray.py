@@ -65,15 +65,7 @@ class RayLauncher(Launcher):
             raise dg.Failure(
                 f"stage {stage} failed: the Ray cluster at {address} is not reachable ({type(error).__name__}: {error})"
             ) from error
-        for spec in specs:
-            for resource, amount in self.asks(spec).items():
-                if amount > available.get(resource, 0.0):
-                    raise dg.Failure(
-                        f"stage {spec.stage} failed: it asks Ray for {amount:g} {resource} and the cluster at "
-                        f"{address} has {available.get(resource, 0.0):g} in all, so Ray would queue it forever "
-                        "(launcher.gpus_per_process, launcher.cpus_per_process, grpo.processes)",
-                        allow_retries=False,
-                    )
+        self._check_asks(specs, available, address)
         _stop_earlier_jobs(client, {spec.work_dir for spec in specs}, context.log)
         launched = time.perf_counter()
         jobs = []
@@ -108,28 +100,36 @@ class RayLauncher(Launcher):
                 _wait_for_jobs(client, list(limits))
                 spec = next(spec for spec, _, job_id in jobs if job_id == overdue[0])
                 raise time_limit_failure(spec, limits[overdue[0]])
-        results = []
-        for spec, session, job_id in jobs:
-            info = client.get_job_info(job_id)
-            found = RAY_EXIT_CODE.search(info.message or "")
-            returncode = (
-                0 if info.status.value == "SUCCEEDED" else _shell_returncode(int(found["code"])) if found else 1
-            )
-            causes = (
-                [] if found or returncode == 0 else [f"the Ray job {job_id} ended {info.status.value}: {info.message}"]
-            )
-            results.append(
-                payload_outcome(
-                    spec,
-                    session.get_custom_messages(),
-                    returncode,
-                    launched,
-                    causes=causes,
-                    details={"ray_job_message": dg.MetadataValue.text((info.message or "")[-4000:])},
-                    metadata={"ray/job_id": job_id, "ray/address": address},
-                )
-            )
-        return results
+        return [_job_result(client, spec, session, job_id, launched, address) for spec, session, job_id in jobs]
+
+    def _check_asks(self, specs: Sequence, available: dict[str, float], address: str) -> None:
+        """Fail, not retried, where a spec asks for more of a resource than the whole cluster has."""
+        for spec in specs:
+            for resource, amount in self.asks(spec).items():
+                if amount > available.get(resource, 0.0):
+                    raise dg.Failure(
+                        f"stage {spec.stage} failed: it asks Ray for {amount:g} {resource} and the cluster at "
+                        f"{address} has {available.get(resource, 0.0):g} in all, so Ray would queue it forever "
+                        "(launcher.gpus_per_process, launcher.cpus_per_process, grpo.processes)",
+                        allow_retries=False,
+                    )
+
+
+def _job_result(client, spec, session, job_id: str, launched: float, address: str) -> StageResult:
+    """A finished Ray job's payload outcome: its exit code from Ray's message (else 1), the job's message kept."""
+    info = client.get_job_info(job_id)
+    found = RAY_EXIT_CODE.search(info.message or "")
+    returncode = 0 if info.status.value == "SUCCEEDED" else _shell_returncode(int(found["code"])) if found else 1
+    causes = [] if found or returncode == 0 else [f"the Ray job {job_id} ended {info.status.value}: {info.message}"]
+    return payload_outcome(
+        spec,
+        session.get_custom_messages(),
+        returncode,
+        launched,
+        causes=causes,
+        details={"ray_job_message": dg.MetadataValue.text((info.message or "")[-4000:])},
+        metadata={"ray/job_id": job_id, "ray/address": address},
+    )
 
 
 def _shell_returncode(code: int) -> int:

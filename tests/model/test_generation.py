@@ -23,9 +23,7 @@ from noisy_student_assets.core.sampling import (
     SamplingSettings,
     _decode_generated,
     _samples_table,
-    generate_sample_sets,
-    generate_samples,
-    generate_samples_resumable,
+    generate,
 )
 
 PROBLEMS = pl.DataFrame(
@@ -41,10 +39,16 @@ TEMPERED = SamplingSettings(n=3, temperature=0.5, top_p=0.9, max_new_tokens=6, s
 LOGPROB_COLUMNS = ("token_logprobs", "mean_logprob")
 
 
+def one_set(model_dir: Path, problems: pl.DataFrame, settings: SamplingSettings, **options) -> pl.DataFrame:
+    """The table of `generate` with one set of settings."""
+    (table,), _ = generate(model_dir, problems, [settings], **options)
+    return table
+
+
 def reported_samples(model_dir: Path, **options) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
     """`SAMPLING`'s samples of `PROBLEMS`, and the progress reports sampling made."""
     reports: list[tuple[int, int]] = []
-    samples = generate_samples(
+    samples = one_set(
         model_dir, PROBLEMS, SAMPLING, progress=lambda done, total: reports.append((done, total)), **options
     )
     return samples, reports
@@ -81,7 +85,7 @@ def reported_sample_sets(
     """`GREEDY`'s and `SAMPLING`'s samples of `problems` in one load, each in `PROBLEMS`' order, and the progress
     reports sampling made."""
     reports: list[tuple[int, int]] = []
-    sets = generate_sample_sets(
+    sets, _ = generate(
         model_dir, problems, [GREEDY, SAMPLING], progress=lambda done, total: reports.append((done, total)), **options
     )
     position = pl.col("problem_id").replace_strict(PROBLEMS["problem_id"], range(PROBLEMS.height))
@@ -171,8 +175,8 @@ def test_transformers_progress_counts_problems_up_to_the_total(transformers_run)
 
 def test_transformers_sampling_is_deterministic_for_a_seed(transformers_run, tiny_model_dir):
     samples, _ = transformers_run
-    again = generate_samples(tiny_model_dir, PROBLEMS, SAMPLING, backend="transformers", batch_size=2)
-    reseeded = generate_samples(
+    again = one_set(tiny_model_dir, PROBLEMS, SAMPLING, backend="transformers", batch_size=2)
+    reseeded = one_set(
         tiny_model_dir, PROBLEMS, dataclasses.replace(SAMPLING, seed=4), backend="transformers", batch_size=2
     )
     assert again["completion"].to_list() == samples["completion"].to_list()
@@ -180,8 +184,8 @@ def test_transformers_sampling_is_deterministic_for_a_seed(transformers_run, tin
 
 
 def test_transformers_greedy_gives_one_deterministic_row_per_problem(tiny_model_dir):
-    first = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", checkpoint_label="tiny")
-    second = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=1)
+    first = one_set(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", checkpoint_label="tiny")
+    second = one_set(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=1)
     assert_k_rows_per_problem_in_order(first, 1)
     assert set(first["checkpoint"]) == {"tiny"}
     assert first["completion"].to_list() == second["completion"].to_list()
@@ -219,7 +223,7 @@ def test_mean_logprob_is_null_without_tokens():
 )
 def test_bad_inputs_are_rejected(tiny_model_dir, problems, backend, message):
     with pytest.raises(ValueError, match=message):
-        generate_samples(tiny_model_dir, problems, SAMPLING, backend=backend)
+        one_set(tiny_model_dir, problems, SAMPLING, backend=backend)
 
 
 # --- vLLM backend (CPU) ---------------------------------------------------------------------------
@@ -264,7 +268,7 @@ def test_recorded_logprobs_are_the_models_own_whatever_the_temperature(backend, 
     distribution; the tempered ones differ by far more than the tolerance. The sevens model says "7" or ends its
     turn, with a probability that a temperature changes a lot."""
     problems = PROBLEMS.head(2)
-    samples = generate_samples(sevens_model_dir, problems, TEMPERED, backend=backend)
+    samples = one_set(sevens_model_dir, problems, TEMPERED, backend=backend)
     raw, tempered = teacher_forced_logprobs(sevens_model_dir, problems, samples, TEMPERED.temperature)
     recorded = samples["token_logprobs"].explode().to_list()
     assert recorded == pytest.approx(raw, abs=1e-4)
@@ -276,7 +280,7 @@ def test_several_settings_in_one_load_give_what_separate_calls_give(backend, tin
     (greedy, sampled), reports = request.getfixturevalue(f"{backend}_sets")
     separately, _ = request.getfixturevalue(f"{backend}_run")
     assert sampled.equals(separately)
-    by_transformers = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(
+    by_transformers = one_set(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers").with_columns(
         backend=pl.lit(backend)
     )
     assert greedy.drop(LOGPROB_COLUMNS).equals(by_transformers.drop(LOGPROB_COLUMNS))
@@ -302,10 +306,15 @@ class KilledAfterFirstShard(SampleShards):
 def test_interrupted_sampling_resumes_after_the_saved_shards(tiny_model_dir, tmp_path, transformers_run):
     options = {"backend": "transformers", "batch_size": 2, "shard_size": 2}
     with pytest.raises(ShardWriterKilled):
-        generate_samples_resumable(tiny_model_dir, PROBLEMS, SAMPLING, KilledAfterFirstShard(tmp_path), **options)
+        generate(tiny_model_dir, PROBLEMS, [SAMPLING], shards=[KilledAfterFirstShard(tmp_path)], **options)
     reports: list[tuple[int, int]] = []
-    samples, resumed = generate_samples_resumable(
-        tiny_model_dir, PROBLEMS, SAMPLING, SampleShards(tmp_path), progress=lambda *r: reports.append(r), **options
+    (samples,), resumed = generate(
+        tiny_model_dir,
+        PROBLEMS,
+        [SAMPLING],
+        shards=[SampleShards(tmp_path)],
+        progress=lambda *r: reports.append(r),
+        **options,
     )
     assert resumed == 2 and reports == [(4, 5), (5, 5)]  # only the 3 unsaved problems were sampled again, 2 at a time
     assert samples.schema == GENERATION_SCHEMA
@@ -327,8 +336,8 @@ def test_transformers_pads_a_batch_for_a_tokenizer_without_a_pad_token(tiny_mode
     tokenizer.pad_token = None
     tokenizer.save_pretrained(tmp_path)
     assert AutoTokenizer.from_pretrained(tmp_path).pad_token is None
-    unpadded = generate_samples(tmp_path, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
-    padded = generate_samples(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
+    unpadded = one_set(tmp_path, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
+    padded = one_set(tiny_model_dir, PROBLEMS, GREEDY, backend="transformers", batch_size=5)
     assert unpadded["completion"].to_list() == padded["completion"].to_list()
 
 
@@ -340,11 +349,11 @@ def cut_short(path: Path) -> None:
 def test_a_shard_cut_short_is_set_aside_and_its_problems_sampled_again(tiny_model_dir, tmp_path):
     """Greedy, in shards of 2: the problems of the shard cut short are sampled again, as they were the first time."""
     options = {"backend": "transformers", "batch_size": 2, "shard_size": 2}
-    whole, _ = generate_samples_resumable(tiny_model_dir, PROBLEMS, GREEDY, SampleShards(tmp_path), **options)
+    (whole,), _ = generate(tiny_model_dir, PROBLEMS, [GREEDY], shards=[SampleShards(tmp_path)], **options)
     cut_short(tmp_path / "shard-00001.parquet")
     told: list[str] = []
-    again, resumed = generate_samples_resumable(
-        tiny_model_dir, PROBLEMS, GREEDY, SampleShards(tmp_path, told.append), **options
+    (again,), resumed = generate(
+        tiny_model_dir, PROBLEMS, [GREEDY], shards=[SampleShards(tmp_path, told.append)], **options
     )
     assert resumed == 3  # shards 0 and 2; shard 1's 2 problems are sampled again
     assert len(told) == 1 and told[0].startswith(f"shard-00001.parquet in {tmp_path} is not a whole table (")

@@ -27,7 +27,7 @@ LOAD = """
 import itertools, sys, tempfile
 from pathlib import Path
 import polars as pl
-from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
+from noisy_student_assets.core.sampling import SamplingSettings, generate
 from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
@@ -38,7 +38,7 @@ dataset = build_training_dataset(labeled_frame(), pseudo_frame(), SYSTEM_PROMPT)
 for step in itertools.count():
     print("sampling", flush=True)
     decoding = SamplingSettings(n=4, temperature=1.0, max_new_tokens=32, seed=step)
-    generate_samples(model, problems, decoding, backend="transformers")
+    generate(model, problems, [decoding], backend="transformers")
     print("training", flush=True)
     with tempfile.TemporaryDirectory() as work:
         one_step = TINY_RUN.model_copy(update={"max_steps": 1})

@@ -20,7 +20,8 @@ from noisy_student_assets.core.settings import TRL_ROLLOUTS, VLLM_ROLLOUTS
 from noisy_student_assets.core.training import grpo, validation_stop
 from noisy_student_assets.core.training.base import TrainingRun
 from noisy_student_assets.core.training.grpo import build_training_dataset, train_grpo
-from noisy_student_assets.core.training.rollouts import VllmRollouts, kv_cache_bytes
+from noisy_student_assets.core.training.rollouts import VllmRollouts
+from noisy_student_assets.core.vllm_engine import kv_cache_bytes
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame
 
 LOGPROB_TOLERANCE = 1e-4
@@ -86,15 +87,13 @@ def test_the_engine_samples_from_the_trainer_s_weights_at_each_step(
         prompt_ids, completion_ids = engine_sample(self, prompts, trainer)
         sequence = prompt_ids[0] + completion_ids[0]
         step = trainer.state.global_step
-        scored = self._engine.generate(
-            [{"prompt_token_ids": sequence}],
-            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-            use_tqdm=False,
-        )[0].prompt_logprobs
+        scored = self._engine.generate([sequence], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0))[
+            0
+        ].prompt_logprobs
         engine = torch.tensor([scored[index][token].logprob for index, token in enumerate(sequence) if index])
         trainer_logprobs = _sequence_logprobs(trainer.model, sequence)
         probes.append({"step": step, "sequence": sequence, "engine": engine, "trainer": trainer_logprobs})
-        config = self._engine.llm_engine.vllm_config
+        config = self._engine.llm.llm_engine.vllm_config
         cache_bytes.append(
             (
                 config.cache_config.kv_cache_memory_bytes,

@@ -320,7 +320,7 @@ def test_vote_shares_join_the_pseudo_labeled_rows_only():
 def test_the_rollout_engine_s_kv_cache_holds_a_step_s_sequences_in_whole_blocks() -> None:
     from types import SimpleNamespace
 
-    from noisy_student_assets.core.training.rollouts import KV_CACHE_BLOCK_TOKENS, kv_cache_bytes
+    from noisy_student_assets.core.vllm_engine import KV_CACHE_BLOCK_TOKENS, kv_cache_bytes
 
     smollm2 = SimpleNamespace(num_hidden_layers=30, num_key_value_heads=3, hidden_size=576, num_attention_heads=9)
     per_token_float32 = 2 * 30 * 3 * 64 * 4  # keys and values, every layer's 3 heads of 64

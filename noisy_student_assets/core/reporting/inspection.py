@@ -206,13 +206,13 @@ def greedy_answers(
     """A checkpoint's greedy completion of each question and the answer the grader extracts from it, with the
     pipeline's prompt and sampler (transformers, CPU); `model`: the checkpoint's, already loaded
     (`sampling.load_transformers_model`), else it is loaded for these questions."""
-    from noisy_student_assets.core.sampling import SamplingSettings, generate_samples
+    from noisy_student_assets.core.sampling import SamplingSettings, generate
 
     problems = pl.DataFrame({"problem_id": [str(index) for index in range(len(questions))], "prompt": questions})
-    table = generate_samples(
+    (table,), _ = generate(
         checkpoint_dir,
         problems,
-        SamplingSettings(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
+        [SamplingSettings(n=1, temperature=0.0, max_new_tokens=max_new_tokens)],
         backend="transformers",
         model=model,
     )

@@ -20,6 +20,7 @@ from noisy_student_assets.core.pseudo_labels.labels import (
 )
 from noisy_student_assets.core.reporting import plots, test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
+from noisy_student_assets.core.reporting.verdict import Difference
 from noisy_student_assets.core.training.compute import compute_comparison
 
 ACCURACY_TABLE = "Accuracy per round and chain"
@@ -81,29 +82,9 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
     }
     extra_tables: dict[str, pl.DataFrame] = {}
     if sets.height:
-        counts = dict(sets["eval_set"].value_counts().iter_rows())
-        lead += (
-            f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {evidence.eval_problems.height} eval "
-            "problems are this arm's unlabeled problems: the **transductive** set, whose prompts the teacher sampled "
-            "and the student trained on (their gold stayed hidden). "
-            f"The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
-            "**transfer**. The verdict above is over the whole set, both halves together."
-        )
-        for eval_set, own in by_set.items():
-            if eval_set == test_time.ALL_EVAL:
-                continue
-            lead += f"\n\n- {eval_set.capitalize()}: {own.sentence()}"
-            extra_metrics |= {
-                f"{eval_set}/greedy_accuracy": test_time.greedy_accuracy_in(scores, sets, eval_set),
-                f"verdict/{eval_set}/difference": own.estimate,
-                f"verdict/{eval_set}/ci_low": own.low,
-                f"verdict/{eval_set}/ci_high": own.high,
-            }
-        yardstick = test_time.yardstick(audit, evidence.teacher.scores, scores, control.scores, sets)
-        extra_metrics |= {
-            f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"
-        }
-        extra_tables = {test_time.YARDSTICK_TABLE: yardstick}
+        text, test_time_metrics, extra_tables = _test_time_arm(evidence, by_set, scores, sets, audit)
+        lead += text
+        extra_metrics |= test_time_metrics
     accuracy = accuracy_by_round(number, evidence.baselines, metrics, control.metrics)
     figures = {
         "accuracy_by_round": plots.accuracy_by_round(accuracy),
@@ -142,6 +123,41 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
         tables=tables | extra_tables,
         text=lead,
     )
+
+
+def _test_time_arm(
+    evidence: RoundEvidence,
+    by_set: dict[str, Difference],
+    scores: pl.DataFrame,
+    sets: pl.DataFrame,
+    audit: PublishedAudit,
+) -> tuple[str, dict[str, float], dict[str, pl.DataFrame]]:
+    """A test-time arm's part of the report (its eval problems include its unlabeled ones): the text on the
+    transductive and transfer halves, their metrics, and the yardstick table."""
+    counts = dict(sets["eval_set"].value_counts().iter_rows())
+    text = (
+        f"\n\n**Test-time arm.** {counts[test_time.TRANSDUCTIVE]} of the {evidence.eval_problems.height} eval "
+        "problems are this arm's unlabeled problems: the **transductive** set, whose prompts the teacher sampled "
+        "and the student trained on (their gold stayed hidden). "
+        f"The other half's {counts.get(test_time.TRANSFER, 0)} problems, on which no arm trains, measure "
+        "**transfer**. The verdict above is over the whole set, both halves together."
+    )
+    metrics: dict[str, float] = {}
+    for eval_set, own in by_set.items():
+        if eval_set == test_time.ALL_EVAL:
+            continue
+        text += f"\n\n- {eval_set.capitalize()}: {own.sentence()}"
+        metrics |= {
+            f"{eval_set}/greedy_accuracy": test_time.greedy_accuracy_in(scores, sets, eval_set),
+            f"verdict/{eval_set}/difference": own.estimate,
+            f"verdict/{eval_set}/ci_low": own.low,
+            f"verdict/{eval_set}/ci_high": own.high,
+        }
+    yardstick = test_time.yardstick(audit, evidence.teacher.scores, scores, evidence.control.scores, sets)
+    metrics |= {
+        f"ttrl/{name}": float(value) for name, value in yardstick.row(0, named=True).items() if name != "problems"
+    }
+    return text, metrics, {test_time.YARDSTICK_TABLE: yardstick}
 
 
 def accuracy_by_round(

@@ -6,8 +6,7 @@ sync: vLLM's CPU linear layers repack their weights after loading and drop the c
 `load_weights` finds them gone. `VllmRollouts` keeps one vLLM engine over the run's initial checkpoint for the whole
 training and, at each optimizer step, loads the policy's weights into it before sampling: with LoRA, each adapted
 layer's merged weight (the base weight plus the adapter's delta, the only weights LoRA training changes); without,
-every parameter. They reach the engine's worker as a safetensors file, which a vLLM worker extension
-(`PolicyWeightsLoader`) reloads in place, kernel formats rebuilt. Sampling through the step's adapter as a vLLM LoRA
+every parameter, loaded in place (`VllmEngine.load_weights`). Sampling through the step's adapter as a vLLM LoRA
 request would need no weight transfer, but vLLM's LoRA kernels on CPU sampled SmolLM2's groups at 76 tokens/s, where
 the merged weights make 142 (docs/benchmark.md). Only token ids cross back; the log-probs of TRL's loss are TRL's
 own forward pass, as on its own path.
@@ -15,14 +14,12 @@ own forward pass, as on its own path.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from noisy_student_assets.core.vllm_engine import VllmEngine, kv_cache_bytes, request_seed
 
 Sample = Callable[[list, Any], tuple[list[list[int]], list[list[int]]]]
 """Samples one completion for each of a step's prompts (each group's prompt repeated, as TRL's sampler gives them):
@@ -44,7 +41,7 @@ def rollout_output(prompt_ids: list[list[int]], completion_ids: list[list[int]])
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
 
-def policy_weights(model) -> list[tuple[str, Any]]:
+def policy_weights(model) -> dict[str, Any]:
     """`model`'s weights as its checkpoint names them, for an engine loaded from that checkpoint: under peft, each
     LoRA-adapted layer's merged weight (base plus the active adapter's delta), the only weights LoRA training
     changes; otherwise every parameter."""
@@ -52,30 +49,20 @@ def policy_weights(model) -> list[tuple[str, Any]]:
     from peft.tuners.lora import LoraLayer
 
     if not isinstance(model, PeftModel):
-        return [(name, parameter.detach()) for name, parameter in model.named_parameters()]
-    return [
-        (f"{name}.weight", (module.base_layer.weight + module.get_delta_weight(module.active_adapters[0])).detach())
+        return {name: parameter.detach() for name, parameter in model.named_parameters()}
+    return {
+        f"{name}.weight": (module.base_layer.weight + module.get_delta_weight(module.active_adapters[0])).detach()
         for name, module in model.get_base_model().named_modules()
         if isinstance(module, LoraLayer)
-    ]
-
-
-class PolicyWeightsLoader:
-    """vLLM worker extension (`LLM(worker_extension_cls=...)`): the worker's model loads the weights of a safetensors
-    file (vLLM's RPC is for control messages: its serializer turns a tensor argument into nested lists)."""
-
-    def load_policy_weights(self, path: str) -> None:
-        from safetensors.torch import load_file
-
-        self.model_runner.reload_weights(weights_iterator=load_file(path).items(), is_checkpoint_format=True)
+    }
 
 
 @dataclass
 class VllmRollouts:
-    """TRL's `rollout_func` sampling through a vLLM engine over `init_checkpoint`, started once, whose weights are the
-    policy's as it stands at each optimizer step (`policy_weights`). Each completion's request carries its own seed,
-    drawn from (`seed`, step, call, position), so that a resumed run samples what an uninterrupted one would. `close`
-    stops the engine."""
+    """TRL's `rollout_func` sampling through the project's vLLM engine (`VllmEngine`) over `init_checkpoint`, started
+    once, whose weights are the policy's as it stands at each optimizer step (`policy_weights`). Each completion's
+    request is seeded from (`seed`, step, call, position) (`request_seed`), so that a resumed run samples what an
+    uninterrupted one would. `close` stops the engine."""
 
     init_checkpoint: Path
     seed: int
@@ -83,8 +70,7 @@ class VllmRollouts:
     device: str = "cpu"
     extra_prompts: list = field(default_factory=list)
     """Prompts beside the training set's that the engine must fit (`greedy`'s: the validation check's)."""
-    _engine: Any = field(default=None, init=False, repr=False)
-    _weights_dir: Path | None = field(default=None, init=False, repr=False)
+    _engine: VllmEngine | None = field(default=None, init=False, repr=False)
     _loaded_step: int | None = field(default=None, init=False, repr=False)
     _calls_in_step: int = field(default=0, init=False, repr=False)
 
@@ -113,11 +99,11 @@ class VllmRollouts:
                 repetition_penalty=trainer.repetition_penalty,
                 max_tokens=trainer.max_completion_length,
                 stop_token_ids=list(trainer.eos_token_ids),
-                seed=_request_seed(self.seed, step, call, position),
+                seed=request_seed(self.seed, step, call, position),
             )
             for position in range(len(prompt_ids))
         ]
-        outputs = self._engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        outputs = self._engine.generate(prompt_ids, params)
         return prompt_ids, [list(output.outputs[0].token_ids) for output in outputs]
 
     def greedy(self, prompt_ids: list[list[int]], model, step: int, max_tokens: int, stop_token_ids: list[int]):
@@ -128,85 +114,39 @@ class VllmRollouts:
         if self._loaded_step != step:
             self.load_policy(model, step)
         params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=stop_token_ids)
-        outputs = self._engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
-        return [list(output.outputs[0].token_ids) for output in outputs]
+        return [list(output.outputs[0].token_ids) for output in self._engine.generate(prompt_ids, params)]
 
     def load_weights(self, trainer) -> None:
         """Load the trainer's current weights into the engine (`load_policy`)."""
         self.load_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step)
 
     def load_policy(self, model, step: int) -> None:
-        """Load `model`'s weights after optimizer step `step` into the engine, and drop the prompts' cached keys and
-        values, which the previous weights computed."""
+        """Load `model`'s weights after optimizer step `step` into the engine."""
         import torch
-        from safetensors.torch import save_file
 
         with torch.no_grad():
             weights = policy_weights(model)
-        path = self._weights_dir / "policy.safetensors"
-        save_file({name: weight.contiguous() for name, weight in weights}, str(path))
-        self._engine.collective_rpc("load_policy_weights", args=(str(path),))
-        path.unlink()
-        self._engine.reset_prefix_cache()
+        self._engine.load_weights(weights)
         self._loaded_step, self._calls_in_step = step, 0
 
     def close(self) -> None:
         """Stop the engine's processes now, freeing their memory and cores for what runs next."""
         if self._engine is not None:
-            self._engine.llm_engine.engine_core.shutdown()
+            self._engine.close()
             self._engine = None
-        if self._weights_dir is not None:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
-            self._weights_dir = None
 
-    def _start(self, trainer, sequences: int):
+    def _start(self, trainer, sequences: int) -> VllmEngine:
         """The engine, its KV cache (on CPU) sized to hold `sequences` sequences at once, a step's groups."""
-        from noisy_student_assets.core.sampling import VLLM_CPU_ENV_DEFAULTS, vllm_cpu_engine_args
-
-        on_cpu = self.device == "cpu"
-        if on_cpu:
-            for name, value in VLLM_CPU_ENV_DEFAULTS.items():
-                os.environ.setdefault(name, value)
-        from vllm import LLM
-
         prompts = list(trainer.train_dataset["prompt"]) + self.extra_prompts
         longest_prompt = max(len(ids) for ids in trainer._tokenize_prompts(prompts)[0])
         max_model_len = longest_prompt + trainer.max_completion_length
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="rollout-weights-"))
-        return LLM(
-            model=str(self.init_checkpoint),
-            dtype=self.dtype,
-            seed=self.seed,
+        return VllmEngine(
+            self.init_checkpoint,
             max_model_len=max_model_len,
-            worker_extension_cls=f"{__name__}.{PolicyWeightsLoader.__qualname__}",
-            **(
-                vllm_cpu_engine_args(
-                    max_model_len, kv_cache_bytes(trainer.model.config, self.dtype, sequences, max_model_len)
-                )
-                if on_cpu
-                # beside the trainer on its GPU: TRL's own share for a vLLM colocated with training
-                else {"gpu_memory_utilization": trainer.args.vllm_gpu_memory_utilization}
-            ),
+            seed=self.seed,
+            dtype=self.dtype,
+            device=self.device,
+            kv_cache_bytes=kv_cache_bytes(trainer.model.config, self.dtype, sequences, max_model_len),
+            # beside the trainer on its GPU: TRL's own share for a vLLM colocated with training
+            gpu_memory_utilization=trainer.args.vllm_gpu_memory_utilization,
         )
-
-
-KV_CACHE_BLOCK_TOKENS = 256
-"""The largest block of tokens a vLLM KV cache allocates on CPU: each sequence's room is rounded up to it."""
-
-
-def kv_cache_bytes(config, dtype: str, sequences: int, max_model_len: int) -> int:
-    """Bytes of KV cache that hold `sequences` sequences of `max_model_len` tokens at once for a model of `config`
-    (keys and values of every layer's key-value heads). A step's groups need this much, where vLLM's sampling
-    default of 2 GiB was 5 times that for SmolLM2's 16 completions of a step and cost a GRPO process its memory."""
-    import torch
-
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
-    per_token *= torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    blocks = -(-max_model_len // KV_CACHE_BLOCK_TOKENS)
-    return sequences * blocks * KV_CACHE_BLOCK_TOKENS * per_token
-
-
-def _request_seed(seed: int, step: int, call: int, position: int) -> int:
-    digest = hashlib.sha256(f"{seed}/{step}/{call}/{position}".encode()).digest()
-    return int.from_bytes(digest[:6], "big")

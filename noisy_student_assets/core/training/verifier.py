@@ -391,18 +391,18 @@ def build_verifier(
 
     Only the labeled problems' gold trains it; the validation problems' gold measures it. No unlabeled problem is
     read here."""
-    from noisy_student_assets.core.sampling import SampleShards, SamplingSettings, generate_samples_resumable
+    from noisy_student_assets.core.sampling import SampleShards, SamplingSettings, generate
 
     say = progress or (lambda _: None)
     problems = pl.concat([labeled, validation]).select("problem_id", "prompt", "gold_answer")
     decoding = SamplingSettings(
         n=settings.k, temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed
     )
-    generations, _ = generate_samples_resumable(
+    (generations,), _ = generate(
         teacher_dir,
         problems.select("problem_id", "prompt"),
-        decoding,
-        SampleShards(run.work_dir / "samples", run.set_aside),
+        [decoding],
+        shards=[SampleShards(run.work_dir / "samples", run.set_aside)],
         backend=settings.backend,
         progress=lambda done, total: say(f"verifier: sampled {done}/{total} problems"),
         **compute.generation_options(),

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import dagster as dg
 import polars as pl
@@ -38,7 +38,13 @@ from noisy_student_assets.core.reporting.eval_report import (
 )
 from noisy_student_assets.core.settings import Settings, StudentSettings, resolved
 from noisy_student_assets.core.training.base import GOLD, PSEUDO
-from noisy_student_assets.core.training.compute import TrainingCompute, read_compute, record_compute, training_recipe
+from noisy_student_assets.core.training.compute import (
+    CheckpointCompute,
+    TrainingCompute,
+    read_compute,
+    record_compute,
+    training_recipe,
+)
 from noisy_student_assets.core.training.modes.base import StudentData
 from noisy_student_assets.defs.assets.metadata import markdown_table, png_markdown
 from noisy_student_assets.defs.checks import eval_not_degenerate
@@ -58,6 +64,10 @@ from resources.compute import DEVICE_POOL
 from resources.data_lake import CONTENT_KEY_FILE, DataLake
 from resources.launchers.base import StageResult
 from resources.stage_resources import StageResources
+
+if TYPE_CHECKING:
+    from noisy_student_assets.core.evaluation import EvalResult
+    from noisy_student_assets.core.training.guards import OutputHealth
 
 RETRY_DELAY_S = environment.retry_delay_s()
 """Seconds before a failed heavy step's retry (`environment.RETRY_DELAY_S`)."""
@@ -503,6 +513,30 @@ def train_on_labeled(
     return train_checkpoint(current, init_dir=init_dir, data=data, settings=grpo_only)
 
 
+def _eval_metrics(
+    result: EvalResult,
+    health: OutputHealth,
+    recorded: CheckpointCompute,
+    deltas_against: dict[str, PublishedEval | None] | None,
+    extras: Callable[[dict[str, float], pl.DataFrame], ReportExtras] | None,
+) -> tuple[dict[str, float], dict[str, float], ReportExtras]:
+    """An evaluation's metrics (its scores', its outputs' health, the compute its checkpoint's lineage trained with,
+    the differences against `deltas_against`, the `extras`'), the differences alone, and the extras, which say why the
+    checkpoint's own training stopped where it recorded a reason."""
+    spent = recorded.total  # what the checkpoint's lineage trained with, for comparisons
+    metrics = (
+        dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
+    )
+    delta_metrics = deltas(
+        result.metrics, {name: found.metrics for name, found in (deltas_against or {}).items() if found}
+    )
+    metrics |= delta_metrics
+    added = extras(metrics, result.scores) if extras else ReportExtras()
+    if recorded.stopped:  # the checkpoint's own training: how many steps it took and why it ended there
+        added = replace(added, text="\n\n".join(filter(None, (added.text, f"Training stopped: {recorded.stopped}."))))
+    return metrics | added.metrics, delta_metrics, added
+
+
 def evaluate(
     current: StageRun,
     *,
@@ -535,19 +569,7 @@ def evaluate(
     staged, greedy, sampled = ran.output.staged, ran.output.greedy, ran.output.sampled
     result = scored(eval_problems, greedy, sampled, settings)
     health = output_health(result.greedy)
-    recorded = read_compute(checkpoint_dir)
-    spent = recorded.total  # what the checkpoint's lineage trained with, for comparisons
-    metrics = (
-        dict(result.metrics) | health.as_dict() | {f"compute/total_{k}": float(v) for k, v in spent.as_dict().items()}
-    )
-    delta_metrics = deltas(
-        result.metrics, {name: found.metrics for name, found in (deltas_against or {}).items() if found}
-    )
-    metrics |= delta_metrics
-    added = extras(metrics, result.scores) if extras else ReportExtras()
-    if recorded.stopped:  # the checkpoint's own training: how many steps it took and why it ended there
-        added = replace(added, text="\n\n".join(filter(None, (added.text, f"Training stopped: {recorded.stopped}."))))
-    metrics |= added.metrics
+    metrics, delta_metrics, added = _eval_metrics(result, health, read_compute(checkpoint_dir), deltas_against, extras)
     title = "/".join(context.asset_key.path) + (f" (arm {current.partition})" if current.partition else "")
     inline_report, _ = write_eval_artifact(
         staged,
