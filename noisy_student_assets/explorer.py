@@ -26,16 +26,17 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.grading import answers_equivalent
-from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
-from noisy_student_assets.core.reporting.inspection import (
+from noisy_student_assets.core.lake_reader import (
     BASE_MODEL_NAME,
-    CHECKPOINT_CONFIG,
     RoundLake,
-    absent_sources,
-    audit,
-    greedy_answers,
+    checkpoint_version,
     lake_checkpoints,
     lake_rounds,
+)
+from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
+from noisy_student_assets.core.reporting.inspection import (
+    absent_sources,
+    greedy_answers,
     linked_view,
     problem_record,
     sample_votes,
@@ -116,10 +117,6 @@ def _model(checkpoint: Path, version: int) -> PreTrainedModel:
         return _MODELS[key]
 
 
-def _version(path: Path) -> int:
-    return path.stat().st_mtime_ns
-
-
 def _readable(frame: pl.DataFrame) -> pl.DataFrame:
     """Booleans as ✓ / ✗, numbers to three places and a missing answer as a dash, for the eye."""
     return frame.with_columns(
@@ -145,7 +142,7 @@ class Explorer:
         return RoundLake(self.root, arm, int(number))
 
     def votes(self, round_lake: RoundLake) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, str]]:
-        return _round_votes(round_lake, _version(round_lake.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME))
+        return _round_votes(round_lake, round_lake.labels().version)
 
     def problems(self, round_lake: RoundLake) -> list[tuple[str, str]]:
         """The round's unlabeled problems as (its id, whether the arm's label was kept and is right by the hidden
@@ -165,11 +162,11 @@ class Explorer:
         ]
 
     def answer(self, checkpoint: Path, question: str) -> dict[str, str | None]:
-        return _answer(checkpoint, _version(checkpoint / CHECKPOINT_CONFIG), question, self.max_new_tokens)
+        return _answer(checkpoint, checkpoint_version(checkpoint), question, self.max_new_tokens)
 
     def asking(self, name: str, checkpoint: Path) -> str:
         """What the progress bar says while `checkpoint` answers: whether it is loaded first."""
-        loaded = (checkpoint, _version(checkpoint / CHECKPOINT_CONFIG)) in _MODELS
+        loaded = (checkpoint, checkpoint_version(checkpoint)) in _MODELS
         return f"Asking {name}" + ("" if loaded else " (loading it on CPU: once, then it is kept)")
 
     def problem_view(
@@ -179,7 +176,7 @@ class Explorer:
         the vote per answer and the samples."""
         votes, labels, _ = self.votes(round_lake)
         record = problem_record(round_lake, problem_id)
-        settings = round_lake.label_settings()
+        settings = round_lake.labels().settings
         by_source = labels.filter(pl.col("problem_id") == problem_id).drop("problem_id")
         chosen = by_source.filter("chosen").row(0, named=True)
         if chosen["kept"]:
@@ -224,7 +221,7 @@ class Explorer:
     def sources_note(self, round_lake: RoundLake) -> str:
         """Which label sources judged the round's samples, the arm's own named, and why any other is absent."""
         _, _, absent = self.votes(round_lake)
-        own = round_lake.label_settings().label_source
+        own = round_lake.labels().settings.label_source
         present = [f"{name} (the arm's)" if name == own else name for name in SOURCES if name not in absent]
         lines = [f"Label sources of this round: {', '.join(present)}."]
         lines += [f"- **{name}** is absent: {reason}." for name, reason in absent.items()]
@@ -232,7 +229,8 @@ class Explorer:
 
     def round_header(self, round_lake: RoundLake) -> str:
         """The round's vote settings and its audit's figures."""
-        settings, figures = round_lake.label_settings(), audit(round_lake)
+        labels = round_lake.labels()
+        settings, figures = labels.settings, labels.audit
         audited = ", ".join(
             f"{name} {getattr(figures, name):.3f}" for name in AUDIT_FIGURES if getattr(figures, name) is not None
         )
@@ -378,7 +376,7 @@ def build(explorer: Explorer) -> gr.Blocks:
             for index, role in enumerate(ANSWER_ROLES):
                 checkpoint = round_lake.checkpoint(role)
                 name = f"Round {round_number} {role}"
-                if (checkpoint / CHECKPOINT_CONFIG).is_file():
+                if checkpoint_version(checkpoint) is not None:
                     progress((index, len(ANSWER_ROLES)), desc=explorer.asking(name, checkpoint), unit="checkpoints")
                     texts.append(
                         _answer_text(name, explorer.answer(checkpoint, record["prompt"]), record["hidden_gold"])

@@ -1,8 +1,8 @@
 """`python -m noisy_student_assets.summary [--experiment experiments/<name>.yaml] [--lake DIR] [--export DIR]`: the
 run summary of the data lake (or of a results directory), of every experiment's arms or of one experiment's (see
 `noisy_student_assets.core.reporting.summary`); `--export` copies the summarized arms' results (evaluations, audits,
-a checkpoint's records but not its weights: `core.reporting.results`) into a directory that the summary reads as it
-reads a lake."""
+a checkpoint's records but not its weights: `core.lake_reader.export_results`) into a directory that the summary
+reads as it reads a lake."""
 
 import argparse
 from pathlib import Path

@@ -53,6 +53,7 @@ import polars as pl
 from IPython.display import Image, display
 
 from noisy_student_assets.core import grading
+from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import ComputeSettings, StudentSettings
 from noisy_student_assets.core.training.base import TrainingRun
@@ -63,7 +64,7 @@ from noisy_student_assets.core.training.student import training_set
 
 pl.Config.set_fmt_str_lengths(120)
 pl.Config.set_tbl_rows(40)
-labeled = pl.read_parquet(layout.artifact_dir(LAKE, layout.LABELED_PROBLEMS, ARM) / layout.TABLE_FILE_NAME)
+labeled = ArmLake(LAKE, ARM).table(layout.LABELED_PROBLEMS)
 labeled.head(GRPO.prompts_per_step)
 
 # %% [markdown]
@@ -119,7 +120,7 @@ dataset = training_set(StudentSettings(grpo=GRPO), StudentData(labeled=labeled.h
 with tempfile.TemporaryDirectory() as scratch:
     work_dir = Path(scratch) / "work"
     result = train_grpo(
-        layout.artifact_dir(LAKE, layout.BASE_MODEL, ARM),
+        ArmLake(LAKE, ARM).artifact_dir(layout.BASE_MODEL),
         dataset,
         GRPO,
         Path(scratch) / "trained",

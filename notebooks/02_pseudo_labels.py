@@ -26,7 +26,7 @@
 
 # %% tags=["parameters"]
 from noisy_student_assets.core import environment, layout
-from noisy_student_assets.core.reporting.inspection import lake_rounds
+from noisy_student_assets.core.lake_reader import lake_rounds
 
 LAKE = layout.default_lake_root()  # NOISY_STUDENT_DATA_LAKE, which `make setup` writes to .env
 ARM = environment.inspected_arm(layout.DEFAULT_ARM)  # NOISY_STUDENT_ARM; `default` is the arm `make run` makes
@@ -37,12 +37,10 @@ PROBLEM_IDS: list[str] = []  # unlabeled problems to look at; empty: one of each
 import polars as pl
 from IPython.display import Image, Markdown, display
 
+from noisy_student_assets.core.lake_reader import RoundLake
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_BUCKETS_FILE, FRONTIER_FILE, SOURCES_FILE
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.inspection import (
-    RoundLake,
-    audit,
     problem_record,
     sample_votes,
     source_labels,
@@ -52,8 +50,8 @@ from noisy_student_assets.core.reporting.inspection import (
 pl.Config.set_fmt_str_lengths(100)
 pl.Config.set_tbl_rows(40)
 round_lake = RoundLake(LAKE, ARM, ROUND)
-labels_dir = round_lake.artifact(layout.PSEUDO_LABELS)
-pseudo_labels, settings, audited = round_lake.pseudo_labels(), round_lake.label_settings(), audit(round_lake)
+labels = round_lake.labels()
+pseudo_labels, settings, audited = labels.table(), labels.settings, labels.audit
 display(
     Markdown(
         f"Arm `{ARM}`, round {ROUND}: label source `{settings.label_source}`, tau {settings.tau:g}, "
@@ -81,9 +79,8 @@ display(
 # Is agreement a good confidence? The label accuracy (against the hidden gold) of each agreement bucket:
 
 # %%
-buckets = pl.read_json(labels_dir / AUDIT_BUCKETS_FILE)
-display(Image(plots.label_accuracy_vs_agreement(buckets)))
-buckets
+display(Image(plots.label_accuracy_vs_agreement(labels.buckets)))
+labels.buckets
 
 # %% [markdown]
 # ## The label-quality frontier, per label source
@@ -94,9 +91,8 @@ buckets
 # is better than another where its line is higher at the same coverage.
 
 # %% tags=["main_figure"]
-frontier, sources = pl.read_json(labels_dir / FRONTIER_FILE), pl.read_json(labels_dir / SOURCES_FILE)
-display(Image(plots.label_frontier(frontier, sources, ORACLE)))
-sources
+display(Image(plots.label_frontier(labels.frontier, labels.sources, ORACLE)))
+labels.sources
 
 # %% [markdown]
 # ## A few problems, sample by sample

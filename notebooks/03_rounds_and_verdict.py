@@ -28,7 +28,7 @@
 
 # %% tags=["parameters"]
 from noisy_student_assets.core import environment, layout
-from noisy_student_assets.core.reporting.inspection import lake_rounds
+from noisy_student_assets.core.lake_reader import lake_rounds
 
 LAKE = layout.default_lake_root()  # NOISY_STUDENT_DATA_LAKE, which `make setup` writes to .env
 ARM = environment.inspected_arm(layout.DEFAULT_ARM)  # NOISY_STUDENT_ARM; `default` is the arm `make run` makes
@@ -39,11 +39,12 @@ import polars as pl
 from IPython.display import Image, Markdown, display
 
 from noisy_student_assets.core.experiments.directory import default_experiments_dir
+from noisy_student_assets.core.lake_reader import RoundLake
 from noisy_student_assets.core.reporting import plots
-from noisy_student_assets.core.reporting.inspection import RoundLake, flipped_problems, side_by_side, teacher_evaluation
+from noisy_student_assets.core.reporting.inspection import flipped_problems, side_by_side
 from noisy_student_assets.core.reporting.summary import accuracy_pivot, collect, lake_arms
 from noisy_student_assets.core.reporting.verdict import paired_difference, paired_scores
-from noisy_student_assets.core.training.compute import compute_comparison, read_compute, recipe_mismatches
+from noisy_student_assets.core.training.compute import compute_comparison, recipe_mismatches
 
 pl.Config.set_fmt_str_lengths(100)
 pl.Config.set_tbl_rows(40)
@@ -72,7 +73,7 @@ accuracy_pivot(results.accuracy)
 against_teacher = []
 for number in range(1, ROUND + 1):
     round_lake = RoundLake(LAKE, ARM, number)
-    student, teacher = round_lake.evaluation(layout.STUDENT_ROLE), teacher_evaluation(round_lake)
+    student, teacher = round_lake.evaluation(layout.STUDENT_ROLE), round_lake.teacher_evaluation()
     if student and teacher:
         difference = paired_difference(
             *paired_scores([(student.scores, teacher.scores)]),
@@ -106,9 +107,7 @@ results.flips
 
 # %%
 round_lake = RoundLake(LAKE, ARM, ROUND)
-eval_problems = pl.read_parquet(layout.artifact_dir(LAKE, layout.EVAL_PROBLEMS, ARM) / layout.TABLE_FILE_NAME).select(
-    "problem_id", "prompt", "gold_answer"
-)
+eval_problems = round_lake.arm_lake.table(layout.EVAL_PROBLEMS).select("problem_id", "prompt", "gold_answer")
 flipped_problems(round_lake).join(eval_problems, on="problem_id").select(
     "flip", "prompt", "gold_answer", "teacher/answer", "student/answer", pl.col("student/completion").str.slice(0, 80)
 ).sort("flip")
@@ -131,8 +130,9 @@ versus.filter(pl.col("student/correct") != pl.col("labeled_only/correct")).selec
 # optimizer steps, prompts and completions, trained the same way (the recipe); generated tokens differ by nature.
 
 # %%
-roles = [role for role in (layout.STUDENT_ROLE, *layout.CONTROLS) if round_lake.checkpoint(role).exists()]
-spent = {role: read_compute(round_lake.checkpoint(role)) for role in roles}
+trained = {role: round_lake.trained(role) for role in (layout.STUDENT_ROLE, *layout.CONTROLS)}
+spent = {role: checkpoint.compute for role, checkpoint in trained.items() if checkpoint is not None}
+roles = list(spent)
 pl.DataFrame(
     [
         {"checkpoint": role, "compute": part, **getattr(spent[role], part).as_dict()}

@@ -479,9 +479,9 @@ class Grid:
 
     def record_hours(self, arms: list) -> None:
         """Record in the lake, per arm of `arms`, the hours this experiment's finished grid runs of it took in the
-        Dagster instance (`power.ArmHours`): what `power` reads as the cost of a seed. A lake shared by another
+        Dagster instance (`lake_reader.ArmHours`): what `power` reads as the cost of a seed. A lake shared by another
         instance gets that instance's count."""
-        from noisy_student_assets.core.reporting.power import ArmHours, record_arm_hours
+        from noisy_student_assets.core.lake_reader import ArmHours, ArmLake
 
         finished = self.instance.get_run_records(
             self.dg.RunsFilter(
@@ -497,7 +497,7 @@ class Grid:
                 seconds.setdefault(arm, []).append(record.end_time - record.start_time)
         for arm, spans in seconds.items():
             spent = ArmHours(experiment=self.experiment.name, hours=sum(spans) / 3600, runs=len(spans))
-            record_arm_hours(layout.default_lake_root(), arm, spent)
+            ArmLake(layout.default_lake_root(), arm).record_grid_hours(spent)
 
     def _fail_orphaned_runs(self) -> None:
         """Runs of this experiment's grid still marked started belong to a grid process that was killed:

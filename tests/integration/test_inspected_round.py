@@ -9,14 +9,12 @@ import shutil
 import polars as pl
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.lake_reader import RoundLake, lake_rounds
 from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
 from noisy_student_assets.core.reporting.inspection import (
     WEIGHT_PREFIX,
-    RoundLake,
     absent_sources,
-    audit,
     greedy_answers,
-    lake_rounds,
     problem_record,
     sample_votes,
     side_by_side,
@@ -31,25 +29,25 @@ from tests.tiny_configs import TINY_EVAL
 def test_the_inspected_round_is_the_published_one(inspected_lake) -> None:
     assert lake_rounds(inspected_lake).rows() == [(INSPECTED_ARM, 1)]
     round_lake = RoundLake(inspected_lake, INSPECTED_ARM, 1)
-    published = round_lake.pseudo_labels()
+    published = round_lake.labels().table()
 
     votes = sample_votes(round_lake)
     assert votes.height == round_lake.generations().height
     assert [column for column in votes.columns if column.startswith(WEIGHT_PREFIX)] == [
         WEIGHT_PREFIX + name for name in SOURCES
     ]
-    assert votes["correct"].mean() == audit(round_lake).teacher_pass_at_1, (
+    assert votes["correct"].mean() == round_lake.labels().audit.teacher_pass_at_1, (
         "the samples are graded as the audit graded them"
     )
 
     labels = source_labels(round_lake)
     assert set(labels["source"]) == set(SOURCES)
     chosen = labels.filter("chosen")
-    assert set(chosen["source"]) == {round_lake.label_settings().label_source}
+    assert set(chosen["source"]) == {round_lake.labels().settings.label_source}
     assert chosen.select("problem_id", "pseudo_label", "kept").equals(
         published.select("problem_id", "pseudo_label", "kept")
     )
-    assert chosen.filter("kept")["label_correct"].mean() == audit(round_lake).kept_label_accuracy
+    assert chosen.filter("kept")["label_correct"].mean() == round_lake.labels().audit.kept_label_accuracy
 
     problem_id = published["problem_id"][0]
     summary = vote_summary(votes, problem_id)
@@ -92,8 +90,8 @@ def test_a_source_the_round_cannot_judge_is_said_absent_with_why(inspected_lake,
     root = tmp_path / "lake"
     shutil.copytree(inspected_lake, root, ignore=shutil.ignore_patterns("*.safetensors"))
     round_lake = RoundLake(root, INSPECTED_ARM, 1)
-    shutil.rmtree(round_lake.artifact(layout.VERIFIER_SCORES))
+    shutil.rmtree(round_lake.arm_lake.artifact_dir(layout.round_asset(1, layout.VERIFIER_SCORES)))
     absent = absent_sources(round_lake)
     assert list(absent) == ["verifier"]
-    own = round_lake.label_settings().label_source
+    own = round_lake.labels().settings.label_source
     assert absent["verifier"].startswith(f"this arm's label source, {own}, reads no verifier")

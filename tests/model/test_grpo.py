@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+from noisy_student_assets.core.lake_reader import TrainedCheckpoint
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import GRPOSettings
 from noisy_student_assets.core.training import grpo
 from noisy_student_assets.core.training.base import TrainerSetup, TrainingRun
-from noisy_student_assets.core.training.grpo import build_training_dataset, logged_completions, step_rewards, train_grpo
+from noisy_student_assets.core.training.grpo import build_training_dataset, logged_completions, train_grpo
 from tests.training_data import SYSTEM_PROMPT, TINY_RUN, labeled_frame, pseudo_frame
 
 
@@ -57,7 +58,9 @@ def test_lora_run_reports_rewards_and_counts(lora_run):
     assert result.metrics["steps"] == 2 and result.metrics["resumed_from_step"] == 0
     assert 0.0 <= result.metrics["answer_reward_last_quarter"] <= 1.0
     # the checkpoint keeps the steps' rewards, which the headroom table reads for the reward's saturation
-    assert step_rewards(result.checkpoint_dir) == [entry["rewards/answer_reward/mean"] for entry in step_logs]
+    assert TrainedCheckpoint(result.checkpoint_dir).step_rewards == [
+        entry["rewards/answer_reward/mean"] for entry in step_logs
+    ]
 
 
 def test_resume_continues_from_the_latest_checkpoint(lora_run, sevens_model_dir: Path, training_set, tmp_path: Path):
@@ -132,7 +135,7 @@ def test_a_run_with_a_stopping_rule_stops_once_its_reward_s_mean_reaches_it(
     settings = TINY_RUN.model_copy(update=dict(max_steps=5, stop_reward=0.0, stop_window=2, save_steps=0))
     result = train_grpo(sevens_model_dir, training_set, settings, tmp_path / "merged", TrainingRun(tmp_path / "work"))
     assert result.metrics["steps"] == 2
-    assert len(step_rewards(result.checkpoint_dir)) == 2
+    assert len(TrainedCheckpoint(result.checkpoint_dir).step_rewards) == 2
     assert grpo.stop_reason(result.log_history, settings, 2) == (
         "labels learned: the answer reward's 2-step mean reached 0.0 at step 2 of at most 5"
     )

@@ -18,8 +18,9 @@ import pytest
 from playwright.sync_api import expect
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.lake_reader import BASE_MODEL_NAME, RoundLake
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.core.reporting.inspection import BASE_MODEL_NAME, RoundLake, explorer_link, source_labels
+from noisy_student_assets.core.reporting.inspection import explorer_link, source_labels
 from noisy_student_assets.core.sampling import load_transformers_model
 from tests.cli import DagsterCli, free_port, wait_until_serving
 from tests.conftest import INSPECTED_ARM
@@ -45,7 +46,7 @@ def explored_lake(inspected_lake: Path, tmp_path_factory: pytest.TempPathFactory
     shutil.copytree(inspected_lake, root)
     round_lake = RoundLake(root, INSPECTED_ARM, 1)
     second = round_lake.unlabeled_problems()["problem_id"][1]
-    path = round_lake.artifact(layout.GENERATIONS) / layout.TABLE_FILE_NAME
+    path = round_lake.arm_lake.artifact_dir(layout.round_asset(1, layout.GENERATIONS)) / layout.TABLE_FILE_NAME
     generations = pl.read_parquet(path)
     long = pl.when(pl.col("problem_id") == second).then(pl.col("completion") + LONG_REASONING)
     generations.with_columns(long.otherwise(pl.col("completion")).alias("completion")).write_parquet(path)

@@ -1,5 +1,5 @@
-"""What the explorer offers of a lake (`core.reporting.inspection`): every checkpoint the lake holds and nothing half
-written, and links to a round's view that open on the view they name."""
+"""What the explorer offers of a lake (`core.lake_reader`, `core.reporting.inspection`): every checkpoint the lake
+holds and nothing half written, and links to a round's view that open on the view they name."""
 
 from __future__ import annotations
 
@@ -7,12 +7,8 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from noisy_student_assets.core import environment, layout
-from noisy_student_assets.core.reporting.inspection import (
-    CHECKPOINT_CONFIG,
-    explorer_link,
-    lake_checkpoints,
-    linked_view,
-)
+from noisy_student_assets.core.lake_reader import CHECKPOINT_CONFIG, lake_checkpoints
+from noisy_student_assets.core.reporting.inspection import explorer_link, linked_view
 
 
 def _checkpoint(directory: Path) -> None:

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 
 from noisy_student_assets.core.experiments.arms import load_experiment
+from noisy_student_assets.core.reporting import findings as findings_module
 from noisy_student_assets.core.reporting.findings import (
     BEGIN,
     END,
-    PASSES_PEERS,
-    PASSES_STUDENTS,
     findings,
     findings_block,
     findings_markdown,
@@ -20,6 +19,8 @@ from noisy_student_assets.core.reporting.findings import (
 from noisy_student_assets.core.reporting.summary import collect
 from noisy_student_assets.core.reporting.verdict import PILOT
 from noisy_student_assets.findings import PAGES, REPO
+
+PASSES_STUDENTS, PASSES_PEERS = "passes_label_sources.yaml", "passes_peers.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,11 @@ def test_writing_replaces_only_the_table_between_the_markers() -> None:
     written = with_findings(page, table)
 
     assert written == f"intro\n{table}\nlater\n" and with_findings(written, table) == written
+
+
+def test_the_findings_code_names_no_experiment_the_experiment_files_declare_the_questions() -> None:
+    source = Path(findings_module.__file__).read_text()
+    assert ".yaml" not in source, "the findings code names an experiment file"
+    asked = {name: load_experiment(REPO / "experiments" / f"{name}.yaml").findings for name in ("headroom", "passes")}
+    assert [question.ask for question in asked["headroom"]] == ["data_headroom", "students"]
+    assert asked["passes"][0].labeled_only_passes

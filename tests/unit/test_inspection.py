@@ -10,15 +10,10 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.lake_reader import RoundLake
 from noisy_student_assets.core.reporting import test_time
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
-from noisy_student_assets.core.reporting.inspection import (
-    RIGHT_TO_WRONG,
-    WRONG_TO_RIGHT,
-    RoundLake,
-    flipped_problems,
-    teacher_evaluation,
-)
+from noisy_student_assets.core.reporting.inspection import RIGHT_TO_WRONG, WRONG_TO_RIGHT, flipped_problems
 
 ARM = "a"
 GREEDY_CORRECT = {  # per evaluation, each problem's greedy answer is right or not (None: ungraded)
@@ -54,7 +49,7 @@ def lake(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("number", [1, 2])
 def test_the_flips_are_those_the_report_counts_against_the_round_s_teacher(lake: Path, number: int) -> None:
     round_lake = RoundLake(lake, ARM, number)
-    teacher = teacher_evaluation(round_lake)
+    teacher = round_lake.teacher_evaluation()
     expected_teacher = layout.LABELED_RL_EVAL if number == 1 else layout.round_asset(1, layout.EVAL_REPORT)
     assert teacher.directory == layout.artifact_dir(lake, expected_teacher, ARM)
 

@@ -8,13 +8,12 @@ import polars as pl
 import pytest
 
 from noisy_student_assets.core.environment import EXPERIMENTS
+from noisy_student_assets.core.lake_reader import ArmHours, ArmLake
 from noisy_student_assets.core.reporting.power import (
     MOST_SEEDS,
     PILOT_SEEDS,
-    ArmHours,
     arm_hours,
     power_table,
-    record_arm_hours,
     seeds_needed,
 )
 from noisy_student_assets.core.reporting.verdict import crossed_errors, crossed_interval, widest_interval
@@ -77,14 +76,14 @@ def test_grid_power_without_a_pilot_says_how_many_seeds_it_needs(tmp_path, monke
 def test_grid_power_reads_the_cost_of_a_seed_the_grid_recorded_in_a_results_directory(
     tmp_path, monkeypatch, capsys
 ) -> None:
-    """The hours per seed travel with the seeds: what the grid recorded per arm (`record_arm_hours`) is in a results
+    """The hours per seed travel with the seeds: what the grid recorded per arm (`record_grid_hours`) is in a results
     directory, and power prints the seeds to add and their hours from it, with no Dagster instance that ran them."""
-    from noisy_student_assets.core.reporting.results import export_results
+    from noisy_student_assets.core.lake_reader import export_results
 
     lake = _task_seeds(tmp_path / "lake", "two-digit-sums", gold_gain=0.1)
     arms = [arm for arm in ARMS if arm.spec.task == "two-digit-sums"]
     for arm, hours in zip(arms, (0.5, 1.0, 1.5), strict=True):
-        record_arm_hours(lake, arm.name, ArmHours(experiment="headroom", hours=hours, runs=2))
+        ArmLake(lake, arm.name).record_grid_hours(ArmHours(experiment="headroom", hours=hours, runs=2))
     results = tmp_path / "results"
     export_results(lake, [arm.name for arm in ARMS], results)
     assert arm_hours(results, ARMS) == [0.5, 1.0, 1.5]

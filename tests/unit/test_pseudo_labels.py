@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from noisy_student_assets.core.lake_reader import RoundLabels
 from noisy_student_assets.core.pseudo_labels.labels import (
     AUDIT_FILE,
     PSEUDO_LABEL_SCHEMA,
@@ -16,7 +17,6 @@ from noisy_student_assets.core.pseudo_labels.labels import (
     audit_pseudo_labels,
     label_floor_failure,
     pseudo_label,
-    read_label_settings,
     vote_pseudo_labels,
 )
 from noisy_student_assets.core.settings import PseudoLabelSettings
@@ -119,7 +119,7 @@ def test_the_audit_and_the_settings_read_back_as_the_stage_wrote_them(tmp_path: 
     assert {name: getattr(audit, name) for name in voted.stats} == voted.stats
     assert audit.verifier == {"validation_auroc": 0.75}, "the verifier's measures, flat in the file, read as its own"
     assert json.loads((tmp_path / AUDIT_FILE).read_text())["verifier_validation_auroc"] == 0.75
-    assert read_label_settings(tmp_path) == settings
+    assert RoundLabels.read(tmp_path, "round 1's labels").settings == settings
 
 
 def test_an_audit_published_before_the_newer_figures_reads_with_them_as_none() -> None:
@@ -159,6 +159,9 @@ def test_an_audit_whose_keys_changed_is_refused_where_it_is_read_naming_its_file
 
 
 def test_settings_with_a_renamed_key_are_refused_naming_their_file(tmp_path: Path) -> None:
+    (tmp_path / AUDIT_FILE).write_text(FIRST_AUDIT)
     (tmp_path / SETTINGS_FILE).write_text(json.dumps({"threshold": 0.5}))
-    with pytest.raises(ValueError, match=rf"(?s){re.escape(str(tmp_path / SETTINGS_FILE))}.*threshold"):
-        read_label_settings(tmp_path)
+    labels = RoundLabels.read(tmp_path, "round 1's labels")
+    refused = rf"(?s){SETTINGS_FILE} of round 1's labels is not a PseudoLabelSettings.*threshold"
+    with pytest.raises(ValueError, match=refused):
+        _ = labels.settings

@@ -418,7 +418,7 @@ def test_a_results_directory_summarizes_as_its_lake_does(lake: Path, tmp_path: P
     """`summary --export` keeps the evaluations and audits, a checkpoint's compute and training log but not its weights,
     and no completions, in the lake's layout: the summary of the copy is the lake's, and seeds exported at different
     times pool in one directory."""
-    from noisy_student_assets.core.reporting.results import export_results
+    from noisy_student_assets.core.lake_reader import export_results
 
     checkpoint = layout.artifact_dir(lake, layout.round_asset(1, layout.STUDENT), ARMS[0].name)
     checkpoint.mkdir(parents=True)

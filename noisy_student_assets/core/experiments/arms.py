@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
@@ -310,6 +311,33 @@ def _arm_spec_class() -> type[_ArmSpec]:
 ArmSpec = _arm_spec_class()
 
 
+FINDING_ASKS = ("data_headroom", "students", "label_sources")
+"""What a findings question asks of an experiment's results (`reporting.findings`): the gold-label control minus the
+labeled-only one per task and regime; each arm group's student minus its labeled-only control at the last round; each
+label source's kept-label accuracy minus the head count's."""
+
+
+class FindingQuestion(BaseModel):
+    """A question the findings table asks of an experiment's committed results."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ask: Literal[FINDING_ASKS]
+    rank: int = Field(description="where its rows stand in the findings table, all experiments' questions ascending")
+    group: str = Field(
+        default="{task}",
+        description="students: how a question names a group's task and regime, from its arm's fields ('{task}')",
+    )
+    labeled_only_passes: bool = Field(
+        default=False, description="data_headroom: say how many passes over its labels the labeled-only control made"
+    )
+    command: str | None = Field(
+        default=None,
+        description="what prints the figures (default: the summary's, or for data_headroom the headroom table's, of "
+        "this experiment, from results/)",
+    )
+
+
 class Experiment(BaseModel):
     """One experiment file."""
 
@@ -341,6 +369,9 @@ class Experiment(BaseModel):
         gt=0,
         description="the accuracy difference below which a verdict may read 'no effect larger than' it, named before "
         "the run (null: a verdict that takes no side is inconclusive; `verdict.outcome_of`)",
+    )
+    findings: tuple[FindingQuestion, ...] = Field(
+        default=(), description="the questions the findings table asks of this experiment's committed results"
     )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]

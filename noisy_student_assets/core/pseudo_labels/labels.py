@@ -52,7 +52,7 @@ AUDIT_BUCKETS_FILE = "audit_by_agreement.json"
 FRONTIER_FILE, SOURCES_FILE = "frontier.json", "label_sources.json"
 """Beside the pseudo-labels table: `PseudoLabels.frontier` and `PseudoLabels.sources`."""
 SETTINGS_FILE = "settings.json"
-"""Beside the pseudo-labels table: the `PseudoLabelSettings` the vote ran with (`read_label_settings`)."""
+"""Beside the pseudo-labels table: the `PseudoLabelSettings` the vote ran with (`lake_reader.RoundLabels.settings`)."""
 VERIFIER_PREFIX = "verifier_"
 """In `AUDIT_FILE`, the verifier's measures beside the audit's figures: `verifier_validation_auroc`."""
 
@@ -269,11 +269,6 @@ class PublishedAudit(BaseModel):
             else:
                 flat[name] = value
         return flat
-
-
-def read_label_settings(labels_dir: Path) -> PseudoLabelSettings:
-    """The settings a round's vote ran with, published in its pseudo-labels artifact directory."""
-    return read_sidecar(PseudoLabelSettings, labels_dir / SETTINGS_FILE)
 
 
 @dataclass(frozen=True)

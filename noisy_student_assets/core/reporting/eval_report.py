@@ -57,6 +57,11 @@ class PublishedEval:
         """A table the report published (`ReportExtras.tables`), by its section title."""
         return pl.read_parquet(self.directory / f"{metadata_key(title)}.parquet")
 
+    def optional_table(self, title: str) -> pl.DataFrame | None:
+        """`table`, or None where this report has no such table (a round that is not test-time has no yardstick)."""
+        path = self.directory / f"{metadata_key(title)}.parquet"
+        return pl.read_parquet(path) if path.exists() else None
+
     def completions(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """The greedy and sampled completions it generated."""
         return pl.read_parquet(self.directory / GREEDY_FILE), pl.read_parquet(self.directory / SAMPLED_FILE)

@@ -3,27 +3,29 @@ the effect it could have missed (MDE at 80% power), its seeds, its verdict by th
 command that prints those figures. docs/results.md opens with it and the README's Results show it, both copied from
 `python -m noisy_student_assets.findings --write` (a test fails when either differs from what the command prints).
 
-The questions, all from `results/`:
-- data headroom, per task of the headroom experiment and per regime of the passes experiment (the labeled set's size
-  at many passes over it): gold labels minus the labels alone (`headroom.data_headroom`);
-- the majority-label student minus its labeled-only control, per task, at the headroom experiment's last round, and
-  each label source's student, and each peer's variant of the majority student (`passes_peers.yaml`: TTRL's reward,
-  TraPO's unlabeled share), minus its labeled-only control in the passes regime the students run in
-  (`passes_label_sources.yaml`), all by `summary`;
-- the label sources' direct effect on the label-source grid's task: each source's kept-label accuracy minus the head
-  count's at full coverage (`summary.sources_against`).
+The questions are the experiment files' (each file's `findings:`, `arms.FindingQuestion`), asked of
+`results/` in the order of their ranks:
+- `data_headroom`: gold labels minus the labels alone per task and regime (`headroom.data_headroom`);
+- `students`: each arm group's student minus its labeled-only control at the experiment's last round (`summary`);
+- `label_sources`: each label source's kept-label accuracy minus the head count's at full coverage
+  (`summary.sources_against`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from noisy_student_assets.core import layout
-from noisy_student_assets.core.experiments.arms import Arm, Experiment, load_experiment
+from noisy_student_assets.core.experiments.arms import (
+    EXPERIMENT_SUFFIX,
+    Arm,
+    Experiment,
+    FindingQuestion,
+    load_experiments,
+)
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.headroom import headroom_table, line_name
 from noisy_student_assets.core.reporting.markdown import with_block
@@ -31,9 +33,6 @@ from noisy_student_assets.core.reporting.summary import collect, group_label, so
 
 BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
 """The markers around the findings table in README.md and docs/results.md."""
-HEADROOM, PASSES, PASSES_STUDENTS = "headroom.yaml", "passes.yaml", "passes_label_sources.yaml"
-PASSES_PEERS = "passes_peers.yaml"
-LABEL_SOURCE_GRID = "label_source_grid.yaml"
 DIRECT_EFFECT_COVERAGE = "at 100%"
 LABEL_SOURCES = ("confidence", "verifier")
 
@@ -54,71 +53,83 @@ class Finding:
         return verdict.wording(self.outcome, self.mde) if self.mde is not None else self.outcome
 
 
-def _command(module: str, experiment: str | None = None) -> str:
+def _command(experiment: Experiment, question: FindingQuestion, module: str = "summary") -> str:
     return (
-        f"python -m noisy_student_assets.{module}"
-        + (f" --experiment experiments/{experiment}" if experiment else "")
-        + " --lake results"
+        question.command
+        or f"python -m noisy_student_assets.{module} --experiment experiments/{experiment.name}{EXPERIMENT_SUFFIX}"
+        " --lake results"
     )
 
 
 def findings(results: Path, experiments_dir: Path) -> list[Finding]:
-    """The findings of the results directory `results`, from the experiment files in `experiments_dir`."""
-    headroom_experiments = {name: load_experiment(experiments_dir / name) for name in (HEADROOM, PASSES)}
-    rows = [
+    """The findings of the results directory `results`: the questions the experiment files in `experiments_dir`
+    declare (`Experiment.findings`), in the order of their ranks."""
+    asked = sorted(
+        (
+            (question, experiment)
+            for experiment in load_experiments(experiments_dir).values()
+            for question in experiment.findings
+        ),
+        key=lambda pair: pair[0].rank,
+    )
+    answer = {"data_headroom": headroom_findings, "students": student_findings, "label_sources": source_findings}
+    return [
+        finding for question, experiment in asked for finding in answer[question.ask](results, experiment, question)
+    ]
+
+
+def headroom_findings(results: Path, experiment: Experiment, question: FindingQuestion) -> list[Finding]:
+    """Gold labels minus the labels alone (`headroom.data_headroom`) per task and regime of the experiment."""
+    return [
         Finding(
             f"Gold labels beat the labels alone (data headroom), {line_name(row['task'], row['regime'])}"
-            + (f" (labeled-only: {row['labeled_only_passes']:g} passes over its labels)" if name == PASSES else ""),
+            + (
+                f" (labeled-only: {row['labeled_only_passes']:g} passes over its labels)"
+                if question.labeled_only_passes
+                else ""
+            ),
             row["data_headroom"],
             row["data_headroom_low"],
             row["data_headroom_high"],
             row["data_headroom_mde"],
             row["data_headroom_seeds"],
             row["outcome"],
-            _command("headroom", None if name == HEADROOM else name),
+            _command(experiment, question, module="headroom"),
         )
-        for name, experiment in headroom_experiments.items()
         for row in headroom_table(results, experiment.all_arms()).iter_rows(named=True)
         if row["data_headroom"] is not None
     ]
-    rows += student_findings(results, headroom_experiments[HEADROOM], HEADROOM, lambda arm: arm.spec.task)
-    rows += [
-        row
-        for name in (PASSES_STUDENTS, PASSES_PEERS)
-        for row in student_findings(
-            results,
-            load_experiment(experiments_dir / name),
-            name,
-            lambda arm: f"{arm.spec.task} n_labeled={arm.spec.n_labeled}",
-        )
-    ]
-    grid = load_experiment(experiments_dir / LABEL_SOURCE_GRID)
-    collected = collect(results, grid.all_arms(), grid.max_rounds)
+
+
+def source_findings(results: Path, experiment: Experiment, question: FindingQuestion) -> list[Finding]:
+    """The label sources' direct effect on the experiment's task: each source's kept-label accuracy minus the head
+    count's with every problem labeled (`summary.sources_against`)."""
+    collected = collect(results, experiment.all_arms(), experiment.max_rounds)
     sources = sources_against(collected.sources, collected.curves, margins=collected.margins)
-    if sources.height:
-        task = grid.all_arms()[0].spec.task
-        sources = sources.filter(pl.col("coverage") == DIRECT_EFFECT_COVERAGE, pl.col("source").is_in(LABEL_SOURCES))
-        rows += [
-            Finding(
-                f"{row['source'].capitalize()} labels are right more often than the head count's, all problems "
-                f"labeled, {task}",
-                row["minus majority"],
-                row["low"],
-                row["high"],
-                row["mde"],
-                row["seeds"],
-                row["outcome"],
-                _command("summary", LABEL_SOURCE_GRID),
-            )
-            for row in sources.iter_rows(named=True)
-        ]
-    return rows
+    if not sources.height:
+        return []
+    task = experiment.all_arms()[0].spec.task
+    sources = sources.filter(pl.col("coverage") == DIRECT_EFFECT_COVERAGE, pl.col("source").is_in(LABEL_SOURCES))
+    return [
+        Finding(
+            f"{row['source'].capitalize()} labels are right more often than the head count's, all problems "
+            f"labeled, {task}",
+            row["minus majority"],
+            row["low"],
+            row["high"],
+            row["mde"],
+            row["seeds"],
+            row["outcome"],
+            _command(experiment, question),
+        )
+        for row in sources.iter_rows(named=True)
+    ]
 
 
-def student_findings(results: Path, experiment: Experiment, name: str, where: Callable[[Arm], str]) -> list[Finding]:
+def student_findings(results: Path, experiment: Experiment, question: FindingQuestion) -> list[Finding]:
     """Each arm group's student minus its labeled-only control over its seeds, at the experiment's last round, on
-    every held-out problem; `where` names the group's task (and regime) from one of its arms. The seeds whose
-    verifier failed `verifier_informative` have no student: the question names them."""
+    every held-out problem; `question.group` names the group's task (and regime) from one of its arms' fields. The
+    seeds whose verifier failed `verifier_informative` have no student: the question names them."""
     arm_of = {group_label(arm): arm for arm in experiment.all_arms()}
     collected = collect(results, experiment.all_arms(), experiment.max_rounds)
     differences = collected.differences
@@ -141,14 +152,16 @@ def student_findings(results: Path, experiment: Experiment, name: str, where: Ca
     return [
         Finding(
             f"The {arm_of[row['group']].label_source}-label student{_variant(arm_of[row['group']])} beats "
-            f"labeled-only (round {row['round']}), " + where(arm_of[row["group"]]) + unmeasured(row["group"]),
+            f"labeled-only (round {row['round']}), "
+            + question.group.format(**arm_of[row["group"]].spec.model_dump())
+            + unmeasured(row["group"]),
             row["estimate"],
             row["low"],
             row["high"],
             row["mde"],
             row["seeds"],
             row["outcome"],
-            _command("summary", name),
+            _command(experiment, question),
         )
         for row in last.iter_rows(named=True)
     ]

@@ -26,11 +26,11 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
 from noisy_student_assets.core.experiments.passes import LABELED_RL_RUN, arm_passes
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
+from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.reporting import verdict
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_evaluation
+from noisy_student_assets.core.reporting.eval_report import PublishedEval
 from noisy_student_assets.core.reporting.summary import group_label
-from noisy_student_assets.core.training.grpo import saturation_step, step_rewards
+from noisy_student_assets.core.training.grpo import saturation_step
 
 ROUND = 1
 
@@ -41,10 +41,7 @@ CONTROLS = (layout.LABELED_ONLY, layout.GOLD_LABEL)
 def control_evals(lake: Path, arms: list[Arm]) -> dict[str, dict[str, PublishedEval | None]]:
     """Per arm, its round's labeled-only and gold-label evaluations (None where not made yet)."""
     return {
-        arm.name: {
-            role: read_evaluation(lake, layout.round_asset(ROUND, layout.eval_of(role)), arm.name) for role in CONTROLS
-        }
-        for arm in arms
+        arm.name: {role: ArmLake(lake, arm.name).round_evaluation(ROUND, role) for role in CONTROLS} for arm in arms
     }
 
 
@@ -55,17 +52,14 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
     not, or its checkpoint logged no rewards)."""
     rows = []
     for arm in arms:
-        validation = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
-        labels_dir = layout.artifact_dir(lake, layout.round_asset(ROUND, layout.PSEUDO_LABELS), arm.name)
-        audit = PublishedAudit.read(labels_dir) if (labels_dir / AUDIT_FILE).exists() else None
+        arm_lake = ArmLake(lake, arm.name)
+        validation, labels = arm_lake.evaluation(layout.LABELED_RL_VALIDATION), arm_lake.labels(ROUND)
+        audit = labels.audit if labels else None
         controls = evals[arm.name]
         if validation is None and audit is None and not any(controls.values()):
             continue
-        rewards = step_rewards(
-            layout.artifact_dir(
-                lake, layout.round_asset(ROUND, layout.control_checkpoint(layout.LABELED_ONLY)), arm.name
-            )
-        )
+        control = arm_lake.checkpoint(layout.round_asset(ROUND, layout.control_checkpoint(layout.LABELED_ONLY)))
+        rewards = control.step_rewards if control else None
         rows.append(
             {
                 "arm": arm.name,

@@ -1,6 +1,6 @@
 """One arm's round as the lake holds it, for the people who inspect it (no Dagster here): the notebooks and the
-explorer read a round through `RoundLake` and the functions below, which call the pipeline's own vote, grader and
-sampler, so what they show is what the round computed.
+explorer read a round through `lake_reader.RoundLake` and the functions below, which call the pipeline's own vote,
+grader and sampler, so what they show is what the round computed.
 
     round_lake = RoundLake(layout.default_lake_root(), arm="default", number=1)
     votes = sample_votes(round_lake)    # each sample: its answer, right or not, its weight per label source
@@ -14,7 +14,6 @@ sampler, so what they show is what the round computed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
@@ -23,17 +22,11 @@ import polars as pl
 
 from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.grading import extract_answer
+from noisy_student_assets.core.lake_reader import RoundLake
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
-from noisy_student_assets.core.pseudo_labels.labels import (
-    PublishedAudit,
-    graded_samples,
-    read_label_settings,
-    source_votes,
-    with_label_correct,
-)
+from noisy_student_assets.core.pseudo_labels.labels import graded_samples, source_votes, with_label_correct
 from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, read_published_eval
-from noisy_student_assets.core.settings import PseudoLabelSettings
+from noisy_student_assets.core.reporting.eval_report import PublishedEval
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -41,9 +34,6 @@ if TYPE_CHECKING:
 WEIGHT_PREFIX = "weight/"
 """`sample_votes`' column of each label source's weight of a sample: `weight/majority`."""
 ROLES_SIDE_BY_SIDE = (layout.STUDENT_ROLE, layout.LABELED_ONLY)
-CHECKPOINT_CONFIG = "config.json"
-"""What every checkpoint directory holds once materialized (the checkpoint IO manager checks the same)."""
-BASE_MODEL_NAME = "base model"
 LINK_PARAMETERS = ("arm", "round", "problem")
 """The query parameters of an explorer link: the arm, the round and the problem it opens on."""
 TEACHER = "teacher"
@@ -51,63 +41,10 @@ WRONG_TO_RIGHT, RIGHT_TO_WRONG = "wrong_to_right", "right_to_wrong"
 """`flipped_problems`' flips, named as the eval report's flips table counts them."""
 
 
-@dataclass(frozen=True)
-class RoundLake:
-    """Round `number` of arm `arm` in the lake at `root`."""
-
-    root: Path
-    arm: str
-    number: int
-
-    def artifact(self, name: str) -> Path:
-        """A round asset's artifact directory (`generations`, `pseudo_labels`, `student_checkpoint`, ...)."""
-        return layout.artifact_dir(self.root, layout.round_asset(self.number, name), self.arm)
-
-    def generations(self) -> pl.DataFrame:
-        return pl.read_parquet(self.artifact(layout.GENERATIONS) / layout.TABLE_FILE_NAME)
-
-    def unlabeled_problems(self) -> pl.DataFrame:
-        """The arm's unlabeled problems, with their hidden gold (the audit's, never the vote's)."""
-        return pl.read_parquet(
-            layout.artifact_dir(self.root, layout.UNLABELED_PROBLEMS, self.arm) / layout.TABLE_FILE_NAME
-        )
-
-    def pseudo_labels(self) -> pl.DataFrame:
-        return pl.read_parquet(self.artifact(layout.PSEUDO_LABELS) / layout.TABLE_FILE_NAME)
-
-    def label_settings(self) -> PseudoLabelSettings:
-        """The settings the round's vote ran with (published beside its table)."""
-        return read_label_settings(self.artifact(layout.PSEUDO_LABELS))
-
-    def verifier_scores(self) -> pl.DataFrame | None:
-        """The verifier's score of each sample, where the arm materialized them."""
-        path = self.artifact(layout.VERIFIER_SCORES) / layout.TABLE_FILE_NAME
-        return pl.read_parquet(path) if path.exists() else None
-
-    def checkpoint(self, role: str) -> Path:
-        """The checkpoint directory of the round's student or of one of its controls (`layout.CONTROLS`)."""
-        return self.artifact(layout.checkpoint_of(role))
-
-    def evaluation(self, role: str) -> PublishedEval | None:
-        """The held-out evaluation of the round's student (its eval report) or of a control, if published."""
-        return read_published_eval(self.artifact(layout.eval_of(role)))
-
-
-def lake_rounds(root: Path) -> pl.DataFrame:
-    """The (arm, round) pairs whose pseudo-labels the lake holds, in order."""
-    rows = [
-        {"arm": arm_dir.name, "round": layout.round_number(round_dir.name)}
-        for round_dir in sorted(root.glob(f"{layout.ROUND_PREFIX}*"))
-        for arm_dir in sorted((round_dir / layout.PSEUDO_LABELS).glob("*"))
-        if (arm_dir / layout.TABLE_FILE_NAME).exists()
-    ]
-    return pl.DataFrame(rows, schema={"arm": pl.Utf8, "round": pl.Int64}).sort("arm", "round")
-
-
 def sample_votes(round_lake: RoundLake) -> pl.DataFrame:
     """Each of the round's samples: its completion and answer, whether the answer matches the hidden gold
     (`correct`), and the weight each label source that can judge it gives it in the vote (`weight/<source>`)."""
-    generations, settings, scores = round_lake.generations(), round_lake.label_settings(), round_lake.verifier_scores()
+    generations, settings, scores = round_lake.generations(), round_lake.labels().settings, round_lake.verifier_scores()
     columns = generations.select("problem_id", "sample_index", "completion", "answer", "mean_logprob", "finish_reason")
     samples = graded_samples(columns, round_lake.unlabeled_problems())
     for name, source in SOURCES.items():
@@ -122,7 +59,7 @@ def sample_votes(round_lake: RoundLake) -> pl.DataFrame:
 def absent_sources(round_lake: RoundLake) -> dict[str, str]:
     """The label sources that cannot judge the round's samples, each with why: a verifier that the arm's own source
     does not read was never trained for it; otherwise the source's own reason (`missing_input`)."""
-    generations, scores, settings = round_lake.generations(), round_lake.verifier_scores(), round_lake.label_settings()
+    generations, scores, settings = round_lake.generations(), round_lake.verifier_scores(), round_lake.labels().settings
     absent = {}
     for name, source in SOURCES.items():
         if reason := source.missing_input(generations, scores):
@@ -139,7 +76,7 @@ def source_labels(round_lake: RoundLake) -> pl.DataFrame:
     """Each unlabeled problem under each label source that can judge its samples: the label it picks, its agreement,
     whether it is kept at the round's tau, and whether it matches the hidden gold (`label_correct`); `chosen` marks
     the arm's own source, whose labels trained the student."""
-    settings, unlabeled = round_lake.label_settings(), round_lake.unlabeled_problems()
+    settings, unlabeled = round_lake.labels().settings, round_lake.unlabeled_problems()
     gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
     votes = source_votes(round_lake.generations(), unlabeled, settings, round_lake.verifier_scores())
     columns = ("problem_id", "pseudo_label", "agreement", "kept", "label_correct")
@@ -177,17 +114,10 @@ def _greedy_answers_of(evaluation: PublishedEval, name: str) -> pl.DataFrame:
     ).join(evaluation.scores.select("problem_id", pl.col("greedy_correct").alias(f"{name}/correct")), on="problem_id")
 
 
-def teacher_evaluation(round_lake: RoundLake) -> PublishedEval | None:
-    """The held-out evaluation of the round's teacher: labeled RL's in round 1, the previous round's student's after."""
-    if round_lake.number == 1:
-        return read_published_eval(layout.artifact_dir(round_lake.root, layout.LABELED_RL_EVAL, round_lake.arm))
-    return replace(round_lake, number=round_lake.number - 1).evaluation(layout.STUDENT_ROLE)
-
-
 def flipped_problems(round_lake: RoundLake) -> pl.DataFrame:
     """The held-out problems whose greedy answer flipped between the round's teacher and its student (the flips its
     eval report counts): `flip` is `wrong_to_right` or `right_to_wrong`, beside both answers and completions."""
-    teacher, student = teacher_evaluation(round_lake), round_lake.evaluation(layout.STUDENT_ROLE)
+    teacher, student = round_lake.teacher_evaluation(), round_lake.evaluation(layout.STUDENT_ROLE)
     paired = _greedy_answers_of(teacher, TEACHER).join(
         _greedy_answers_of(student, layout.STUDENT_ROLE), on="problem_id"
     )
@@ -245,26 +175,6 @@ def problem_record(round_lake: RoundLake, problem_id: str) -> dict:
     """An unlabeled problem's prompt and hidden gold (the audit's)."""
     row = round_lake.unlabeled_problems().filter(pl.col("problem_id") == problem_id).row(0, named=True)
     return {"problem_id": problem_id, "prompt": row["prompt"], "hidden_gold": row[HIDDEN_GOLD_COLUMN]}
-
-
-def audit(round_lake: RoundLake) -> PublishedAudit:
-    """The round's published audit (coverage, kept-label accuracy, teacher pass@1, maj@K, pass@K, tau, source)."""
-    return PublishedAudit.read(round_lake.artifact(layout.PSEUDO_LABELS))
-
-
-def lake_checkpoints(root: Path) -> dict[str, Path]:
-    """Every checkpoint the lake holds, by a name a person reads: per arm its base model, its labeled-RL checkpoint
-    and each round's student and controls (`default / round 1 / labeled_only`)."""
-    found = {}
-    rounds = sorted(layout.round_number(path.name) for path in root.glob(f"{layout.ROUND_PREFIX}*") if path.is_dir())
-    arms = {path.name for name in (layout.BASE_MODEL, layout.LABELED_RL) for path in (root / name).glob("*")}
-    for arm in sorted(arms):
-        found[f"{arm} / {BASE_MODEL_NAME}"] = layout.artifact_dir(root, layout.BASE_MODEL, arm)
-        found[f"{arm} / labeled RL"] = layout.artifact_dir(root, layout.LABELED_RL, arm)
-        for number in rounds:
-            for role in (layout.STUDENT_ROLE, *layout.CONTROLS):
-                found[f"{arm} / round {number} / {role}"] = RoundLake(root, arm, number).checkpoint(role)
-    return {name: path for name, path in found.items() if (path / CHECKPOINT_CONFIG).is_file()}
 
 
 def explorer_link(arm: str, number: int, problem_id: str | None = None) -> str:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from pydantic import BaseModel
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
+from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.summary import ROLES, arm_evaluations, group_label
 from noisy_student_assets.core.reporting.verdict import PILOT_SEEDS
@@ -25,28 +25,9 @@ MOST_SEEDS = 100
 """Past this many seeds the problems' own variance is what is left: more problems, not seeds."""
 
 
-class ArmHours(BaseModel):
-    """`layout.GRID_HOURS_FILE`: what the grid's runs of one arm of `experiment` took, as the Dagster instance that ran
-    them recorded them (every finished run of the arm in that experiment: a failed attempt and its retry, or a redo
-    after a changed setting, count too)."""
-
-    experiment: str
-    hours: float
-    runs: int
-
-
-def record_arm_hours(lake: Path, arm: str, spent: ArmHours) -> None:
-    """Write what the grid's runs of `arm` took into `lake` (a results directory keeps it, so the cost of a seed
-    travels with the seed)."""
-    directory = layout.artifact_dir(lake, layout.GRID_RUNS, arm)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / layout.GRID_HOURS_FILE).write_text(spent.model_dump_json(indent=2))
-
-
 def arm_hours(lake: Path, arms: list[Arm]) -> list[float]:
     """The hours the grid's runs of each of `arms` took, for those `lake` (or a results directory) records."""
-    paths = [layout.artifact_dir(lake, layout.GRID_RUNS, arm.name) / layout.GRID_HOURS_FILE for arm in arms]
-    return [layout.read_sidecar(ArmHours, path).hours for path in paths if path.exists()]
+    return [spent.hours for arm in arms if (spent := ArmLake(lake, arm.name).grid_hours()) is not None]
 
 
 def seeds_column(effect: float) -> str:

@@ -10,14 +10,10 @@ from dataclasses import dataclass
 import polars as pl
 
 from noisy_student_assets.core import layout
+from noisy_student_assets.core.lake_reader import RoundLabels
 from noisy_student_assets.core.promotion import Promotion, taught_sentence
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
-from noisy_student_assets.core.pseudo_labels.labels import (
-    AUDIT_BUCKETS_FILE,
-    FRONTIER_FILE,
-    SOURCES_FILE,
-    PublishedAudit,
-)
+from noisy_student_assets.core.pseudo_labels.labels import PublishedAudit
 from noisy_student_assets.core.reporting import plots, test_time
 from noisy_student_assets.core.reporting.eval_report import PublishedEval, ReportExtras
 from noisy_student_assets.core.reporting.verdict import Difference
@@ -39,7 +35,8 @@ class RoundEvidence:
     number: int
     arm: str
     labels: pl.DataFrame
-    label_files: dict[str, str]
+    published: RoundLabels
+    """What was published beside the labels' table: the audit, its buckets, each label source's frontier."""
     control: PublishedEval
     teacher: PublishedEval
     baselines: dict[str, PublishedEval | None]
@@ -72,10 +69,7 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
         f"{flipped['right_to_wrong']} from right to wrong, of {flipped['problems']} "
         f"({flipped['difference']:+.3f} greedy accuracy)."
     )
-    audit = PublishedAudit.from_files(
-        evidence.label_files, f"{layout.round_prefix(number)} pseudo-labels of arm {evidence.arm}"
-    )
-    buckets = pl.read_json(evidence.label_files[AUDIT_BUCKETS_FILE].encode())
+    audit, buckets = evidence.published.audit, evidence.published.buckets
     extra_metrics = {
         "flips/right_to_wrong": float(flipped["right_to_wrong"]),
         "flips/wrong_to_right": float(flipped["wrong_to_right"]),
@@ -100,9 +94,8 @@ def round_report(evidence: RoundEvidence, metrics: dict[str, float], scores: pl.
         "Pseudo-label calibration": buckets,  # label accuracy against the hidden gold by agreement
         "Pseudo-label audit": pl.DataFrame([audit.model_dump(exclude={"floor_failure"})]),
     }
-    if FRONTIER_FILE in evidence.label_files:  # labels published before label sources have none
-        curve = pl.read_json(evidence.label_files[FRONTIER_FILE].encode())
-        sources = pl.read_json(evidence.label_files[SOURCES_FILE].encode())
+    curve, sources = evidence.published.frontier, evidence.published.sources
+    if sources is not None:  # labels published before label sources have none
         figures["label_frontier"] = plots.label_frontier(curve, sources, ORACLE)
         tables[SOURCES_TABLE] = sources
         extra_metrics |= {

@@ -22,29 +22,16 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, load_experiments
 from noisy_student_assets.core.experiments.directory import default_experiments_dir
+from noisy_student_assets.core.lake_reader import ArmLake, export_results
 from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at
-from noisy_student_assets.core.pseudo_labels.labels import (
-    AUDIT_BUCKETS_FILE,
-    AUDIT_FILE,
-    FRONTIER_FILE,
-    SOURCES_FILE,
-    PublishedAudit,
-)
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
-from noisy_student_assets.core.reporting.eval_report import PublishedEval, metadata_key, read_evaluation
+from noisy_student_assets.core.reporting.eval_report import PublishedEval
 from noisy_student_assets.core.reporting.markdown import markdown_table
-from noisy_student_assets.core.reporting.results import export_results
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE
 from noisy_student_assets.core.reporting.teacher import teacher_markdown, teacher_tables
 from noisy_student_assets.core.reporting.verdict import PILOT, outcome_of, seeds_interval
 from noisy_student_assets.core.training.compute import compute_comparison
-from noisy_student_assets.core.training.verifier import (
-    VALIDATION_SCORES_FILE,
-    VERIFIER_METRICS_FILE,
-    PublishedVerifier,
-    read_verifier_metrics,
-)
 
 SUMMARY_FILE = "run_summary.md"
 ROLES = (layout.STUDENT_ROLE, *layout.CONTROLS)
@@ -77,13 +64,13 @@ AUDIT_COLUMNS = (
 
 def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], PublishedEval]:
     """(round, role) -> evaluation for one arm; round 0 is labeled RL (where every chain starts)."""
-    found = {}
-    labeled_rl = read_evaluation(lake, layout.LABELED_RL_EVAL, arm)
+    found, arm_lake = {}, ArmLake(lake, arm)
+    labeled_rl = arm_lake.evaluation(layout.LABELED_RL_EVAL)
     if labeled_rl:
         found |= {(0, role): labeled_rl for role in ROLES}
     for number in range(1, rounds + 1):
         for role in ROLES:
-            evaluation = read_evaluation(lake, layout.round_asset(number, layout.eval_of(role)), arm)
+            evaluation = arm_lake.round_evaluation(number, role)
             if evaluation:
                 found[(number, role)] = evaluation
     return found
@@ -149,38 +136,63 @@ class ExperimentResults:
 
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
-    (
-        accuracy,
-        audits,
-        calibration,
-        validation,
-        sources,
-        curves,
-        flips,
-        yardsticks,
-        verifiers,
-        pending,
-        failed,
-        by_group,
-    ) = (
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        {},
-    )
+    read, by_group = _ArmsRead(), {}
     margins = {arm.experiment: arm.equivalence_margin for arm in arms}
     for arm in arms:
-        validated = read_evaluation(lake, layout.LABELED_RL_VALIDATION, arm.name)
+        arm_lake = ArmLake(lake, arm.name)
+        evaluations = arm_evaluations(lake, arm.name, rounds)
+        eval_table, unlabeled = arm_lake.table(layout.EVAL_PROBLEMS), arm_lake.table(layout.UNLABELED_PROBLEMS)
+        sets = (
+            test_time.eval_sets(eval_table, unlabeled["problem_id"])
+            if eval_table is not None and unlabeled is not None
+            else None
+        )
+        by_group.setdefault((arm.experiment, group_label(arm)), []).append((evaluations, sets))
+        read.add_arm(arm_lake, arm, evaluations, rounds)
+    differences, sentences = _differences(by_group, rounds, margins)
+    teachers, taught = teacher_tables(lake, arms)
+    return ExperimentResults(
+        accuracy=pl.DataFrame(read.accuracy, schema=_ACCURACY_SCHEMA),
+        differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
+        audits=pl.DataFrame(read.audits) if read.audits else pl.DataFrame(),
+        calibration=_pooled_calibration(read.calibration),
+        sources=pl.concat(read.sources, how="diagonal_relaxed") if read.sources else pl.DataFrame(),
+        flips=pl.concat(read.flips) if read.flips else pl.DataFrame(),
+        yardsticks=pl.concat(read.yardsticks) if read.yardsticks else pl.DataFrame(),
+        verifiers=pl.DataFrame(read.verifiers) if read.verifiers else pl.DataFrame(),
+        curves=pl.concat(read.curves) if read.curves else pl.DataFrame(),
+        validation=pl.DataFrame(read.validation) if read.validation else pl.DataFrame(),
+        sentences=sentences,
+        pending=read.pending,
+        failed=pl.DataFrame(read.failed, schema=_FAILED_SCHEMA),
+        margins=margins,
+        teachers=teachers,
+        taught=taught,
+    )
+
+
+@dataclass
+class _ArmsRead:
+    """The rows `collect` reads from each arm's artifacts, one list per table of `ExperimentResults`."""
+
+    accuracy: list[dict] = field(default_factory=list)
+    audits: list[dict] = field(default_factory=list)
+    calibration: list[pl.DataFrame] = field(default_factory=list)
+    validation: list[dict] = field(default_factory=list)
+    sources: list[pl.DataFrame] = field(default_factory=list)
+    curves: list[pl.DataFrame] = field(default_factory=list)
+    flips: list[pl.DataFrame] = field(default_factory=list)
+    yardsticks: list[pl.DataFrame] = field(default_factory=list)
+    verifiers: list[dict] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+
+    def add_arm(
+        self, arm_lake: ArmLake, arm: Arm, evaluations: dict[tuple[int, str], PublishedEval], rounds: int
+    ) -> None:
+        validated = arm_lake.evaluation(layout.LABELED_RL_VALIDATION)
         if validated:
-            validation.append(
+            self.validation.append(
                 {
                     "experiment": arm.experiment,
                     "arm": arm.name,
@@ -189,87 +201,78 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     "greedy_accuracy": validated.metrics["greedy_accuracy"],
                 }
             )
-        evaluations = arm_evaluations(lake, arm.name, rounds)
-        base = read_evaluation(lake, layout.BASE_MODEL_EVAL, arm.name)
-        eval_table = _lake_table(lake, layout.EVAL_PROBLEMS, arm.name)
-        unlabeled = _lake_table(lake, layout.UNLABELED_PROBLEMS, arm.name)
-        sets = (
-            test_time.eval_sets(eval_table, unlabeled["problem_id"])
-            if eval_table is not None and unlabeled is not None
-            else None
-        )
-        by_group.setdefault((arm.experiment, group_label(arm)), []).append((evaluations, sets))
         row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
+        base = arm_lake.evaluation(layout.BASE_MODEL_EVAL)
         if base and evaluations:
-            accuracy.append(
+            self.accuracy.append(
                 row | {"round": 0, "checkpoint": layout.BASE_MODEL, "greedy_accuracy": base.metrics["greedy_accuracy"]}
             )
-        accuracy += [
+        self.accuracy += [
             row | {"round": number, "checkpoint": role, "greedy_accuracy": evaluation.metrics["greedy_accuracy"]}
             for (number, role), evaluation in evaluations.items()
         ]
         verifier_failures = {}
         for number in range(1, rounds + 1):
-            labels_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm.name)
-            if (labels_dir / AUDIT_BUCKETS_FILE).exists():
-                calibration.append(
-                    pl.read_json(labels_dir / AUDIT_BUCKETS_FILE).select(
-                        pl.lit(arm.experiment).alias("experiment"),
-                        pl.lit(row["group"]).alias("group"),
-                        pl.lit(number).alias("round"),
-                        "bucket",
-                        "problems",
-                        "labels_correct",
-                    )
-                )
-            if (labels_dir / SOURCES_FILE).exists():
-                sources.append(
-                    pl.read_json(labels_dir / SOURCES_FILE).select(
-                        pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()
-                    )
-                )
-                curves.append(pl.read_json(labels_dir / FRONTIER_FILE).select(*_arm_columns(row, number), pl.all()))
-            verifier_dir = layout.artifact_dir(lake, layout.round_asset(number, layout.VERIFIER), arm.name)
-            if (verifier_dir / VERIFIER_METRICS_FILE).exists():
-                measured, failure = _verifier_measures(verifier_dir)
-                verifiers.append(
-                    row | {"round": number} | {column: measured.get(column) for column in VERIFIER_COLUMNS}
-                )
-                if failure:
-                    verifier_failures[number] = failure
-            student = evaluations.get((number, layout.STUDENT_ROLE))
-            if student and (student.directory / f"{metadata_key(FLIPS_TABLE)}.parquet").exists():
-                flips.append(student.table(FLIPS_TABLE).select(*_arm_columns(row, number), pl.all()))
-            if student and (student.directory / f"{metadata_key(test_time.YARDSTICK_TABLE)}.parquet").exists():
-                yardsticks.append(
-                    student.table(test_time.YARDSTICK_TABLE).select(
-                        pl.lit(arm.experiment).alias("experiment"), *_arm_columns(row, number), pl.all()
-                    )
-                )
-            if (labels_dir / AUDIT_FILE).exists():
-                audit = PublishedAudit.read(labels_dir)
-                transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
-                audits.append(
-                    row
-                    | {"round": number}
-                    | {column: getattr(audit, column) for column in AUDIT_COLUMNS}
-                    | {"verifier_validation_auroc": audit.verifier.get("validation_auroc")}
-                    | {"student_transductive_greedy": transductive}
-                )
+            failure = self.add_round(arm_lake, row, number, evaluations.get((number, layout.STUDENT_ROLE)))
+            if failure:
+                verifier_failures[number] = failure
         asked = arm.stopping_rule.max_rounds
         missing = [number for number in range(1, asked + 1) if (number, layout.STUDENT_ROLE) not in evaluations]
         if missing and missing[0] in verifier_failures:
             number = missing[0]
-            failed.append(row | {"round": number, "failure": verifier_failures[number]})
-            pending.append(
+            self.failed.append(row | {"round": number, "failure": verifier_failures[number]})
+            self.pending.append(
                 f"arm {arm.name} ({arm.experiment}) failed: round {number}'s verifier fails verifier_informative "
                 f"({verifier_failures[number]}), so no student trained on its labels"
             )
         elif evaluations and missing:
-            pending.append(
+            self.pending.append(
                 f"arm {arm.name} ({arm.experiment}): round {', '.join(map(str, missing))} of its {asked} not evaluated "
                 "yet"
             )
+
+    def add_round(self, arm_lake: ArmLake, row: dict, number: int, student: PublishedEval | None) -> str | None:
+        """Round `number`'s labels, verifier and student tables; why its verifier is not informative, if it is not."""
+        labels, columns = arm_lake.labels(number), _arm_columns(row, number)
+        experiment = pl.lit(row["experiment"]).alias("experiment")
+        if labels and labels.buckets is not None:
+            self.calibration.append(
+                labels.buckets.select(
+                    experiment,
+                    pl.lit(row["group"]).alias("group"),
+                    pl.lit(number).alias("round"),
+                    "bucket",
+                    "problems",
+                    "labels_correct",
+                )
+            )
+        if labels:
+            if labels.sources is not None:
+                self.sources.append(labels.sources.select(experiment, *columns, pl.all()))
+                self.curves.append(labels.frontier.select(*columns, pl.all()))
+            transductive = student.metrics.get(f"{test_time.TRANSDUCTIVE}/greedy_accuracy") if student else None
+            self.audits.append(
+                row
+                | {"round": number}
+                | {column: getattr(labels.audit, column) for column in AUDIT_COLUMNS}
+                | {"verifier_validation_auroc": labels.audit.verifier.get("validation_auroc")}
+                | {"student_transductive_greedy": transductive}
+            )
+        verifier = arm_lake.verifier(number)
+        if verifier:
+            self.verifiers.append(row | {"round": number} | {c: verifier.measures.get(c) for c in VERIFIER_COLUMNS})
+        if student and (flips := student.optional_table(FLIPS_TABLE)) is not None:
+            self.flips.append(flips.select(*columns, pl.all()))
+        if student and (yardstick := student.optional_table(test_time.YARDSTICK_TABLE)) is not None:
+            self.yardsticks.append(yardstick.select(experiment, *columns, pl.all()))
+        return verifier.failure if verifier else None
+
+
+def _differences(
+    by_group: dict[tuple[str, str], list], rounds: int, margins: dict[str, float | None]
+) -> tuple[list[dict], list[str]]:
+    """Per experiment, group, round, control and eval set: the student minus the control over the group's seeds;
+    and per group, its last round against its labeled-only control in words."""
     differences, last_verdicts = [], {}
     for (experiment, group), arm_runs in by_group.items():
         for number in range(1, rounds + 1):
@@ -289,19 +292,11 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                     margin=margins[experiment],
                 )
                 for eval_set, difference in by_set.items():
+                    figures = {k: v for k, v in difference.as_dict().items() if k not in ("treatment", "control")}
                     differences.append(
-                        {
-                            "experiment": experiment,
-                            "group": group,
-                            "round": number,
-                            "control": control,
-                            "eval_set": eval_set,
-                        }
-                        | {
-                            key: value
-                            for key, value in difference.as_dict().items()
-                            if key not in ("treatment", "control")
-                        }
+                        {"experiment": experiment, "group": group, "round": number, "control": control}
+                        | {"eval_set": eval_set}
+                        | figures
                         | {"compute_matched": matched}
                     )
                     if control == layout.LABELED_ONLY:  # later rounds replace earlier ones
@@ -309,26 +304,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
                             f"**{experiment}, {group}**: {difference.sentence()}"
                             + ("" if matched else " (NOT compute-matched)")
                         )
-    sentences = list(last_verdicts.values())
-    teachers, taught = teacher_tables(lake, arms)
-    return ExperimentResults(
-        accuracy=pl.DataFrame(accuracy, schema=_ACCURACY_SCHEMA),
-        differences=pl.DataFrame(differences) if differences else pl.DataFrame(),
-        audits=pl.DataFrame(audits) if audits else pl.DataFrame(),
-        calibration=_pooled_calibration(calibration),
-        sources=pl.concat(sources, how="diagonal_relaxed") if sources else pl.DataFrame(),
-        flips=pl.concat(flips) if flips else pl.DataFrame(),
-        yardsticks=pl.concat(yardsticks) if yardsticks else pl.DataFrame(),
-        verifiers=pl.DataFrame(verifiers) if verifiers else pl.DataFrame(),
-        curves=pl.concat(curves) if curves else pl.DataFrame(),
-        validation=pl.DataFrame(validation) if validation else pl.DataFrame(),
-        sentences=sentences,
-        pending=pending,
-        failed=pl.DataFrame(failed, schema=_FAILED_SCHEMA),
-        margins=margins,
-        teachers=teachers,
-        taught=taught,
-    )
+    return differences, list(last_verdicts.values())
 
 
 _FAILED_SCHEMA = {
@@ -421,16 +397,6 @@ def sources_against(
         if rows
         else pl.DataFrame()
     )
-
-
-def _verifier_measures(verifier_dir: Path) -> tuple[dict[str, float | None], str | None]:
-    """A verifier's measures with whether it is `informative`, and why not (`read_verifier_metrics`, the rule of the
-    `verifier_informative` check); where its validation scores were not kept (results exported before they were),
-    its published metrics alone, with no interval and no judgement (`informative` None)."""
-    if (verifier_dir / VALIDATION_SCORES_FILE).exists():
-        measured, failure = read_verifier_metrics(verifier_dir)
-        return measured | {"informative": failure is None}, failure
-    return PublishedVerifier.read(verifier_dir).metrics.model_dump() | {"informative": None}, None
 
 
 def _arm_columns(row: dict, number: int) -> list[pl.Expr]:
@@ -588,23 +554,15 @@ def _pooled_calibration(tables: list[pl.DataFrame]) -> pl.DataFrame:
     )
 
 
-def _lake_table(lake: Path, name: str, arm: str | None) -> pl.DataFrame | None:
-    """A table asset's published table, or None."""
-    path = layout.artifact_dir(lake, name, arm) / layout.TABLE_FILE_NAME
-    return pl.read_parquet(path) if path.exists() else None
-
-
 def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
     """The arms of the experiment files that have a labeled-RL evaluation (held-out or validation) in the lake, or a
     round's pseudo-labels (an arm run `--through` its labels), and the most rounds."""
     experiments = load_experiments(experiments_dir)
-    evaluated = [layout.artifact_dir(lake, name) for name in (layout.LABELED_RL_EVAL, layout.LABELED_RL_VALIDATION)]
-    evaluated += [round_dir / layout.PSEUDO_LABELS for round_dir in lake.glob(f"{layout.ROUND_PREFIX}*")]
     arms = [
         arm
         for experiment in experiments.values()
         for arm in experiment.all_arms()
-        if any((directory / arm.name).is_dir() for directory in evaluated)
+        if ArmLake(lake, arm.name).has_results()
     ]
     return arms, max((experiments[arm.experiment].max_rounds for arm in arms), default=0)
 
@@ -614,7 +572,7 @@ def main(
 ) -> None:
     """Print (and write into the lake) the run summary, of every experiment's arms in the lake or of `experiment`'s
     (a file name's stem) alone; `mlflow_store` is the MLflow store the runs were logged to. `lake`: a lake or a
-    results directory (`results.export_results`) instead of the data lake; `export`: copy the summarized arms'
+    results directory (`lake_reader.export_results`) instead of the data lake; `export`: copy the summarized arms'
     results there."""
     lake = lake or layout.default_lake_root()
     print(f"\nData lake: {lake}")

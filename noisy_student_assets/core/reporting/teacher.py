@@ -2,7 +2,7 @@
 its validation and held-out accuracy, its round-1 labels' accuracy against the hidden gold) beside the labeled-only
 control's held-out accuracy; then per round, which model taught it and the student against its control.
 
-Everything is read from files a results directory keeps too (`results.result_files`): the labeled-RL checkpoint's
+Everything is read from files a results directory keeps too (`lake_reader.result_files`): the labeled-RL checkpoint's
 compute record and training log, the evaluations, the audits and each promotion's decision.
 """
 
@@ -14,29 +14,21 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm
-from noisy_student_assets.core.promotion import read_promotion, taught_sentence
-from noisy_student_assets.core.pseudo_labels.labels import AUDIT_FILE, PublishedAudit
-from noisy_student_assets.core.reporting.eval_report import read_evaluation
+from noisy_student_assets.core.lake_reader import ArmLake
+from noisy_student_assets.core.promotion import taught_sentence
 from noisy_student_assets.core.reporting.markdown import markdown_table
-from noisy_student_assets.core.training.base import read_training_log
-from noisy_student_assets.core.training.compute import read_compute
 from noisy_student_assets.core.training.validation_stop import best_check, logged_checks
 
 
-def _greedy(lake: Path, key_path: tuple[str, ...] | str, arm: str) -> float | None:
-    evaluation = read_evaluation(lake, key_path, arm)
+def _greedy(arm_lake: ArmLake, number: int, role: str) -> float | None:
+    evaluation = arm_lake.round_evaluation(number, role)
     return evaluation.metrics["greedy_accuracy"] if evaluation else None
 
 
-def _audit(lake: Path, number: int, arm: str) -> PublishedAudit | None:
-    labels = layout.artifact_dir(lake, layout.round_asset(number, layout.PSEUDO_LABELS), arm)
-    return PublishedAudit.read(labels) if (labels / AUDIT_FILE).exists() else None
-
-
-def _last_control(lake: Path, arm: Arm) -> tuple[int | None, float | None]:
+def _last_control(arm_lake: ArmLake, max_rounds: int) -> tuple[int | None, float | None]:
     """The last round with a labeled-only control's evaluation, and its held-out greedy accuracy."""
-    for number in range(arm.stopping_rule.max_rounds, 0, -1):
-        accuracy = _greedy(lake, layout.round_asset(number, layout.control_eval(layout.LABELED_ONLY)), arm.name)
+    for number in range(max_rounds, 0, -1):
+        accuracy = _greedy(arm_lake, number, layout.LABELED_ONLY)
         if accuracy is not None:
             return number, accuracy
     return None, None
@@ -44,21 +36,25 @@ def _last_control(lake: Path, arm: Arm) -> tuple[int | None, float | None]:
 
 def teacher_row(lake: Path, arm: Arm) -> dict | None:
     """The arm's labeled-RL teacher as the summary's first table shows it; None before labeled RL has trained."""
-    checkpoint = layout.artifact_dir(lake, layout.LABELED_RL, arm.name)
-    if not (checkpoint / layout.COMPUTE_FILE).exists():
+    arm_lake = ArmLake(lake, arm.name)
+    checkpoint = arm_lake.checkpoint(layout.LABELED_RL)
+    if checkpoint is None:
         return None
-    compute = read_compute(checkpoint)
-    best = best_check(logged_checks(read_training_log(checkpoint) or []))
-    audit = _audit(lake, 1, arm.name)
-    control_round, control = _last_control(lake, arm)
+    best = best_check(logged_checks(checkpoint.training_log or []))
+    labels = arm_lake.labels(1)
+    audit = labels.audit if labels else None
+    control_round, control = _last_control(arm_lake, arm.stopping_rule.max_rounds)
+    validation, held_out = (
+        arm_lake.evaluation(name) for name in (layout.LABELED_RL_VALIDATION, layout.LABELED_RL_EVAL)
+    )
     return {
         "arm": arm.name,
-        "steps": compute.own.optimizer_steps,
-        "stopped": compute.stopped,
+        "steps": checkpoint.compute.own.optimizer_steps,
+        "stopped": checkpoint.compute.stopped,
         "kept_step": best.step if best else None,
         "best_check": best.accuracy if best else None,
-        "validation_greedy": _greedy(lake, layout.LABELED_RL_VALIDATION, arm.name),
-        "held_out_greedy": _greedy(lake, layout.LABELED_RL_EVAL, arm.name),
+        "validation_greedy": validation.metrics["greedy_accuracy"] if validation else None,
+        "held_out_greedy": held_out.metrics["greedy_accuracy"] if held_out else None,
         "labels_kept": f"{audit.kept:.0f} of {audit.kept / audit.coverage:.0f}" if audit and audit.coverage else None,
         "kept_label_accuracy": audit.kept_label_accuracy if audit else None,
         "all_label_accuracy": audit.all_label_accuracy if audit else None,
@@ -70,18 +66,17 @@ def teacher_row(lake: Path, arm: Arm) -> dict | None:
 def teaching_rows(lake: Path, arm: Arm) -> list[dict]:
     """Per round with a student evaluated: which model taught it (with its promotion's decision) and the student's
     held-out accuracy against its labeled-only control's."""
-    rows = []
+    arm_lake, rows = ArmLake(lake, arm.name), []
     for number in range(1, arm.stopping_rule.max_rounds + 1):
-        student = _greedy(lake, layout.round_asset(number, layout.eval_of(layout.STUDENT_ROLE)), arm.name)
+        student = _greedy(arm_lake, number, layout.STUDENT_ROLE)
         if student is None:
             break
-        control = _greedy(lake, layout.round_asset(number, layout.control_eval(layout.LABELED_ONLY)), arm.name)
-        promotion = read_promotion(layout.artifact_dir(lake, layout.round_asset(number, layout.TEACHER), arm.name))
+        control = _greedy(arm_lake, number, layout.LABELED_ONLY)
         rows.append(
             {
                 "arm": arm.name,
                 "round": number,
-                "taught_by": taught_sentence(promotion, number),
+                "taught_by": taught_sentence(arm_lake.promotion(number), number),
                 "student_held_out": student,
                 "control_held_out": control,
                 "student_minus_control": student - control if control is not None else None,

@@ -41,7 +41,6 @@ from noisy_student_assets.core.training.base import (
     Rows,
     TrainerSetup,
     check_step_fits,
-    read_training_log,
 )
 from noisy_student_assets.core.training.dynamic_sampling import STEP_COUNTS, DynamicSampling
 from noisy_student_assets.core.training.rollouts import VllmRollouts, trl_sample
@@ -76,12 +75,6 @@ GRPO_LOGGED = (
     ("rewards/vote_share_reward/mean", "vote_share_reward"),
 )
 """TRL's GRPO step logs summarised in `TrainingResult.metrics` (first and last quarter)."""
-
-
-def step_rewards(checkpoint_dir: Path) -> list[float] | None:
-    """The mean answer reward of each step of the GRPO run that trained `checkpoint_dir` (`base.read_training_log`);
-    None where it logged none (a checkpoint trained before the log was kept, or not by GRPO's answer reward)."""
-    return logged_rewards(read_training_log(checkpoint_dir) or []) or None
 
 
 def logged_rewards(log_history: list[dict]) -> list[float]:

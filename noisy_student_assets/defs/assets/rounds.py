@@ -29,6 +29,7 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.progress import AskedFor
+from noisy_student_assets.core.lake_reader import RoundLabels
 from noisy_student_assets.core.problems import fingerprint as problems_fingerprint
 from noisy_student_assets.core.promotion import first_made, read_promotion
 from noisy_student_assets.core.prompts import prompt_template
@@ -281,7 +282,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
             number,
             arm,
             pseudo_labels.frame,
-            pseudo_labels.extra_files,
+            RoundLabels(pseudo_labels.extra_files, f"{layout.round_prefix(number)} pseudo-labels of arm {arm}"),
             labeled_only_eval,
             baselines[teacher_name],
             baselines,
