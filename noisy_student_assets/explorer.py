@@ -19,6 +19,7 @@ import threading
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -169,6 +170,32 @@ class Explorer:
         loaded = (checkpoint, checkpoint_version(checkpoint)) in _MODELS
         return f"Asking {name}" + ("" if loaded else " (loading it on CPU: once, then it is kept)")
 
+    def ask_round_checkpoints(self, arm_name: str, round_number: int, problem_id: str, progress=PROGRESS) -> list[str]:
+        """The round's student's and labeled-only control's greedy answers to one of its unlabeled problems."""
+        round_lake = self.round_lake(arm_name, round_number)
+        record = problem_record(round_lake, problem_id)
+        texts = []
+        for index, role in enumerate(ANSWER_ROLES):
+            checkpoint = round_lake.checkpoint(role)
+            name = f"Round {round_number} {role}"
+            if checkpoint_version(checkpoint) is not None:
+                progress((index, len(ANSWER_ROLES)), desc=self.asking(name, checkpoint), unit="checkpoints")
+                texts.append(_answer_text(name, self.answer(checkpoint, record["prompt"]), record["hidden_gold"]))
+            else:
+                texts.append(f"### {name}\n\nNot in the lake.")
+        return texts
+
+    def ask_two(self, left_name: str, right_name: str, text: str, progress=PROGRESS) -> list[str]:
+        """Two of the lake's checkpoints' greedy answers to a question of one's own."""
+        if not (left_name and right_name and text.strip()):
+            return ["Pick two checkpoints and type a question.", ""]
+        checkpoints = lake_checkpoints(self.root)
+        texts = []
+        for index, name in enumerate((left_name, right_name)):
+            progress((index, 2), desc=self.asking(name, checkpoints[name]), unit="checkpoints")
+            texts.append(_answer_text(name, self.answer(checkpoints[name], text)))
+        return texts
+
     def problem_view(
         self, round_lake: RoundLake, problem_id: str
     ) -> tuple[str, str, str, pl.DataFrame, str, pl.DataFrame, pl.DataFrame]:
@@ -270,61 +297,19 @@ def build(explorer: Explorer) -> gr.Blocks:
     """The page: its two views and the events that fill them."""
     with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
         gr.Markdown(f"# {TITLE}\n\nThe lake at `{explorer.root}`.")
-        with gr.Tab("A round's problems"):
-            with gr.Row():
-                arm = gr.Dropdown(label="Arm", choices=[])
-                number = gr.Dropdown(label="Round", choices=[])
-                problem = gr.Dropdown(label=PROBLEM_LIST_LABEL, choices=[], scale=3)
-            header = gr.Markdown()
-            question = gr.Textbox(label="Question", lines=2, interactive=False)
-            with gr.Row():
-                gold = gr.Textbox(
-                    label="Hidden gold (the audit's only: no vote reads it)", interactive=False, elem_id="hidden-gold"
-                )
-                kept = gr.Markdown(elem_id="kept-label")
-            by_source = gr.Dataframe(label="The vote per label source", interactive=False, elem_id="votes-by-source")
-            sources = gr.Markdown(elem_id="label-sources")
-            summary = gr.Dataframe(
-                label="The K samples' answers: how many gave each, and its share of each source's weight",
-                interactive=False,
-            )
-            samples = gr.Dataframe(
-                label=f"The teacher's K samples, with each label source's weight (a completion's first "
-                f"{SAMPLE_CELL_CHARACTERS} characters: click it for the rest)",
-                interactive=False,
-                wrap=True,
-                max_chars=SAMPLE_CELL_CHARACTERS,
-                elem_id="samples",
-            )
-            ask_round = gr.Button(
-                "Ask the round's student and its labeled-only control (greedy, on CPU)", variant="primary"
-            )
-            with gr.Row():
-                student_answer = gr.Markdown(elem_id="student-answer")
-                control_answer = gr.Markdown(elem_id="control-answer")
-            held_out_text = gr.Markdown()
-            held_out = gr.Dataframe(
-                label="Held-out problems: student vs labeled-only control", interactive=False, elem_id="held-out"
-            )
-        with gr.Tab("Ask two checkpoints"):
-            with gr.Row():
-                left = gr.Dropdown(label="Checkpoint", choices=[], elem_id="left-checkpoint")
-                right = gr.Dropdown(label="Checkpoint", choices=[], elem_id="right-checkpoint")
-            own_question = gr.Textbox(label="Your question", lines=3, elem_id="own-question")
-            ask_both = gr.Button("Ask both (greedy, on CPU)", variant="primary")
-            with gr.Row():
-                left_answer = gr.Markdown(elem_id="left-answer")
-                right_answer = gr.Markdown(elem_id="right-answer")
-
-        problem_outputs = [question, gold, kept, by_source, sources, summary, samples, student_answer, control_answer]
-        round_outputs = [header, held_out_text, held_out]
+        view, ask = _round_tab(), _ask_tab()
+        problem_outputs = [
+            *(view.question, view.gold, view.kept, view.by_source, view.sources, view.summary, view.samples),
+            *(view.student_answer, view.control_answer),
+        ]
+        round_outputs = [view.header, view.held_out_text, view.held_out]
 
         def show_problem(arm_name, round_number, problem_id, progress=PROGRESS):
             if not problem_id:
                 return [gr.update()] * len(problem_outputs)
             progress(0, desc=f"Reading problem {problem_id}")
-            *view, samples_table = explorer.problem_view(explorer.round_lake(arm_name, round_number), problem_id)
-            return [*view, gr.update(value=samples_table, column_widths=sample_widths(samples_table.columns)), "", ""]
+            *shown, samples_table = explorer.problem_view(explorer.round_lake(arm_name, round_number), problem_id)
+            return [*shown, gr.update(value=samples_table, column_widths=sample_widths(samples_table.columns)), "", ""]
 
         def show_round(arm_name, round_number, problem_id=None, progress=PROGRESS):
             """The round's problem choices (on `problem_id`, else its first), the problem's view, the round's header and
@@ -353,56 +338,119 @@ def build(explorer: Explorer) -> gr.Blocks:
             """The lake as it is now, on the view the link names (else the first arm's latest round)."""
             rounds, checkpoints = explorer.rounds(), list(lake_checkpoints(explorer.root))
             pair = _default_pair(checkpoints)
-            ask = [gr.update(choices=checkpoints, value=pair[0]), gr.update(choices=checkpoints, value=pair[1])]
+            asked = [gr.update(choices=checkpoints, value=pair[0]), gr.update(choices=checkpoints, value=pair[1])]
             arms = sorted(set(rounds["arm"]))
             if not arms:
                 return [
                     gr.update(choices=[]),
-                    *[NO_ROUND if component is header else gr.update() for component in arm_outputs],
-                    *ask,
+                    *[NO_ROUND if component is view.header else gr.update() for component in arm_outputs],
+                    *asked,
                 ]
             arm_name, round_number, problem_id = linked_view(request.query_params)
             arm_name = arm_name if arm_name in arms else arms[0]
             return [
                 gr.update(choices=arms, value=arm_name),
                 *show_arm(arm_name, round_number, problem_id, progress),
-                *ask,
+                *asked,
             ]
 
-        def ask_round_checkpoints(arm_name, round_number, problem_id, progress=PROGRESS):
-            round_lake = explorer.round_lake(arm_name, round_number)
-            record = problem_record(round_lake, problem_id)
-            texts = []
-            for index, role in enumerate(ANSWER_ROLES):
-                checkpoint = round_lake.checkpoint(role)
-                name = f"Round {round_number} {role}"
-                if checkpoint_version(checkpoint) is not None:
-                    progress((index, len(ANSWER_ROLES)), desc=explorer.asking(name, checkpoint), unit="checkpoints")
-                    texts.append(
-                        _answer_text(name, explorer.answer(checkpoint, record["prompt"]), record["hidden_gold"])
-                    )
-                else:
-                    texts.append(f"### {name}\n\nNot in the lake.")
-            return texts
-
-        def ask_two(left_name, right_name, text, progress=PROGRESS):
-            if not (left_name and right_name and text.strip()):
-                return "Pick two checkpoints and type a question.", ""
-            checkpoints = lake_checkpoints(explorer.root)
-            texts = []
-            for index, name in enumerate((left_name, right_name)):
-                progress((index, 2), desc=explorer.asking(name, checkpoints[name]), unit="checkpoints")
-                texts.append(_answer_text(name, explorer.answer(checkpoints[name], text)))
-            return texts
-
-        arm_outputs = [number, problem, *problem_outputs, *round_outputs]
-        page.load(open_page, outputs=[arm, *arm_outputs, left, right])
-        arm.input(show_arm, inputs=[arm], outputs=arm_outputs)
-        number.input(show_round, inputs=[arm, number], outputs=[problem, *problem_outputs, *round_outputs])
-        problem.input(show_problem, inputs=[arm, number, problem], outputs=problem_outputs)
-        ask_round.click(ask_round_checkpoints, inputs=[arm, number, problem], outputs=[student_answer, control_answer])
-        ask_both.click(ask_two, inputs=[left, right, own_question], outputs=[left_answer, right_answer])
+        arm_outputs = [view.number, view.problem, *problem_outputs, *round_outputs]
+        page.load(open_page, outputs=[view.arm, *arm_outputs, ask.left, ask.right])
+        view.arm.input(show_arm, inputs=[view.arm], outputs=arm_outputs)
+        view.number.input(
+            show_round, inputs=[view.arm, view.number], outputs=[view.problem, *problem_outputs, *round_outputs]
+        )
+        view.problem.input(show_problem, inputs=[view.arm, view.number, view.problem], outputs=problem_outputs)
+        view.ask_round.click(
+            explorer.ask_round_checkpoints,
+            inputs=[view.arm, view.number, view.problem],
+            outputs=[view.student_answer, view.control_answer],
+        )
+        ask.ask_both.click(
+            explorer.ask_two,
+            inputs=[ask.left, ask.right, ask.own_question],
+            outputs=[ask.left_answer, ask.right_answer],
+        )
     return page
+
+
+def _round_tab() -> SimpleNamespace:
+    """The tab of a round's problems: its components, by name."""
+    with gr.Tab("A round's problems"):
+        with gr.Row():
+            arm = gr.Dropdown(label="Arm", choices=[])
+            number = gr.Dropdown(label="Round", choices=[])
+            problem = gr.Dropdown(label=PROBLEM_LIST_LABEL, choices=[], scale=3)
+        header = gr.Markdown()
+        question = gr.Textbox(label="Question", lines=2, interactive=False)
+        with gr.Row():
+            gold = gr.Textbox(
+                label="Hidden gold (the audit's only: no vote reads it)", interactive=False, elem_id="hidden-gold"
+            )
+            kept = gr.Markdown(elem_id="kept-label")
+        by_source = gr.Dataframe(label="The vote per label source", interactive=False, elem_id="votes-by-source")
+        sources = gr.Markdown(elem_id="label-sources")
+        summary = gr.Dataframe(
+            label="The K samples' answers: how many gave each, and its share of each source's weight",
+            interactive=False,
+        )
+        samples = gr.Dataframe(
+            label=f"The teacher's K samples, with each label source's weight (a completion's first "
+            f"{SAMPLE_CELL_CHARACTERS} characters: click it for the rest)",
+            interactive=False,
+            wrap=True,
+            max_chars=SAMPLE_CELL_CHARACTERS,
+            elem_id="samples",
+        )
+        ask_round = gr.Button(
+            "Ask the round's student and its labeled-only control (greedy, on CPU)", variant="primary"
+        )
+        with gr.Row():
+            student_answer = gr.Markdown(elem_id="student-answer")
+            control_answer = gr.Markdown(elem_id="control-answer")
+        held_out_text = gr.Markdown()
+        held_out = gr.Dataframe(
+            label="Held-out problems: student vs labeled-only control", interactive=False, elem_id="held-out"
+        )
+    return SimpleNamespace(
+        arm=arm,
+        number=number,
+        problem=problem,
+        header=header,
+        question=question,
+        gold=gold,
+        kept=kept,
+        by_source=by_source,
+        sources=sources,
+        summary=summary,
+        samples=samples,
+        ask_round=ask_round,
+        student_answer=student_answer,
+        control_answer=control_answer,
+        held_out_text=held_out_text,
+        held_out=held_out,
+    )
+
+
+def _ask_tab() -> SimpleNamespace:
+    """The tab that asks two checkpoints a question of one's own: its components, by name."""
+    with gr.Tab("Ask two checkpoints"):
+        with gr.Row():
+            left = gr.Dropdown(label="Checkpoint", choices=[], elem_id="left-checkpoint")
+            right = gr.Dropdown(label="Checkpoint", choices=[], elem_id="right-checkpoint")
+        own_question = gr.Textbox(label="Your question", lines=3, elem_id="own-question")
+        ask_both = gr.Button("Ask both (greedy, on CPU)", variant="primary")
+        with gr.Row():
+            left_answer = gr.Markdown(elem_id="left-answer")
+            right_answer = gr.Markdown(elem_id="right-answer")
+    return SimpleNamespace(
+        left=left,
+        right=right,
+        own_question=own_question,
+        ask_both=ask_both,
+        left_answer=left_answer,
+        right_answer=right_answer,
+    )
 
 
 def _default_pair(checkpoints: list[str]) -> tuple[str | None, str | None]:

@@ -11,11 +11,13 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from pathlib import Path
 
 import polars as pl
+
+from noisy_student_assets.core.settings import SOURCE_KIND_FIELDS
 
 PROBLEM_SCHEMA = pl.Schema(
     {
@@ -34,7 +36,6 @@ UNLABELED_SCHEMA = pl.Schema(
 )
 EVAL_HALVES_SALT = "eval-halves"
 """Salts the fixed cut of the held-out set into its transductive and transfer halves (`eval_halves`)."""
-PROBLEM_KINDS = ("gsm8k", "math500", "reasoning_gym", "file", "hf")
 
 DATA_DIR = Path(__file__).parents[1] / "data"
 _SHIPPED_SPLITS = {"gsm8k": ("train", "test"), "math500": ("test",)}
@@ -52,19 +53,9 @@ class _RowError(Exception):
     """The cause of a malformed row; _build_table adds the source and the row."""
 
 
-def load_problems(
-    kind: str,
-    *,
-    name: str = "",
-    split: str = "train",
-    size: int = 0,
-    seed: int = 0,
-    path: str = "",
-    task_options: Mapping[str, object] | None = None,
-    prompt_field: str = "",
-    answer_field: str = "",
-) -> pl.DataFrame:
-    """Load a problem set as a PROBLEM_SCHEMA table.
+def load_problems(kind: str, **fields: object) -> pl.DataFrame:
+    """Load a problem set of `kind` (`PROBLEM_KINDS`) as a PROBLEM_SCHEMA table, from the source `fields` the kind
+    reads (`kind_fields`; the others must keep their defaults, `SOURCE_DEFAULTS`).
 
     kind:
       - "gsm8k": shipped GSM8K, split "train" or "test"; the gold answer is the text after "####" (thousands
@@ -76,20 +67,12 @@ def load_problems(
         options go to datasets.load_dataset (needs network access).
     `size` > 0 keeps the first `size` rows (for reasoning_gym it is the number generated and must be >= 1).
     """
-    if size < 0:
-        raise ValueError(f"size must be >= 0, got {size}")
-    match kind:
-        case "gsm8k":
-            return _load_gsm8k(split, size, path)
-        case "math500":
-            return _load_math500(split, size, path)
-        case "reasoning_gym":
-            return _generate_reasoning_gym(name, size, seed, task_options or {})
-        case "file":
-            return _load_file(path, size, prompt_field, answer_field)
-        case "hf":
-            return _load_hf(name, split, size, task_options or {}, prompt_field, answer_field)
-    raise ValueError(f"unknown problem kind {kind!r}; valid kinds: {', '.join(PROBLEM_KINDS)}")
+    if kind not in PROBLEM_KINDS:
+        raise ValueError(f"unknown problem kind {kind!r}; valid kinds: {', '.join(PROBLEM_KINDS)}")
+    given = SOURCE_DEFAULTS | {name: value for name, value in fields.items() if value is not None}
+    if given["size"] < 0:
+        raise ValueError(f"size must be >= 0, got {given['size']}")
+    return LOADERS[kind](**{name: given[name] for name in kind_fields(kind)})
 
 
 def problems_from_records(
@@ -430,3 +413,31 @@ def _difficulty_level(metadata: Mapping[str, object]) -> int | None:
 def _prompt_key() -> pl.Expr:
     """The prompt with whitespace runs collapsed, trimmed and lower-cased, for overlap checks."""
     return pl.col("prompt").str.replace_all(r"\s+", " ").str.strip_chars().str.to_lowercase()
+
+
+LOADERS: dict[str, Callable[..., pl.DataFrame]] = {
+    "gsm8k": _load_gsm8k,
+    "math500": _load_math500,
+    "reasoning_gym": _generate_reasoning_gym,
+    "file": _load_file,
+    "hf": _load_hf,
+}
+"""Each kind of problem source's loader, for the kinds of the one registry (`settings.SOURCE_KIND_FIELDS`, which
+`PROBLEM_KINDS` lists): its parameters are the source fields its kind reads (`kind_fields`)."""
+PROBLEM_KINDS = tuple(SOURCE_KIND_FIELDS)
+SOURCE_DEFAULTS = {
+    "name": "",
+    "split": "train",
+    "size": 0,
+    "seed": 0,
+    "path": "",
+    "task_options": {},
+    "prompt_field": "",
+    "answer_field": "",
+}
+"""What a source field is when a source does not give it."""
+
+
+def kind_fields(kind: str) -> tuple[str, ...]:
+    """The loader parameters of problem kind `kind`: the source fields it reads, task options as a mapping."""
+    return tuple("task_options" if name == "task_options_json" else name for name in SOURCE_KIND_FIELDS[kind])

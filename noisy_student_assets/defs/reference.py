@@ -116,7 +116,6 @@ def _op_groups(ops: dict) -> dict[str, list[str]]:
 
 def render() -> str:
     """The reference page."""
-    from noisy_student_assets.core.experiments.arms import ARM_FIELDS
     from noisy_student_assets.core.pseudo_labels.sources.registry import SOURCES
     from noisy_student_assets.core.settings import SOURCE_KIND_FIELDS
     from noisy_student_assets.core.training.modes.registry import MODES
@@ -164,17 +163,7 @@ def render() -> str:
     lines += [
         f"| `{path}` | {_value(default)} | {_cell(help_text)} |" for path, (default, help_text) in cpu["source"].items()
     ]
-    lines += [
-        "",
-        "## Arm fields",
-        "",
-        "An experiment file's arms (`experiments/*.yaml`) set these; each overrides the settings named.",
-        "",
-    ]
-    lines += ["| arm field | sets | meaning |", "|---|---|---|"]
-    for name, field in ARM_FIELDS.items():
-        targets = ", ".join(f"`{stage}`: `{path}`" for stage, path, *_ in field.targets)
-        lines.append(f"| `{name}` | {targets} | {_cell(field.help or field.setting().description or '')} |")
+    lines += _arm_field_section()
     lines += [
         "",
         "## Student modes (`mode`)",
@@ -195,6 +184,25 @@ def render() -> str:
     lines += ["| source | weighs each sample's vote by |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(source.description)} |" for name, source in SOURCES.items()]
     return "\n".join(lines + _resource_sections(cpu["resources"], gpu["resources"])).rstrip() + "\n"
+
+
+def _arm_field_section() -> list[str]:
+    """The reference page's arm fields: the settings each sets."""
+    from noisy_student_assets.core.experiments.arms import ARM_FIELDS
+
+    lines = [
+        "",
+        "## Arm fields",
+        "",
+        "An experiment file's arms (`experiments/*.yaml`) set these; each overrides the settings named.",
+        "",
+        "| arm field | sets | meaning |",
+        "|---|---|---|",
+    ]
+    for name, field in ARM_FIELDS.items():
+        targets = ", ".join(f"`{stage}`: `{path}`" for stage, path, *_ in field.targets)
+        lines.append(f"| `{name}` | {targets} | {_cell(field.help or field.setting().description or '')} |")
+    return lines
 
 
 def _resource_sections(cpu: dict, gpu: dict) -> list[str]:

@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
-from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA
+from noisy_student_assets.core.experiments.tasks import load_tasks
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA, load_problems
 from resources.data_lake import DataLake
 from tests.lakes import arms_instance, materialize
 from tests.tiny_configs import TASK_AND_MODEL, TINY_SMOKE, TWO_DIGIT
@@ -115,3 +116,21 @@ def test_arms_draw_their_own_split_and_rematerializing_replaces_it(lake_root: Pa
     second = pl.read_parquet(lake_root / "labeled_problems" / "a" / "data.parquet")
     assert first["problem_id"].to_list() != second["problem_id"].to_list()
     assert sorted(p.name for p in (lake_root / "labeled_problems" / "a").iterdir()) == ["data.parquet"]
+
+
+def test_an_arm_whose_task_is_a_gsm8k_subset_draws_its_problems_from_it(lake_root: Path, tiny_model_dir: Path) -> None:
+    """A task owns its problems whatever their kind: arm `words-s0` names a GSM8K subset (pool from the train split,
+    held-out set from the test split), which wins over the run config's reasoning_gym sources, as a reasoning_gym
+    task's would."""
+    lake = DataLake(root=str(lake_root))
+    with arms_instance() as instance:
+        instance.add_dynamic_partitions("arm", ["words-s0"])
+        materialize(lake, [*TASK_AND_MODEL, *SPLIT], _config(tiny_model_dir), arm="words-s0", instance=instance)
+
+    task = load_tasks()["gsm8k-slice"]
+    pool, held_out = (lake.read_table(dg.AssetKey(name), "words-s0") for name in TASK_AND_MODEL[:2])
+    train, test = (load_problems(**source.load_kwargs()) for source in (task.training_source, task.eval_source))
+    assert pool.equals(train) and pool.height == 100 and set(pool["source"]) == {"gsm8k:train"}
+    assert held_out.height <= 30 and set(held_out["problem_id"]) <= set(test["problem_id"])
+    labeled = lake.read_table(dg.AssetKey(layout.LABELED_PROBLEMS), "words-s0")
+    assert labeled.height == 16 and set(labeled["problem_id"]) <= set(pool["problem_id"])

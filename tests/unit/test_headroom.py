@@ -58,7 +58,8 @@ def _task_seeds(lake: Path, task: str, gold_gain: float, seeds: int = 3) -> Path
 
 def test_a_task_is_the_cpu_profile_s_sources_with_its_own_generator() -> None:
     tasks = load_tasks()
-    assert list(tasks) == ["two-digit-sums", "chain-sums", "products"]
+    shipped = ["two-digit-sums", "chain-sums", "products"]
+    assert list(tasks) == [*shipped, "gsm8k-slice"], "the shipped tasks, then the test experiments' own"
     assert tasks["two-digit-sums"].training_source == CPU_TRAINING_SOURCE
     held_out = tasks["chain-sums"].eval_source
     assert (held_out.name, held_out.size, held_out.seed) == ("chain_sum", 280, CPU_EVAL_SOURCE.seed)
@@ -135,11 +136,11 @@ def test_an_edited_tasks_file_is_read_again(tmp_path: Path) -> None:
 
     tasks_file = tmp_path / "mine.yaml"
     tasks_file.write_text("sums: {name: basic_arithmetic, eval_candidates: 100}\n")
-    assert load_tasks([tmp_path])["sums"].eval_candidates == 100
+    assert load_tasks([tmp_path])["sums"].eval_source.size == 100
     tasks_file.write_text("sums: {name: basic_arithmetic, eval_candidates: 300}\n")
     modified = tasks_file.stat().st_mtime_ns + 1_000_000  # a later version, however coarse the filesystem's clock
     os.utime(tasks_file, ns=(modified, modified))
-    assert load_tasks([tmp_path])["sums"].eval_candidates == 300
+    assert load_tasks([tmp_path])["sums"].eval_source.size == 300
 
 
 PASSES = load_experiment(EXPERIMENT.parent / "passes.yaml")

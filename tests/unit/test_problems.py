@@ -1,5 +1,6 @@
 """Problem loading, validation, splitting and fingerprinting on the shipped data and real temporary files."""
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -10,16 +11,20 @@ import pytest
 
 from noisy_student_assets.core.problems import (
     HIDDEN_GOLD_COLUMN,
+    LOADERS,
+    PROBLEM_KINDS,
     PROBLEM_SCHEMA,
     UNLABELED_SCHEMA,
     ProblemFormatError,
     drop_overlap,
     eval_halves,
     fingerprint,
+    kind_fields,
     load_problems,
     problems_from_records,
     split_problems,
 )
+from noisy_student_assets.core.settings import SOURCE_KIND_FIELDS, ProblemSource
 
 # The default CPU task: "What is 47 + 38?"-style sums of two numbers. allow_parentheses=False selects
 # reasoning_gym's simple generator; the default (parenthesised) one also emits negative operands.
@@ -348,3 +353,12 @@ def test_unknown_kind_lists_valid_kinds():
     expected = "unknown problem kind 'csv'; valid kinds: gsm8k, math500, reasoning_gym, file, hf"
     with pytest.raises(ValueError, match=expected):
         load_problems("csv")
+
+
+def test_each_kind_of_the_registry_has_a_loader_reading_exactly_its_source_fields() -> None:
+    """`settings.SOURCE_KIND_FIELDS` is the one registry of problem kinds: a kind without a loader, a loader of no
+    kind, or a loader whose parameters are not the fields its kind's sources may set, fails here."""
+    assert LOADERS.keys() == SOURCE_KIND_FIELDS.keys() and tuple(SOURCE_KIND_FIELDS) == PROBLEM_KINDS
+    for kind, loader in LOADERS.items():
+        assert tuple(inspect.signature(loader).parameters) == kind_fields(kind), kind
+        assert set(SOURCE_KIND_FIELDS[kind]) <= set(ProblemSource.model_fields), kind

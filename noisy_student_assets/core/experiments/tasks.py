@@ -1,22 +1,28 @@
 """Tasks an experiment can name (no Dagster here): `experiments/tasks/*.yaml` (and `tasks/` of another experiments
-directory), each task a reasoning_gym generator and its options, which an arm's `task` field makes its training pool
-and its held-out set.
+directory). A task owns its problems: its training pool and its held-out set, which an arm's `task` field makes the
+arm's `problem_pool` and `eval_problems`. Each is a problem source of any kind (`settings.ProblemSource`: a
+reasoning_gym generator, a GSM8K or MATH-500 subset, a JSONL or parquet file, a Hugging Face dataset), or, in short,
+a reasoning_gym generator and its options for both:
 
     chain-sums:
       description: "three one-digit numbers added or subtracted (reasoning_gym chain_sum): 7 - 2 + 9"
       name: chain_sum
       task_options: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1}
       eval_candidates: 280   # held-out candidates to generate (default: the CPU profile's 230)
+    gsm8k-slice:
+      description: "grade-school word problems: the first 200 of GSM8K's train split, 100 of its test split"
+      pool: {kind: gsm8k, split: train, size: 200}
+      held_out: {kind: gsm8k, split: test, size: 100}
 
-The pool and the held-out set keep the CPU profile's sizes and seeds (`CPU_TRAINING_SOURCE`, `CPU_EVAL_SOURCE`):
-1000 problems from seed 0, and the held-out candidates from seed 1000, the pool's prompts dropped.
+The short form keeps the CPU profile's sizes and seeds (`CPU_TRAINING_SOURCE`, `CPU_EVAL_SOURCE`): 1000 problems
+from seed 0, and the held-out candidates from seed 1000, the pool's prompts dropped.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -30,27 +36,31 @@ TASKS_DIR = "tasks"
 
 @dataclass(frozen=True)
 class Task:
-    """A reasoning_gym generator and its options, for the pool and the held-out set."""
+    """A task's problems: the pool an arm draws its labeled, unlabeled and validation problems from, and its held-out
+    set (the pool's prompts are dropped from it)."""
 
     name: str
     description: str
-    generator: str
-    task_options: dict = field(default_factory=dict)
-    eval_candidates: int = CPU_EVAL_SOURCE.size
-    """Held-out problems to generate; those whose prompt is in the pool are dropped (a task of few distinct prompts
-    needs more candidates for as many held-out problems)."""
+    training_source: ProblemSource
+    eval_source: ProblemSource
 
-    def _source(self, template: ProblemSource, size: int) -> ProblemSource:
-        update = {"name": self.generator, "task_options_json": json.dumps(self.task_options), "size": size}
-        return template.model_copy(update=update)
 
-    @property
-    def training_source(self) -> ProblemSource:
-        return self._source(CPU_TRAINING_SOURCE, CPU_TRAINING_SOURCE.size)
+def _reasoning_gym_sources(entry: dict) -> tuple[ProblemSource, ProblemSource]:
+    """The pool and held-out sources of a task given in short, as a reasoning_gym generator and its options."""
+    update = {"name": entry["name"], "task_options_json": json.dumps(entry.get("task_options", {}))}
+    eval_candidates = entry.get("eval_candidates", CPU_EVAL_SOURCE.size)
+    return (
+        CPU_TRAINING_SOURCE.model_copy(update=update),
+        CPU_EVAL_SOURCE.model_copy(update=update | {"size": eval_candidates}),
+    )
 
-    @property
-    def eval_source(self) -> ProblemSource:
-        return self._source(CPU_EVAL_SOURCE, self.eval_candidates)
+
+def _task(name: str, entry: dict) -> Task:
+    if "pool" in entry or "held_out" in entry:
+        sources = (ProblemSource(**entry["pool"]), ProblemSource(**entry["held_out"]))
+    else:
+        sources = _reasoning_gym_sources(entry)
+    return Task(name, entry.get("description", ""), *sources)
 
 
 def tasks_dirs() -> list[Path]:
@@ -74,16 +84,7 @@ def load_tasks(directories: list[Path] | None = None) -> dict[str, Task]:
 def _tasks_file(path: Path, modified_ns: int) -> dict[str, Task]:
     """One tasks file's tasks, parsed once per version of the file: an arm's overrides read its task each time they
     are asked for (the grid's and the automation's staleness), and an edited file is read again."""
-    return {
-        name: Task(
-            name=name,
-            description=entry.get("description", ""),
-            generator=entry["name"],
-            task_options=entry.get("task_options", {}),
-            eval_candidates=entry.get("eval_candidates", CPU_EVAL_SOURCE.size),
-        )
-        for name, entry in (yaml.safe_load(path.read_text()) or {}).items()
-    }
+    return {name: _task(name, entry) for name, entry in (yaml.safe_load(path.read_text()) or {}).items()}
 
 
 def task(name: str) -> Task:

@@ -48,6 +48,11 @@ class Finding:
     outcome: str
     command: str
 
+    @classmethod
+    def of(cls, question: str, row: dict, command: str, estimate: str = "estimate") -> Finding:
+        """A finding from a row of the summary's comparisons: its estimate, interval, mde, seeds and outcome."""
+        return cls(question, row[estimate], row["low"], row["high"], row["mde"], row["seeds"], row["outcome"], command)
+
     @property
     def verdict(self) -> str:
         return verdict.wording(self.outcome, self.mde) if self.mde is not None else self.outcome
@@ -111,16 +116,12 @@ def source_findings(results: Path, experiment: Experiment, question: FindingQues
     task = experiment.all_arms()[0].spec.task
     sources = sources.filter(pl.col("coverage") == DIRECT_EFFECT_COVERAGE, pl.col("source").is_in(LABEL_SOURCES))
     return [
-        Finding(
+        Finding.of(
             f"{row['source'].capitalize()} labels are right more often than the head count's, all problems "
             f"labeled, {task}",
-            row["minus majority"],
-            row["low"],
-            row["high"],
-            row["mde"],
-            row["seeds"],
-            row["outcome"],
+            row,
             _command(experiment, question),
+            estimate="minus majority",
         )
         for row in sources.iter_rows(named=True)
     ]
@@ -150,17 +151,12 @@ def student_findings(results: Path, experiment: Experiment, question: FindingQue
         pl.col("round") == pl.col("round").max().over("group"),
     )
     return [
-        Finding(
+        Finding.of(
             f"The {arm_of[row['group']].label_source}-label student{_variant(arm_of[row['group']])} beats "
             f"labeled-only (round {row['round']}), "
             + question.group.format(**arm_of[row["group"]].spec.model_dump())
             + unmeasured(row["group"]),
-            row["estimate"],
-            row["low"],
-            row["high"],
-            row["mde"],
-            row["seeds"],
-            row["outcome"],
+            row,
             _command(experiment, question),
         )
         for row in last.iter_rows(named=True)

@@ -438,106 +438,71 @@ def summary_markdown(results: ExperimentResults) -> str:
         "No round has been evaluated against its labeled-only control yet."
     ]
     lines += [f"- {line}" for line in results.pending]
-    if results.differences.height:
-        shown = results.differences.select(
-            "experiment",
-            "group",
-            "round",
-            "control",
-            "eval_set",
-            "seeds",
-            "problems",
-            "estimate",
-            "low",
-            "high",
-            "mde",
-            "outcome",
-            "compute_matched",
-        )
-        lines += [
-            "",
-            "## Student minus control, per round "
-            "(paired 95% intervals: over seeds and problems, or over problems on one seed; mde: the smallest true "
-            "effect the interval detects 80% of the time)",
-            "",
-            markdown_table(shown),
-        ]
-    if results.accuracy.height:
-        lines += [
-            "",
-            "## Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)",
-            "",
-            markdown_table(accuracy_pivot(results.accuracy)),
-            "",
-            "## Greedy accuracy per seed",
-            "",
-            markdown_table(seed_accuracy_pivot(results.accuracy)),
-        ]
-    if results.audits.height:
-        lines += [
-            "",
-            "## Pseudo-labels (audited against the hidden gold)",
-            "",
-            markdown_table(results.audits.drop("experiment", "group")),
-        ]
-    if results.sources.height:
-        lines += [
-            "",
-            "## Label sources at matched coverage (kept-label accuracy vs the hidden gold; oracle: pass@K)",
-            "",
-            markdown_table(results.sources.drop("experiment"), max_rows=None),
-        ]
+    for title, tables in _table_sections(results):
+        if tables:
+            lines += ["", f"## {title}", "", *"\n\n".join(tables).split("\n")]
+    return "\n".join(lines) + "\n"
+
+
+DIFFERENCE_COLUMNS = (
+    *("experiment", "group", "round", "control", "eval_set", "seeds", "problems"),
+    *("estimate", "low", "high", "mde", "outcome", "compute_matched"),
+)
+
+
+def _table_sections(results: ExperimentResults) -> list[tuple[str, list[str]]]:
+    """The summary's tables after its verdict, each under its title; a section whose table is empty shows none."""
+
+    def shown(table: pl.DataFrame, *dropped: str) -> list[str]:
+        return [markdown_table(table.drop(*dropped))] if table.height else []
+
     over_seeds = (
         sources_against(results.sources, results.curves, margins=results.margins)
         if results.sources.height
         else pl.DataFrame()
     )
-    if over_seeds.height:
-        lines += [
-            "",
-            "## Label sources against majority at matched coverage, over seeds "
-            "(the direct effect: interval over seeds, at least each seed's binomial width; mde: the smallest true "
-            "effect it detects 80% of the time)",
-            "",
-            markdown_table(over_seeds.drop("experiment"), max_rows=None),
-        ]
-    if results.flips.height:
-        lines += [
-            "",
-            "## Flips from the teacher (held-out problems, greedy)",
-            "",
-            markdown_table(results.flips, max_rows=None),
-        ]
-    if results.verifiers.height:
-        lines += [
-            "",
-            "## Verifiers (trained on the labeled problems' samples; measured on the validation problems' samples)",
-            "",
-            markdown_table(results.verifiers.drop("experiment", "group"), max_rows=None),
-        ]
-    if results.yardsticks.height:
-        means = results.yardsticks.group_by("experiment", "group", "round", maintain_order=True).agg(
+    yardstick_means = (
+        results.yardsticks.group_by("experiment", "group", "round", maintain_order=True).agg(
             pl.len().alias("seeds"), pl.exclude("arm", "problems").mean()
         )
-        lines += [
-            "",
-            "## TTRL's yardstick on the transductive problems "
-            "(test-time arms; per arm, then the mean over each group's seeds)",
-            "",
-            markdown_table(results.yardsticks, max_rows=None),
-            "",
-            markdown_table(means, max_rows=None),
-        ]
-    if results.calibration.height:
-        lines += [
-            "",
-            "## Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)",
-            "",
-            markdown_table(results.calibration),
-        ]
-    if results.validation.height:
-        lines += ["", "## Labeled RL on the validation split", "", markdown_table(results.validation)]
-    return "\n".join(lines) + "\n"
+        if results.yardsticks.height
+        else pl.DataFrame()
+    )
+    accuracy = results.accuracy.height > 0
+    return [
+        (
+            "Student minus control, per round (paired 95% intervals: over seeds and problems, or over problems on one "
+            "seed; mde: the smallest true effect the interval detects 80% of the time)",
+            shown(results.differences.select(DIFFERENCE_COLUMNS) if results.differences.height else pl.DataFrame()),
+        ),
+        (
+            "Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)",
+            shown(accuracy_pivot(results.accuracy)) if accuracy else [],
+        ),
+        ("Greedy accuracy per seed", shown(seed_accuracy_pivot(results.accuracy)) if accuracy else []),
+        ("Pseudo-labels (audited against the hidden gold)", shown(results.audits, "experiment", "group")),
+        (
+            "Label sources at matched coverage (kept-label accuracy vs the hidden gold; oracle: pass@K)",
+            shown(results.sources, "experiment"),
+        ),
+        (
+            "Label sources against majority at matched coverage, over seeds (the direct effect: interval over seeds, "
+            "at least each seed's binomial width; mde: the smallest true effect it detects 80% of the time)",
+            shown(over_seeds, "experiment"),
+        ),
+        ("Flips from the teacher (held-out problems, greedy)", shown(results.flips)),
+        (
+            "Verifiers (trained on the labeled problems' samples; measured on the validation problems' samples)",
+            shown(results.verifiers, "experiment", "group"),
+        ),
+        (
+            "TTRL's yardstick on the transductive problems (test-time arms; per arm, then the mean over each group's "
+            "seeds)",
+            shown(results.yardsticks) + shown(yardstick_means),
+        ),
+        ("Pseudo-label calibration (label accuracy by vote agreement, seeds pooled)", shown(results.calibration)),
+        ("Labeled RL on the validation split", shown(results.validation)),
+    ]
 
 
 def _pooled_calibration(tables: list[pl.DataFrame]) -> pl.DataFrame:

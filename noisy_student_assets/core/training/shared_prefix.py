@@ -209,6 +209,35 @@ def _reordered(value, order):
 
 
 @cache
+def groups_kept_together(trainer) -> bool:
+    """Whether a step's micro-batches may keep each group's completions together instead of TRL's shuffle: where the
+    step is one optimizer step whose loss adds up per completion or over the whole batch, how its rows are split does
+    not change the update (a per-micro-batch token mean, an entropy bonus or mask, or several optimizer steps a
+    generation would)."""
+    return (
+        trainer.shared_prefix
+        and trainer.num_iterations == 1
+        and trainer.args.steps_per_generation == trainer.args.gradient_accumulation_steps
+        and trainer.loss_type != "bnpo"
+        and trainer.top_entropy_quantile == 1.0
+        and not trainer._entropy_bonus_enabled
+        and "pixel_values" not in trainer._buffered_inputs[0]
+    )
+
+
+def packed_logps(model, packed: PackedGroups, implementation: str, compute_entropy: bool):
+    """The per-token log-probs (and entropies, if asked) of a packed micro-batch's completions, each group's prompt
+    computed once, in the rows' own layout."""
+    outputs = model(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask(implementation),
+        position_ids=packed.position_ids,
+        shift_labels=packed.shift_labels,
+        fused_lm_head=True,
+    )
+    return packed.unpack(outputs.log_probs), packed.unpack(outputs.entropy) if compute_entropy else None
+
+
 def shared_prefix_trainer_class() -> type:
     """`SharedPrefixGRPOTrainer`, defined on first use: TRL is imported only where a GRPO run trains."""
     from trl import GRPOTrainer
@@ -229,25 +258,10 @@ def shared_prefix_trainer_class() -> type:
             buffered = self._buffered_inputs
             inputs = super()._prepare_inputs(generation_batch)
             # TRL's own schedule decides when a step generates: a new buffer of micro-batches is the sign
-            if self._buffered_inputs is not buffered and self._groups_kept_together():
+            if self._buffered_inputs is not buffered and groups_kept_together(self):
                 self._buffered_inputs = kept_together(self._buffered_inputs)
                 inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
             return inputs
-
-        def _groups_kept_together(self) -> bool:
-            """Whether a step's micro-batches may keep each group's completions together instead of TRL's shuffle:
-            where the step is one optimizer step whose loss adds up per completion or over the whole batch, how its
-            rows are split does not change the update (a per-micro-batch token mean, an entropy bonus or mask, or
-            several optimizer steps a generation would)."""
-            return (
-                self.shared_prefix
-                and self.num_iterations == 1
-                and self.args.steps_per_generation == self.args.gradient_accumulation_steps
-                and self.loss_type != "bnpo"
-                and self.top_entropy_quantile == 1.0
-                and not self._entropy_bonus_enabled
-                and "pixel_values" not in self._buffered_inputs[0]
-            )
 
         def _get_per_token_logps_and_entropies(
             self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **extra
@@ -277,15 +291,7 @@ def shared_prefix_trainer_class() -> type:
                     computed = input_ids[rows].numel()
                 else:
                     with self.accelerator.autocast():
-                        outputs = model(
-                            input_ids=packed.input_ids,
-                            attention_mask=packed.attention_mask(implementation),
-                            position_ids=packed.position_ids,
-                            shift_labels=packed.shift_labels,
-                            fused_lm_head=True,
-                        )
-                    chunk_logps = packed.unpack(outputs.log_probs)
-                    chunk_entropies = packed.unpack(outputs.entropy) if compute_entropy else None
+                        chunk_logps, chunk_entropies = packed_logps(model, packed, implementation, compute_entropy)
                     computed = packed.computed_tokens
                 self._count_loss_tokens(computed, input_ids[rows].numel(), attention_mask[rows, -logits_to_keep:])
                 logps.append(chunk_logps)

@@ -11,7 +11,6 @@ the student) on other labels, so that since the base model it has spent exactly 
 """
 
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 
 import dagster as dg
@@ -48,32 +47,52 @@ from resources.stage_resources import StageResources
 
 
 def round_controls(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
-    """Round `number`'s control checkpoints that `asked_for` lists, their evaluations and checks."""
-    key = partial(round_key, number)
-    student_key, labels_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS)
-    checkpoint_key = {control: key(layout.control_checkpoint(control)) for control in layout.CONTROLS}
-    # output_required: a control the arm's experiment does not list yields nothing (`not_asked_for`).
-    heavy = {
+    """Round `number`'s control checkpoints that `asked_for` lists (`CONTROL_CHECKPOINTS`), their evaluations and
+    checks."""
+    student_key = round_key(number, layout.STUDENT)
+    checkpoint_key = {control: round_key(number, layout.control_checkpoint(control)) for control in layout.CONTROLS}
+    checks = []
+    for control in asked_for.controls:
+        checks += [
+            *checkpoint_checks(checkpoint_key[control]),
+            compute_matched_check(checkpoint_key[control], student_key),
+        ]
+    evals = [
+        checkpoint_eval(round_key(number, layout.control_eval(c)), checkpoint_key[c], group=round_group(number))
+        for c in asked_for.controls
+    ]
+    checkpoints = [CONTROL_CHECKPOINTS[control](number) for control in asked_for.controls]
+    return dg.Definitions(assets=[*checkpoints, *evals], asset_checks=checks)
+
+
+def _heavy(number: int) -> dict:
+    """What a control checkpoint is declared with. output_required: a control the arm's experiment does not list
+    yields nothing (`not_asked_for`)."""
+    return {
         "group_name": round_group(number),
         "partitions_def": ARMS,
         "io_manager_key": "checkpoint_io_manager",
         "output_required": False,
         **HEAVY,
     }
-    teacher = dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager")
-    labeled = dg.AssetIn(layout.LABELED_PROBLEMS)
-    generations = dg.AssetIn(key(layout.GENERATIONS))  # the cap of their completions comes from the teacher's samples
 
+
+def _generations(number: int) -> dg.AssetIn:
+    """The round's samples: the cap of a control's completions comes from the teacher's samples."""
+    return dg.AssetIn(round_key(number, layout.GENERATIONS))
+
+
+def _labeled_only_asset(number: int) -> dg.AssetsDefinition:
     @dg.asset(
-        key=checkpoint_key[layout.LABELED_ONLY],
+        key=round_key(number, layout.control_checkpoint(layout.LABELED_ONLY)),
         ins={
             "init": dg.AssetIn(labeled_only_init_key(number), input_manager_key="checkpoint_io_manager"),
-            "labeled_problems": labeled,
-            "generations": generations,
+            "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
+            "generations": _generations(number),
         },
         description="Control: the round's GRPO on the labeled problems alone, from the previous round's labeled-only "
         "checkpoint (round 1: labeled RL).",
-        **heavy,
+        **_heavy(number),
     )
     def labeled_only_checkpoint(
         context: dg.AssetExecutionContext,
@@ -91,20 +110,24 @@ def round_controls(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitio
             staged = train_on_labeled(current, init, labeled_problems)
         yield current.output(staged)
 
+    return labeled_only_checkpoint
+
+
+def _gold_label_asset(number: int) -> dg.AssetsDefinition:
     @dg.asset(
-        key=checkpoint_key[layout.GOLD_LABEL],
+        key=round_key(number, layout.control_checkpoint(layout.GOLD_LABEL)),
         ins={
-            "teacher": teacher,
-            "labeled_problems": labeled,
+            "teacher": dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager"),
+            "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
             "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
             "eval_problems": dg.AssetIn(layout.EVAL_PROBLEMS),  # read to refuse training on its gold
             "base_model": BASE_MODEL_INPUT,
-            "generations": generations,
+            "generations": _generations(number),
         },
         description="Control: the round's GRPO from the student's init on the labeled problems and every unlabeled "
         "problem with its true answer (the upper bound; the only asset trained on the hidden gold). Refused on a "
         "test-time arm, whose hidden gold is the held-out set's.",
-        **heavy,
+        **_heavy(number),
     )
     def gold_label_checkpoint(
         context: dg.AssetExecutionContext,
@@ -133,18 +156,24 @@ def round_controls(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitio
             context, config, stage_resources, layout.GOLD_LABEL, (teacher, base_model), generations, revealed
         )
 
+    return gold_label_checkpoint
+
+
+def _random_label_asset(number: int) -> dg.AssetsDefinition:
+    labels_key = round_key(number, layout.PSEUDO_LABELS)
+
     @dg.asset(
-        key=checkpoint_key[layout.RANDOM_LABEL],
+        key=round_key(number, layout.control_checkpoint(layout.RANDOM_LABEL)),
         ins={
-            "teacher": teacher,
-            "labeled_problems": labeled,
+            "teacher": dg.AssetIn(teacher_key(number), input_manager_key="checkpoint_io_manager"),
+            "labeled_problems": dg.AssetIn(layout.LABELED_PROBLEMS),
             "pseudo_labels": dg.AssetIn(labels_key),
             "base_model": BASE_MODEL_INPUT,
-            "generations": generations,
+            "generations": _generations(number),
         },
         description="Control: the student's training with the kept pseudo-labels shuffled among the kept problems "
         "(no problem keeps its own label).",
-        **heavy,
+        **_heavy(number),
     )
     def random_label_checkpoint(
         context: dg.AssetExecutionContext,
@@ -167,22 +196,15 @@ def round_controls(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitio
             context, config, stage_resources, layout.RANDOM_LABEL, (teacher, base_model), generations, shuffled
         )
 
-    checkpoints = {
-        layout.LABELED_ONLY: labeled_only_checkpoint,
-        layout.GOLD_LABEL: gold_label_checkpoint,
-        layout.RANDOM_LABEL: random_label_checkpoint,
-    }
-    checks = []
-    for control in asked_for.controls:
-        checks += [
-            *checkpoint_checks(checkpoint_key[control]),
-            compute_matched_check(checkpoint_key[control], student_key),
-        ]
-    evals = [
-        checkpoint_eval(key(layout.control_eval(c)), checkpoint_key[c], group=round_group(number))
-        for c in asked_for.controls
-    ]
-    return dg.Definitions(assets=[*(checkpoints[c] for c in asked_for.controls), *evals], asset_checks=checks)
+    return random_label_checkpoint
+
+
+CONTROL_CHECKPOINTS: dict[str, Callable[[int], dg.AssetsDefinition]] = {
+    layout.LABELED_ONLY: _labeled_only_asset,
+    layout.GOLD_LABEL: _gold_label_asset,
+    layout.RANDOM_LABEL: _random_label_asset,
+}
+"""Each control's checkpoint asset of a round: its inputs, what it trains on, its description."""
 
 
 def _student_control(

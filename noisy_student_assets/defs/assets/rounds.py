@@ -19,6 +19,7 @@ arm's validation problems) is what an arm's patience reads; only arms with one m
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -91,25 +92,29 @@ def eval_input(key: dg.AssetKey | str) -> dg.AssetIn:
 
 
 def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
-    """Round `number`'s assets and checks: generations, pseudo-labels, student checkpoint, eval report; the verifier
-    and its scores, and the student's validation eval, where `asked_for` says an arm runs them."""
-    key = partial(round_key, number)
-    generations_key, verifier_key, scores_key, labels_key, student_key, report_key = (
-        key(layout.GENERATIONS),
-        key(layout.VERIFIER),
-        key(layout.VERIFIER_SCORES),
-        key(layout.PSEUDO_LABELS),
-        key(layout.STUDENT),
-        key(layout.EVAL_REPORT),
+    """Round `number`'s assets and checks, one factory per asset (`ROUND_ASSETS`): generations, pseudo-labels,
+    student checkpoint, eval report; the verifier and its scores, and the student's validation eval, where
+    `asked_for` says an arm runs them."""
+    return dg.Definitions(
+        assets=[make(number, asked_for) for make, wanted in ROUND_ASSETS if wanted(asked_for)],
+        asset_checks=checkpoint_checks(round_key(number, layout.STUDENT)),
     )
-    teacher = checkpoint_input(teacher_key(number))
-    heavy = {"group_name": round_group(number), "partitions_def": ARMS, **HEAVY}
+
+
+def _heavy(number: int) -> dict:
+    """What a round's heavy asset is declared with: its round's group, the arms, the device pool."""
+    return {"group_name": round_group(number), "partitions_def": ARMS, **HEAVY}
+
+
+def _generations_asset(number: int, _: AskedFor) -> dg.AssetsDefinition:
+    """The teacher's K samples of each unlabeled problem."""
+    generations_key, teacher = round_key(number, layout.GENERATIONS), checkpoint_input(teacher_key(number))
 
     @dg.asset(
         key=generations_key,
         ins={"teacher": teacher, "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS)},
         description="K samples per unlabeled problem from the round's teacher (parquet).",
-        **heavy,
+        **_heavy(number),
     )
     def generations(
         context: dg.AssetExecutionContext,
@@ -121,6 +126,13 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         with stage(context, config, stage_resources, params={"teacher": str(teacher)}) as current:
             table = _sample(current, teacher, unlabeled_problems)
         return current.output(table)
+
+    return generations
+
+
+def _verifier_asset(number: int, _: AskedFor) -> dg.AssetsDefinition:
+    """The outcome verifier trained on the teacher's samples of the labeled problems."""
+    verifier_key, teacher = round_key(number, layout.VERIFIER), checkpoint_input(teacher_key(number))
 
     @dg.asset(
         key=verifier_key,
@@ -135,7 +147,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         "RewardTrainer) trained on the teacher's right and wrong samples of the labeled problems, measured on its "
         "samples of the validation problems (AUROC, label accuracy). Only arms whose label source reads it "
         "materialize it.",
-        **heavy,
+        **_heavy(number),
     )
     def verifier(
         context: dg.AssetExecutionContext,
@@ -150,16 +162,23 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         yield current.output(staged)
         yield check
 
+    return verifier
+
+
+def _verifier_scores_asset(number: int, _: AskedFor) -> dg.AssetsDefinition:
+    """The verifier's score of each of the round's samples."""
+    scores_key = round_key(number, layout.VERIFIER_SCORES)
+
     @dg.asset(
         key=scores_key,
         ins={
-            "verifier": checkpoint_input(verifier_key),
-            "generations": dg.AssetIn(generations_key),
+            "verifier": checkpoint_input(round_key(number, layout.VERIFIER)),
+            "generations": dg.AssetIn(round_key(number, layout.GENERATIONS)),
             "unlabeled_problems": dg.AssetIn(layout.UNLABELED_PROBLEMS),
         },
         description="The verifier's score (a logit) of each of the round's samples: what a verifier-weighted vote "
         "reads.",
-        **heavy,
+        **_heavy(number),
     )
     def verifier_scores(
         context: dg.AssetExecutionContext,
@@ -171,6 +190,14 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         with stage(context, None, stage_resources) as current:
             table = _score_samples(current, verifier, generations, unlabeled_problems)
         return current.output(table)
+
+    return verifier_scores
+
+
+def _pseudo_labels_asset(number: int, asked_for: AskedFor) -> dg.AssetsDefinition:
+    """The vote over the round's generations, audited."""
+    labels_key, scores_key = round_key(number, layout.PSEUDO_LABELS), round_key(number, layout.VERIFIER_SCORES)
+    generations_key = round_key(number, layout.GENERATIONS)
 
     @dg.asset(
         key=labels_key,
@@ -200,6 +227,15 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         yield current.output(table, metadata=_explorer(context.partition_key, number))
         yield check
 
+    return pseudo_labels
+
+
+def _student_asset(number: int, _: AskedFor) -> dg.AssetsDefinition:
+    """The round's student, trained on the labels and kept pseudo-labels."""
+    key = partial(round_key, number)
+    student_key, labels_key, generations_key = key(layout.STUDENT), key(layout.PSEUDO_LABELS), key(layout.GENERATIONS)
+    teacher = checkpoint_input(teacher_key(number))
+
     @dg.asset(
         key=student_key,
         io_manager_key="checkpoint_io_manager",
@@ -213,7 +249,7 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
         },
         description="The round's student, next round's teacher: from the teacher (or the base model), GRPO on labeled "
         "+ kept pseudo-labeled problems, or SFT / DPO on the teacher's samples that agree with the kept labels.",
-        **heavy,
+        **_heavy(number),
     )
     def student_checkpoint(
         context: dg.AssetExecutionContext,
@@ -232,30 +268,42 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
             staged = train_from_student_init(current, teacher, base_model, StudentData(labeled, kept, generations))
         return current.output(staged, metadata={"teacher": dg.MetadataValue.path(str(teacher))})
 
-    labeled_only_eval_key = key(layout.control_eval(layout.LABELED_ONLY))
+    return student_checkpoint
+
+
+def _eval_report_inputs(number: int) -> dict[str, dg.AssetIn]:
+    """What a round's eval report reads: the student, the held-out problems, the labels, the labeled-only control's
+    evaluation and the earlier ones (labeled RL, the base model, every earlier round: a teacher kept by its promotion
+    is an earlier round's student, or labeled RL, and its flips are from that one), and from round 2 the teacher."""
+    key = partial(round_key, number)
     earlier = {"previous_round": eval_input(round_key(number - 1, layout.EVAL_REPORT))} if number > 1 else {}
-    # A teacher kept by its promotion is an earlier round's student (or labeled RL): its flips are from that one.
     earlier |= {layout.round_prefix(k): eval_input(round_key(k, layout.EVAL_REPORT)) for k in range(1, number - 1)}
-    taught = {"teacher": teacher} if number > 1 else {}
+    return {
+        "student": checkpoint_input(key(layout.STUDENT)),
+        "eval_problems": dg.AssetIn(layout.EVAL_PROBLEMS),
+        "pseudo_labels": dg.AssetIn(key(layout.PSEUDO_LABELS)),
+        "labeled_only_eval": eval_input(key(layout.control_eval(layout.LABELED_ONLY))),
+        "labeled_rl": eval_input(layout.LABELED_RL_EVAL),
+        "base_model": eval_input(layout.BASE_MODEL_EVAL),
+        **earlier,
+        **({"teacher": checkpoint_input(teacher_key(number))} if number > 1 else {}),
+    }
+
+
+def _eval_report_asset(number: int, _: AskedFor) -> dg.AssetsDefinition:
+    """The round's student on the held-out problems, with the round's verdict."""
+    report_key = round_key(number, layout.EVAL_REPORT)
+    labeled_only_eval_key = round_key(number, layout.control_eval(layout.LABELED_ONLY))
 
     @dg.asset(
         key=report_key,
         io_manager_key="eval_io_manager",
-        ins={
-            "student": checkpoint_input(student_key),
-            "eval_problems": dg.AssetIn(layout.EVAL_PROBLEMS),
-            "pseudo_labels": dg.AssetIn(labels_key),
-            "labeled_only_eval": eval_input(labeled_only_eval_key),
-            "labeled_rl": eval_input(layout.LABELED_RL_EVAL),
-            "base_model": eval_input(layout.BASE_MODEL_EVAL),
-            **earlier,
-            **taught,
-        },
+        ins=_eval_report_inputs(number),
         check_specs=[reported_check(NO_EVAL_REGRESSION, report_key), reported_check(EVAL_NOT_DEGENERATE, report_key)],
         description="The round's student on eval_problems, and the verdict: its accuracy minus the labeled-only "
         "control's (same compute), with a paired interval over seeds and problems; deltas vs the previous round, "
         "labeled RL and the base model; pseudo-label calibration.",
-        **heavy,
+        **_heavy(number),
     )
     def eval_report(
         context: dg.AssetExecutionContext,
@@ -311,20 +359,30 @@ def round_definitions(number: int, asked_for: AskedFor = ASKED_FOR) -> dg.Defini
             current.settings.regression_tolerance,
         )
 
-    student_validation = checkpoint_eval(
-        key(layout.STUDENT_VALIDATION), student_key, group=round_group(number), problems=layout.VALIDATION_PROBLEMS
+    return eval_report
+
+
+def _student_validation_asset(number: int, _: AskedFor) -> dg.AssetsDefinition:
+    """The round's student on the arm's validation problems (what patience and promotion read)."""
+    return checkpoint_eval(
+        round_key(number, layout.STUDENT_VALIDATION),
+        round_key(number, layout.STUDENT),
+        group=round_group(number),
+        problems=layout.VALIDATION_PROBLEMS,
     )
-    return dg.Definitions(
-        assets=[
-            generations,
-            *([verifier, verifier_scores] if asked_for.verifier else []),
-            pseudo_labels,
-            student_checkpoint,
-            *([student_validation] if asked_for.round_validation else []),
-            eval_report,
-        ],
-        asset_checks=checkpoint_checks(student_key),
-    )
+
+
+ROUND_ASSETS: tuple[tuple[Callable[[int, AskedFor], dg.AssetsDefinition], Callable[[AskedFor], bool]], ...] = (
+    (_generations_asset, lambda asked_for: True),
+    (_verifier_asset, lambda asked_for: asked_for.verifier),
+    (_verifier_scores_asset, lambda asked_for: asked_for.verifier),
+    (_pseudo_labels_asset, lambda asked_for: True),
+    (_student_asset, lambda asked_for: True),
+    (_student_validation_asset, lambda asked_for: asked_for.round_validation),
+    (_eval_report_asset, lambda asked_for: True),
+)
+"""A round's assets in dependency order: each one's factory (its inputs, its core call, its checks) and whether an
+arm's experiment asks for it."""
 
 
 def _taught_by(number: int, teacher: Path | None) -> str:
