@@ -69,6 +69,10 @@ def load_problems(kind: str, **fields: object) -> pl.DataFrame:
     """
     if kind not in PROBLEM_KINDS:
         raise ValueError(f"unknown problem kind {kind!r}; valid kinds: {', '.join(PROBLEM_KINDS)}")
+    if unknown := sorted(set(fields) - set(SOURCE_DEFAULTS)):
+        raise TypeError(
+            f"load_problems has no source field {', '.join(unknown)}; the fields: {', '.join(SOURCE_DEFAULTS)}"
+        )
     given = SOURCE_DEFAULTS | {name: value for name, value in fields.items() if value is not None}
     if given["size"] < 0:
         raise ValueError(f"size must be >= 0, got {given['size']}")

@@ -69,15 +69,10 @@ GENERATION_SCHEMA = pl.Schema(
 # caller's environment sets it, overrides this.
 SAMPLING_KV_CACHE_BYTES = 2 * 2**30
 
-VLLM_MIN_BATCHED_TOKENS = 4096
-"""vLLM's own default token budget per engine step on CPU; raised only for longer sequences."""
-
 LOGPROB_ROWS_PER_PASS = 8
 """Generated rows the transformers backend scores per forward pass: its logits hold rows x length x vocabulary."""
 
 Progress = Callable[[int, int], None]
-ShardCallback = Callable[[int, pl.DataFrame], None]
-"""Called with (index in the settings list, table of one finished shard of problems)."""
 ShardDone = Callable[[int, list[int], list[list["Sample"]]], None]
 """A backend's report of one finished shard: (set index, the problems' indices, their samples)."""
 
@@ -172,7 +167,7 @@ def generate(
     skipped = [set(table["problem_id"]) for table in done]
     jobs = [[index for index, problem_id in enumerate(problem_ids) if problem_id not in skip] for skip in skipped]
     total, resumed = len(problem_ids) * len(settings_sets), sum(map(len, skipped))
-    progressed = resumed
+    progressed = total - sum(map(len, jobs))
 
     def table(set_index: int, indices: list[int], samples: list[list[Sample]]) -> pl.DataFrame:
         return _samples_table(
@@ -398,7 +393,7 @@ class _Work:
     checkpoint_dir: Path
     prompt_ids: list[list[int]]
     jobs: list[list[int]]
-    settings_list: Sequence[SamplingSettings]
+    settings_sets: Sequence[SamplingSettings]
     device: str
     dtype: str
     shard_size: int
@@ -431,7 +426,7 @@ def _sample_with_transformers(
     model.generation_config = GenerationConfig(eos_token_id=sorted(stop_ids), pad_token_id=pad_id)
     sample_sets: list[list[list[Sample]]] = []
     with torch.inference_mode():
-        for set_index, settings in enumerate(work.settings_list):
+        for set_index, settings in enumerate(work.settings_sets):
             torch.manual_seed(settings.seed)
             samples: list[list[Sample]] = []
             for shard in _chunks(work.jobs[set_index], work.shard_size):
@@ -513,18 +508,18 @@ def _decode_generated(
 
 
 def _sample_with_vllm(work: _Work, problem_ids: list[str], gpu_memory_utilization: float) -> list[list[list[Sample]]]:
-    max_model_len = max(map(len, work.prompt_ids)) + max(settings.max_new_tokens for settings in work.settings_list)
+    max_model_len = max(map(len, work.prompt_ids)) + max(settings.max_new_tokens for settings in work.settings_sets)
     sample_sets: list[list[list[Sample]]] = []
     with VllmEngine(
         work.checkpoint_dir,
         max_model_len=max_model_len,
-        seed=work.settings_list[0].seed,
+        seed=work.settings_sets[0].seed,
         dtype=work.dtype,
         device=work.device,
         kv_cache_bytes=SAMPLING_KV_CACHE_BYTES,
         gpu_memory_utilization=gpu_memory_utilization,
     ) as engine:
-        for set_index, settings in enumerate(work.settings_list):
+        for set_index, settings in enumerate(work.settings_sets):
             samples: list[list[Sample]] = []
             for shard in _chunks(work.jobs[set_index], work.shard_size):
                 params = [_vllm_sampling_params(settings, problem_ids[index]) for index in shard]

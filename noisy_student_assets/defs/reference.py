@@ -226,7 +226,6 @@ def _resource_sections(cpu: dict, gpu: dict) -> list[str]:
             lines.append(f"| `{path}` | {cpu_shown} | {gpu_shown} | {_cell(help_text)} |")
         lines.append("")
     return lines
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

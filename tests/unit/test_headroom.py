@@ -56,7 +56,7 @@ def _task_seeds(lake: Path, task: str, gold_gain: float, seeds: int = 3) -> Path
     return lake
 
 
-def test_a_task_is_the_cpu_profile_s_sources_with_its_own_generator() -> None:
+def test_a_shipped_task_is_the_cpu_profile_s_sources_with_its_own_generator() -> None:
     tasks = load_tasks()
     shipped = ["two-digit-sums", "chain-sums", "products"]
     assert list(tasks) == [*shipped, "gsm8k-slice"], "the shipped tasks, then the test experiments' own"
@@ -239,3 +239,16 @@ def _assert_each_arm_is_its_passes_twin_but(experiment: Experiment, student_only
         own, twin = (spec.model_dump(exclude=student_only) for spec in (arm.spec, twins[arm.spec.seed].spec))
         assert own == twin, arm.name
     return twins
+
+
+@pytest.mark.parametrize(
+    ("entry", "refused"),
+    [
+        ("{pool: {kind: gsm8k, split: train}}", "gives pool alone"),
+        ("{name: chain_sum, pool: {kind: gsm8k}, held_out: {kind: gsm8k, split: test}}", "name belong to the short"),
+    ],
+)
+def test_a_task_gives_both_sources_or_the_short_form(tmp_path: Path, entry: str, refused: str) -> None:
+    (tmp_path / "mine.yaml").write_text(f"words: {entry}\n")
+    with pytest.raises(ValueError, match=refused):
+        load_tasks([tmp_path])

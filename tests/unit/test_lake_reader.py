@@ -28,7 +28,10 @@ READERS = sorted(
 """What reads the lake to show it. `core/reporting/eval_report.py` is left out: it is the evaluation's own record (its
 files, writer and reader), which `ArmLake.evaluation` returns."""
 OWN_RECORDS = {PACKAGE / "core" / "reporting" / "eval_report.py"}
-FILE_OPENERS = {"read_parquet", "read_json", "scan_parquet", "read_text", "read_bytes", "exists", "is_file", "is_dir"}
+FILE_OPENERS = {
+    *("read_parquet", "read_json", "scan_parquet", "read_text", "read_bytes"),
+    *("exists", "is_file", "is_dir", "stat", "glob", "rglob", "iterdir"),
+}
 
 
 def lake_access(source: str) -> list[str]:
@@ -50,7 +53,7 @@ def lake_access(source: str) -> list[str]:
             ]
         if isinstance(node, ast.Call):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-            if name in FILE_OPENERS or (name == "open" and isinstance(node.func, ast.Name)):
+            if name in FILE_OPENERS or name == "open":
                 found.append(f"line {node.lineno}: {name}()")
     return sorted(found, key=lambda line: int(line.split(":")[0].removeprefix("line ")))
 

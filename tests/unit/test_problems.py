@@ -355,6 +355,11 @@ def test_unknown_kind_lists_valid_kinds():
         load_problems("csv")
 
 
+def test_a_source_field_no_kind_reads_is_refused() -> None:
+    with pytest.raises(TypeError, match="no source field splitt"):
+        load_problems("gsm8k", splitt="test")
+
+
 def test_each_kind_of_the_registry_has_a_loader_reading_exactly_its_source_fields() -> None:
     """`settings.SOURCE_KIND_FIELDS` is the one registry of problem kinds: a kind without a loader, a loader of no
     kind, or a loader whose parameters are not the fields its kind's sources may set, fails here."""

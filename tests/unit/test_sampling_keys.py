@@ -13,6 +13,7 @@ from noisy_student_assets.core.sampling import (
     problem_parts,
     sampling_cache_key,
 )
+from noisy_student_assets.core.vllm_engine import request_seed
 
 SAMPLING = SamplingSettings(n=4, temperature=1.0, top_p=0.95, max_new_tokens=12, seed=3)
 
@@ -61,3 +62,10 @@ def test_problem_parts_are_contiguous_near_equal_and_give_the_problems_back(
     cut = problem_parts(problems, parts)
     assert [part.height for part in cut] == sizes
     assert pl.concat(cut).equals(problems)
+
+
+def test_a_request_s_seed_is_the_rule_every_lake_was_sampled_with() -> None:
+    """The one seed rule (`vllm_engine.request_seed`) of a teacher's sample of a problem (seed, problem id) and of a
+    GRPO rollout (seed, step, call, position): pinned, since changing it changes every sample a lake would draw."""
+    assert request_seed(7, "p-3") == 195877683085039
+    assert request_seed(0, 2, 1, 5) == 152199413972356

@@ -55,11 +55,21 @@ def _reasoning_gym_sources(entry: dict) -> tuple[ProblemSource, ProblemSource]:
     )
 
 
+SHORT_FORM = ("name", "task_options", "eval_candidates")
+"""A task's fields in short, as a reasoning_gym generator; a task that gives `pool` and `held_out` gives none."""
+
+
 def _task(name: str, entry: dict) -> Task:
-    if "pool" in entry or "held_out" in entry:
-        sources = (ProblemSource(**entry["pool"]), ProblemSource(**entry["held_out"]))
-    else:
-        sources = _reasoning_gym_sources(entry)
+    given = {"pool", "held_out"} & set(entry)
+    if given != {"pool", "held_out"} and given:
+        raise ValueError(
+            f"task {name!r} gives {', '.join(given)} alone: a task gives both pool and held_out, or neither"
+        )
+    if given and (short := [field for field in SHORT_FORM if field in entry]):
+        raise ValueError(f"task {name!r} gives pool and held_out: {', '.join(short)} belong to the short form")
+    sources = (
+        (ProblemSource(**entry["pool"]), ProblemSource(**entry["held_out"])) if given else _reasoning_gym_sources(entry)
+    )
     return Task(name, entry.get("description", ""), *sources)
 
 

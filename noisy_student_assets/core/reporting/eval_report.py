@@ -18,7 +18,6 @@ from pathlib import Path
 
 import polars as pl
 
-from noisy_student_assets.core import layout
 from noisy_student_assets.core.evaluation import EvalResult
 from noisy_student_assets.core.layout import METRICS_FILE, SCORES_FILE
 from noisy_student_assets.core.reporting.markdown import markdown_table, write_report
@@ -73,11 +72,6 @@ def read_published_eval(directory: Path) -> PublishedEval | None:
         return None
     metrics = json.loads((directory / METRICS_FILE).read_text())["metrics"]
     return PublishedEval(directory, metrics, pl.read_parquet(directory / SCORES_FILE))
-
-
-def read_evaluation(lake: Path, key_path: tuple[str, ...] | str, arm: str | None) -> PublishedEval | None:
-    """An eval asset's published metrics and per-problem scores in `lake`, or None."""
-    return read_published_eval(layout.artifact_dir(lake, key_path, arm))
 
 
 def deltas(metrics: dict[str, float], against: dict[str, dict[str, float]]) -> dict[str, float]:

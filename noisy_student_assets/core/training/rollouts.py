@@ -146,7 +146,11 @@ class VllmRollouts:
             seed=self.seed,
             dtype=self.dtype,
             device=self.device,
-            kv_cache_bytes=kv_cache_bytes(trainer.model.config, self.dtype, sequences, max_model_len),
+            kv_cache_bytes=(
+                kv_cache_bytes(trainer.model.config, self.dtype, sequences, max_model_len)
+                if self.device == "cpu"
+                else 0
+            ),
             # beside the trainer on its GPU: TRL's own share for a vLLM colocated with training
             gpu_memory_utilization=trainer.args.vllm_gpu_memory_utilization,
         )

@@ -208,7 +208,6 @@ def _reordered(value, order):
     return value
 
 
-@cache
 def groups_kept_together(trainer) -> bool:
     """Whether a step's micro-batches may keep each group's completions together instead of TRL's shuffle: where the
     step is one optimizer step whose loss adds up per completion or over the whole batch, how its rows are split does
@@ -238,6 +237,7 @@ def packed_logps(model, packed: PackedGroups, implementation: str, compute_entro
     return packed.unpack(outputs.log_probs), packed.unpack(outputs.entropy) if compute_entropy else None
 
 
+@cache
 def shared_prefix_trainer_class() -> type:
     """`SharedPrefixGRPOTrainer`, defined on first use: TRL is imported only where a GRPO run trains."""
     from trl import GRPOTrainer
