@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from vllm import RequestOutput, SamplingParams
 
 # vLLM on CPU, when the caller's environment does not say otherwise: vLLM keeps one core away from its compute
-# threads for the scheduler process; on 2 cores that halves the compute, and giving both to compute sampled 48 x 4
-# completions in 130 s instead of 190 s (SmolLM2-135M). vLLM's CPU worker, a process of its own, scans every loaded
+# threads for the scheduler process; on 2 cores that halves the compute, so both go to compute (docs/benchmark.md).
+# vLLM's CPU worker, a process of its own, scans every loaded
 # module for kernels when it starts and so touches torch's deprecated `torch.distributed.reduce_op`: that warning
 # (vLLM's, not this project's) is silenced in the worker through the environment it inherits.
 VLLM_CPU_ENV_DEFAULTS = {
@@ -48,10 +48,10 @@ def request_seed(*parts: object) -> int:
 
 
 def cpu_engine_args(max_model_len: int, kv_cache_bytes: int) -> dict:
-    """Engine settings for vLLM on CPU, a KV cache of `kv_cache_bytes` (timings measured with SmolLM2-135M, 2 cores)."""
+    """Engine settings for vLLM on CPU, a KV cache of `kv_cache_bytes`."""
     return {
         "kv_cache_memory_bytes": kv_cache_bytes,
-        # torch.compile triples start-up (about 35 s to 80-110 s) for about 20% more tokens/s.
+        # torch.compile costs far more start-up than its faster steps win back on short CPU runs.
         "enforce_eager": True,
         # Per-request seeds crash vLLM on CPU when a prompt's prefill is split across steps ("CPU
         # Generator does not use offset"); unsplit prompts need a batch that holds the longest one.
@@ -62,8 +62,8 @@ def cpu_engine_args(max_model_len: int, kv_cache_bytes: int) -> dict:
 
 def kv_cache_bytes(config, dtype: str, sequences: int, max_model_len: int) -> int:
     """Bytes of KV cache that hold `sequences` sequences of `max_model_len` tokens at once for a model of `config`
-    (keys and values of every layer's key-value heads). A GRPO step's groups need this much, where the sampling
-    stage's 2 GiB was 5 times that for SmolLM2's 16 completions of a step and cost a GRPO process its memory."""
+    (keys and values of every layer's key-value heads). A GRPO step's groups need this much, far less than the
+    sampling stage's fixed cache, which would cost a GRPO process its memory."""
     import torch
 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
