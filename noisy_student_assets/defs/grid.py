@@ -53,6 +53,9 @@ from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.settings import Launcher, LauncherSettings
 
 GRID_TAG = "noisy_student/experiment"
+ARM_TAG, ROUND_TAG = "noisy_student/arm", "noisy_student/rounds"
+"""A grid run's arm and the rounds it materializes ("0" for an arm's foundation: its task, base model and labeled
+RL), beside its experiment's `GRID_TAG`: the UI's Runs page filters by them."""
 INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
 """The errors of a step stopped by a signal: Dagster fails the step with the interrupt itself (nothing retries it)."""
 EXIT_GRACE_S = 60.0
@@ -158,20 +161,40 @@ def materialize_selection(
     of any op of the code location: only the selected ones' is passed on."""
     import dagster as dg
 
-    from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
+    from noisy_student_assets.defs.code_location import defs
+    from noisy_student_assets.defs.current_defaults import CURRENT_DEFAULTS
 
     graph = defs.resolve_asset_graph()
     keys = dg.AssetSelection.assets(*(asset_key(n) for n in names)).required_multi_asset_neighbors().resolve(graph)
-    nodes = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=keys).graph.node_dict
-    return dg.materialize(
-        ASSETS_AND_CHECKS,
-        selection=list(keys),
-        partition_key=partition,
+    # The checks `dg.materialize` of these assets runs: theirs, less the current-defaults sensor's own.
+    checks = {check for check in graph.asset_check_keys if check.asset_key in keys and check.name != CURRENT_DEFAULTS}
+    job = named_job(keys, partition).get_subset(asset_selection=keys, asset_check_selection=checks)
+    rounds = sorted({layout.round_number(key.path[0]) if len(key.path) > 1 else 0 for key in keys})
+    named = {ARM_TAG: partition, ROUND_TAG: ",".join(map(str, rounds))} if partition else {}
+    return job.execute_in_process(
+        run_config=_filtered_run_config(run_config or {}, job.graph.node_dict),
         instance=instance,
+        partition_key=partition,
         resources=resources,
-        run_config=_filtered_run_config(run_config or {}, nodes),
-        tags=tags,
+        tags=(tags or {}) | named,
         raise_on_error=raise_on_error,
+    )
+
+
+def named_job(keys: set, partition: str | None):
+    """The code location's smallest job that holds every one of `keys` (a round's job, else `arm_job`; the shared
+    assets': `verdict_job`): a run of a subset of it is listed under its name, where the UI's Runs, Jobs and
+    Overview pages group it, not as one more run of the hidden asset job."""
+    from noisy_student_assets.defs.code_location import defs
+
+    jobs = [defs.resolve_job_def(job.name) for job in defs.jobs]
+    holding = [
+        job
+        for job in jobs
+        if keys <= job.asset_layer.selected_asset_keys and (job.partitions_def is None) == (partition is None)
+    ]
+    return min(holding, key=lambda job: len(job.asset_layer.selected_asset_keys), default=None) or (
+        defs.resolve_implicit_global_asset_job_def()
     )
 
 

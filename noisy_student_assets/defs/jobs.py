@@ -13,6 +13,34 @@ RUN_TAGS = {MAX_RUNTIME_TAG: str(RUN_TIME_LIMIT_S)}
 """Every job's runs (launched from the UI, by the sensor, a job's backfill): run monitoring (dagster.yaml) stops one
 past `RUN_TIME_LIMIT_S`. Job tags, not `run_tags`: a job's backfill gives its runs the job's tags alone. The grid's
 runs, in its own process, have no daemon to stop them; their stages' limits do."""
+STEP_PRELOAD = ["noisy_student_assets.definitions", "torch", "transformers", "trl.trainer.grpo_trainer", "vllm"]
+"""What a run's step processes start with: the code location and the libraries its heavy stages import (vLLM, and
+TRL's trainer, which also imports transformers' and vLLM's), imported once per run by the server its steps are
+forked from, in place of once per step by a spawned interpreter. A run of light steps alone pays them once."""
+
+
+def _forked_steps(config: dict) -> dict:
+    """Dagster's default executor config, a process per step (`multiprocess`) started from a forkserver that
+    preloaded `STEP_PRELOAD` unless the run names a start method; `in_process` as given."""
+    if "multiprocess" not in config:
+        return config
+    forkserver = {"forkserver": {"preload_modules": STEP_PRELOAD}}
+    return {
+        "multiprocess": {
+            **config["multiprocess"],
+            "start_method": config["multiprocess"].get("start_method") or forkserver,
+        }
+    }
+
+
+STEP_EXECUTOR = dg.multi_or_in_process_executor.configured(
+    _forked_steps,
+    config_schema=dg.Field(
+        dg.multi_or_in_process_executor.config_schema.config_type, default_value={"multiprocess": {}}
+    ),
+)
+"""Every job's executor, the implicit asset job's (`dagster asset materialize`, the UI) included: Dagster's
+default with its step processes forked (`_forked_steps`); a run's `execution` config picks as it would there."""
 
 
 def jobs(assets: dg.Definitions, rounds: int, asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
@@ -94,4 +122,4 @@ def jobs(assets: dg.Definitions, rounds: int, asked_for: AskedFor = ASKED_FOR) -
             description="The verdict across every registered arm.",
         ),
     ]
-    return dg.Definitions(jobs=defined)
+    return dg.Definitions(jobs=defined, executor=STEP_EXECUTOR)

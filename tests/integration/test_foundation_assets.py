@@ -15,6 +15,8 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.experiments.tasks import load_tasks
 from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN, PROBLEM_SCHEMA, load_problems
+from noisy_student_assets.defs.grid import ARM_TAG, ROUND_TAG
+from noisy_student_assets.defs.jobs import ARM_JOB
 from resources.data_lake import DataLake
 from tests.lakes import arms_instance, materialize
 from tests.tiny_configs import TASK_AND_MODEL, TINY_SMOKE, TWO_DIGIT
@@ -47,6 +49,8 @@ def test_an_arms_task_model_and_split_materialize(lake_root: Path, tiny_model_di
     with arms_instance() as instance:
         shared = materialize(lake, [*TASK_AND_MODEL, *SPLIT], _config(tiny_model_dir), arm="a", instance=instance)
         second_arm = materialize(lake, TASK_AND_MODEL, _config(tiny_model_dir), arm="b", instance=instance)
+        (run, *_) = [record.dagster_run for record in instance.get_run_records()]
+    assert run.job_name == ARM_JOB and {ARM_TAG: "b", ROUND_TAG: "0"}.items() <= run.tags.items()
 
     pool = pl.read_parquet(lake_root / "problem_pool" / "a" / "data.parquet")
     labeled, unlabeled, validation = (pl.read_parquet(lake_root / name / "a" / "data.parquet") for name in SPLIT)

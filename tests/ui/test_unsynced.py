@@ -18,6 +18,8 @@ from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.defs.current_defaults import CURRENT_DEFAULTS, SENSOR_INTERVAL_S
+from noisy_student_assets.defs.grid import ARM_TAG, GRID_TAG, ROUND_TAG
+from noisy_student_assets.defs.jobs import ARM_JOB
 from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env, graphql, own_device_lock
 from tests.tiny_configs import K_CHANGED, TINY_SAMPLING, op, tiny_config
 from tests.ui.conftest import CHROMIUM
@@ -171,3 +173,14 @@ def test_with_the_default_restored_nothing_is_left_behind(changed_ui, browser) -
     outcomes = _reported(url, assets, set())
     assert all(status == "SUCCEEDED" for status, _ in outcomes.values()), outcomes
     assert not [asset for asset in assets if _stale(url, asset, ARM)[0] == "STALE"]
+
+
+def test_the_runs_page_lists_the_grid_s_run_by_job_with_its_experiment_arm_and_rounds(changed_ui, browser) -> None:
+    url, _ = changed_ui
+    page = _open(browser, f"{url}/runs")
+    page.get_by_text(ARM_JOB, exact=True).first.wait_for(timeout=60_000)
+    text = page.inner_text("body")
+    page.screenshot(path=SCREENSHOTS / "runs-by-job.png")
+    assert "__ephemeral_asset_job__" not in text and "__ASSET_JOB" not in text
+    for tag, value in ((GRID_TAG, EXPERIMENT.stem), (ARM_TAG, ARM), (ROUND_TAG, "0,1")):
+        assert page.get_by_text(f"{tag}: {value}").first.is_visible(), (tag, value, text[:3000])

@@ -1,6 +1,7 @@
 """The code location's wiring: arms as partitions, rounds as key prefixes with every input drawn as an edge,
 the device pool, blocking checks, and the experiment files the repository ships."""
 
+import importlib.util
 import json
 import re
 import shutil
@@ -15,7 +16,8 @@ from noisy_student_assets.core.experiments.arms import STAGES, load_experiments
 from noisy_student_assets.core.settings import RUN_TIME_LIMIT_S, resolved
 from noisy_student_assets.core.staleness import digest
 from noisy_student_assets.definitions import defs
-from noisy_student_assets.defs.jobs import MAX_RUNTIME_TAG
+from noisy_student_assets.defs.grid import named_job
+from noisy_student_assets.defs.jobs import ARM_JOB, MAX_RUNTIME_TAG, STEP_EXECUTOR, STEP_PRELOAD
 from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 from resources.compute import DEVICE_POOL
 
@@ -91,6 +93,35 @@ def test_run_monitoring_stops_every_daemon_launched_run_past_the_run_time_limit_
     assert jobs and all(
         job.tags[MAX_RUNTIME_TAG] == job.run_tags[MAX_RUNTIME_TAG] == str(RUN_TIME_LIMIT_S) for job in jobs
     )
+
+
+def _execution(config: dict) -> dict:
+    """What a run's `execution: {config: ...}` comes to under the code location's executor."""
+    return STEP_EXECUTOR.apply_config_mapping({"config": config}).value["config"]
+
+
+def test_every_job_forks_its_steps_from_a_preloaded_server_unless_its_run_says_otherwise() -> None:
+    jobs = [defs.resolve_implicit_global_asset_job_def(), *(defs.resolve_job_def(job.name) for job in defs.jobs)]
+    assert {job.executor_def for job in jobs} == {STEP_EXECUTOR}
+    default = STEP_EXECUTOR.config_schema.as_field().default_value
+    assert _execution(default)["multiprocess"]["start_method"] == {"forkserver": {"preload_modules": STEP_PRELOAD}}
+    assert _execution({"multiprocess": {"max_concurrent": 1}})["multiprocess"]["start_method"]["forkserver"]
+    spawned = _execution({"multiprocess": {"start_method": {"spawn": {}}}})
+    assert spawned["multiprocess"]["start_method"] == {"spawn": {}}
+    assert "in_process" in _execution({"in_process": {}})
+    # a module the server cannot import fails every multiprocess run at its first step
+    assert all(importlib.util.find_spec(module) for module in STEP_PRELOAD)
+
+
+def test_a_grid_run_is_named_after_the_smallest_job_that_holds_its_assets() -> None:
+    def named(*names: str, partition: str | None = "a") -> str:
+        return named_job({dg.AssetKey(name.split("/")) for name in names}, partition).name
+
+    assert named(_round(2, layout.STUDENT), _round(2, layout.EVAL_REPORT)) == "round_002_job"
+    assert named(_round(1, layout.VERIFIER)) == "round_001_verifier_job"
+    assert named(layout.PROBLEM_POOL, layout.LABELED_RL) == ARM_JOB
+    assert named(_round(1, layout.STUDENT), _round(2, layout.STUDENT)) == ARM_JOB
+    assert named(layout.VERDICT, partition=None) == "verdict_job"
 
 
 def test_every_heavy_asset_runs_in_the_device_pool() -> None:
