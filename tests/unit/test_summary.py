@@ -22,11 +22,13 @@ from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.reporting.eval_report import metadata_key
 from noisy_student_assets.core.reporting.markdown import markdown_table
 from noisy_student_assets.core.reporting.summary import (
+    SUMMARY_FILE,
     ExperimentResults,
     accuracy_pivot,
     collect,
     group_label,
     lake_arms,
+    main,
     seed_accuracy_pivot,
     sources_against,
     summary_markdown,
@@ -222,6 +224,28 @@ def test_seeds_are_listed_in_number_order_and_an_arm_without_a_seed_is_listed_to
         ("g", "2"),
         ("g", "10"),
     ]
+
+
+def test_an_arm_without_a_seed_is_listed_under_the_seed_it_runs_with() -> None:
+    unseeded = Experiment(name="e", arms={"plain": ArmSpec(), "seeded": ArmSpec(seed=3)})
+    assert [unseeded.arm(name).seed for name in ("plain", "seeded")] == [0, 3]
+
+
+def test_reading_a_results_directory_writes_nothing_there_and_the_data_lake_keeps_its_summary(
+    lake: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "grid.yaml").write_text(
+        "defaults: {round_steps: 16}\narms:\n  tau50-s0: {tau: 0.5, seed: 0}\n  tau50-s1: {tau: 0.5, seed: 1}\n"
+    )
+    monkeypatch.setenv("NOISY_STUDENT_EXPERIMENTS", str(experiments))
+    monkeypatch.setenv("NOISY_STUDENT_DATA_LAKE", str(lake))
+    before = sorted(lake.rglob("*"))
+    main(mlflow_store="mlruns", lake=lake)
+    assert sorted(lake.rglob("*")) == before and "Run summary (markdown)" not in capsys.readouterr().out
+    main(mlflow_store="mlruns")
+    assert (lake / SUMMARY_FILE).read_text().startswith("# noisy-student run summary")
 
 
 def test_the_summary_prints_each_seed_behind_the_means(lake: Path) -> None:

@@ -373,6 +373,11 @@ class Experiment(BaseModel):
     findings: tuple[FindingQuestion, ...] = Field(
         default=(), description="the questions the findings table asks of this experiment's committed results"
     )
+    headline: bool = Field(
+        default=False,
+        description="the README's headline is what this experiment found: its teacher, then its last round against "
+        "the labeled-only control (`python -m noisy_student_assets.findings`); one experiment sets it",
+    )
     defaults: ArmSpec = ArmSpec()
     arms: dict[str, ArmSpec]
 
@@ -481,6 +486,12 @@ class Arm(BaseModel):
     def label_source(self) -> str:
         """Whose judgement weighs this arm's votes (its `label_source`, else the default)."""
         return self.spec.settings(PSEUDO_LABELS).label_source
+
+    @property
+    def seed(self) -> int:
+        """The seed this arm runs with: its own or its experiment's, else the split's default (every stage the `seed`
+        arm field sets defaults to the same)."""
+        return self.spec.settings(PROBLEM_SPLIT).seed
 
     def overrides_sha(self, stage: str) -> str:
         """Fingerprint of what this arm changes in `stage`: a stage whose fingerprint changed is stale."""

@@ -63,7 +63,7 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
         rows.append(
             {
                 "arm": arm.name,
-                "seed": arm.spec.seed,
+                "seed": arm.seed,
                 "teacher_validation_greedy": validation.metrics["greedy_accuracy"] if validation else None,
                 "maj_at_k": audit.teacher_maj_at_k if audit else None,
                 "pass_at_k": audit.teacher_pass_at_k if audit else None,

@@ -201,7 +201,7 @@ class _ArmsRead:
                     "greedy_accuracy": validated.metrics["greedy_accuracy"],
                 }
             )
-        row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.spec.seed)}
+        row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.seed)}
         base = arm_lake.evaluation(layout.BASE_MODEL_EVAL)
         if base and evaluations:
             self.accuracy.append(
@@ -535,10 +535,12 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
 def main(
     mlflow_store: str, experiment: str | None = None, lake: Path | None = None, export: Path | None = None
 ) -> None:
-    """Print (and write into the lake) the run summary, of every experiment's arms in the lake or of `experiment`'s
-    (a file name's stem) alone; `mlflow_store` is the MLflow store the runs were logged to. `lake`: a lake or a
-    results directory (`lake_reader.export_results`) instead of the data lake; `export`: copy the summarized arms'
-    results there."""
+    """Print the run summary, of every experiment's arms in the lake or of `experiment`'s (a file name's stem) alone,
+    and write it into the data lake; `mlflow_store` is the MLflow store the runs were logged to. `lake`: a lake or a
+    results directory (`lake_reader.export_results`) to read instead of the data lake, printed only (the results
+    directory is the repository's: reading it writes nothing there); `export`: copy the summarized arms' results
+    there."""
+    writes_summary = lake is None
     lake = lake or layout.default_lake_root()
     print(f"\nData lake: {lake}")
     arms, rounds = lake_arms(lake, default_experiments_dir())
@@ -548,10 +550,11 @@ def main(
         print("No evaluated arms yet" + (f" of experiment {experiment}." if experiment else "."))
         return
     summary = summary_markdown(collect(lake, arms, rounds))
-    name = SUMMARY_FILE if not experiment else f"{Path(SUMMARY_FILE).stem}_{experiment}.md"
-    (lake / name).write_text(f"# noisy-student run summary{f': {experiment}' if experiment else ''}\n\n{summary}")
     print(summary)
-    print(f"Run summary (markdown): {lake / name}")
+    if writes_summary:
+        name = SUMMARY_FILE if not experiment else f"{Path(SUMMARY_FILE).stem}_{experiment}.md"
+        (lake / name).write_text(f"# noisy-student run summary{f': {experiment}' if experiment else ''}\n\n{summary}")
+        print(f"Run summary (markdown): {lake / name}")
     if export:
         copied = export_results(lake, [arm.name for arm in arms], export)
         print(
