@@ -80,6 +80,28 @@ def role_of(asset_name: str) -> str:
     return next((control for control in layout.CONTROLS if asset_name.startswith(control)), layout.STUDENT_ROLE)
 
 
+ARM_ROLE = "arm"
+"""The role of an arm's own run: its held-out accuracy by round (`MlflowTracking.log_by_round`)."""
+BY_ROUND = "greedy_accuracy"
+"""The metric an arm's run holds per checkpoint, stepped by round: `greedy_accuracy/student`, `.../labeled_only`."""
+
+
+def round_points(key_path: list[str]) -> tuple[int, list[str]] | None:
+    """Where an evaluation's greedy accuracy goes in its arm's run: the round (its step) and the lines it is a point
+    of. Labeled RL is round 0 of the student's line (the summary's convention) and a line of its own; the base model
+    is a line of its own; a round's evaluations are the student's and each control's. A validation split's is none."""
+    *round_prefix, asset = key_path
+    if round_prefix:
+        if asset == layout.EVAL_REPORT:
+            return layout.round_number(round_prefix[0]), [layout.STUDENT_ROLE]
+        role = role_of(asset)
+        return (layout.round_number(round_prefix[0]), [role]) if asset == layout.control_eval(role) else None
+    return {
+        layout.LABELED_RL_EVAL: (0, [layout.LABELED_RL.removesuffix(CHECKPOINT_SUFFIX), layout.STUDENT_ROLE]),
+        layout.BASE_MODEL_EVAL: (0, [layout.BASE_MODEL]),
+    }.get(asset)
+
+
 class MlflowTracking(dg.ConfigurableResource):
     """Plain mlflow around asset materializations. The default store is SQLite in the data lake
     (MLflow 3.17 refuses a ./mlruns file store), or the shared database's schema `mlflow` when
@@ -156,10 +178,7 @@ class MlflowTracking(dg.ConfigurableResource):
             ROUND_TAG: round_name,
             ROLE_TAG: role_of(key_path[-1]) if round_name else key_path[-1],
         }
-        # Steps of one run start in parallel processes; the first access creates the store's tables (a
-        # migration that two processes at once break: "duplicate column name") and the experiment.
-        with (self.lake.root_path / f"{layout.TRACKING_DB_NAME}.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with self._store_lock():
             if self._shared_database:
                 create_mlflow_schema(self._shared_database)
             experiment = mlflow.get_experiment_by_name(self.experiment_name)
@@ -179,6 +198,42 @@ class MlflowTracking(dg.ConfigurableResource):
         with mlflow.start_run(run_name=run_name(key_path, arm.name if arm else None), tags=tags) as run:
             mlflow.log_params(flatten_params(params))
             yield run
+
+    @contextmanager
+    def _store_lock(self) -> Iterator[None]:
+        """Held while creating what the store has one of: steps of one run start in parallel processes, and the first
+        access creates the store's tables (a migration that two processes at once break: "duplicate column name"),
+        the experiment, an arm's run."""
+        with (self.lake.root_path / f"{layout.TRACKING_DB_NAME}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def log_by_round(self, arm: Arm, key_path: list[str], greedy_accuracy: float) -> None:
+        """Add an evaluation's greedy accuracy to its arm's own run (`arm <name>`, made by its first evaluation, in
+        the active run's experiment) at its round (`round_points`), so that MLflow's chart view draws accuracy by
+        round, a line per arm, and Compare of arms' runs opens on it."""
+        import mlflow
+
+        points = round_points(key_path)
+        if points is None:
+            return
+        client = mlflow.MlflowClient(self.resolved_tracking_uri)
+        experiment_id = mlflow.active_run().info.experiment_id
+        with self._store_lock():
+            (run, *_) = client.search_runs(
+                [experiment_id], f"tags.{ROLE_TAG} = '{ARM_ROLE}' and tags.{ARM_TAG} = '{arm.name}'"
+            ) or [
+                client.create_run(
+                    experiment_id,
+                    run_name=f"{ARM_ROLE} {arm.name}",
+                    tags={ROLE_TAG: ARM_ROLE, ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment},
+                )
+            ]
+        step, lines = points
+        for line in lines:
+            client.log_metric(run.info.run_id, f"{BY_ROUND}/{line}", float(greedy_accuracy), step=step)
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log `metrics` into the active run (see `start_run`) under MLflow-safe names (`metric_name`)."""

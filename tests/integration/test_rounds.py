@@ -15,6 +15,7 @@ import pytest
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import weights_sha256
+from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.promotion import read_promotion
 from noisy_student_assets.core.reporting.eval_report import REPORT_NAME
 from noisy_student_assets.core.training.compute import MATCHED_FIELDS, read_compute
@@ -22,8 +23,11 @@ from noisy_student_assets.defs.checks import COMPUTE_MATCHED
 from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
 from resources.data_lake import DataLake
 from resources.tracking import (
+    ARM_ROLE,
     ARM_TAG,
+    BY_ROUND,
     DAGSTER_RUN_URL_TAG,
+    EXPERIMENT_TAG,
     NOTE_TAG,
     ROLE_TAG,
     ROUND_TAG,
@@ -282,7 +286,11 @@ def test_mlflow_runs_are_named_and_tagged_with_arm_round_and_role_and_a_round_fi
     two_rounds, lake: DataLake
 ) -> None:
     mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
-    runs = mlflow.search_runs(experiment_names=["noisy-student"], output_format="list")
+    runs = [  # the assets' runs (an arm's own run holds its accuracy by round)
+        r
+        for r in mlflow.search_runs(experiment_names=["noisy-student"], output_format="list")
+        if r.data.tags.get(ROLE_TAG) != ARM_ROLE
+    ]
     arms = [r for r in runs if r.data.tags.get(ARM_TAG) == ARM]
     seen = {(r.data.tags["dagster.asset"], r.data.tags[ROUND_TAG], r.data.tags[ROLE_TAG]) for r in arms}
     assert ("round_001/student_checkpoint", "round_001", "student") in seen
@@ -316,6 +324,37 @@ def test_mlflow_runs_are_named_and_tagged_with_arm_round_and_role_and_a_round_fi
     evaluated = [list(r.data.metrics) for r in arms if {"greedy_accuracy", "eval_seconds"} <= set(r.data.metrics)]
     assert evaluated, "an evaluation ran (not reused) and was timed"
     assert all(order.index("greedy_accuracy") < order.index("eval_seconds") == len(order) - 1 for order in evaluated)
+
+
+def test_an_arm_s_own_run_holds_each_checkpoint_s_accuracy_by_round(two_rounds, lake: DataLake) -> None:
+    """What MLflow's chart view draws as accuracy by round, a line per arm: the lake's evaluations, stepped by round,
+    labeled RL as round 0 of the student's line."""
+    mlflow.set_tracking_uri(MlflowTracking(lake=lake).resolved_tracking_uri)
+    (arm_run,) = mlflow.search_runs(
+        experiment_names=["noisy-student"],
+        filter_string=f"tags.{ROLE_TAG} = '{ARM_ROLE}' and tags.{ARM_TAG} = '{ARM}'",
+        output_format="list",
+    )
+    client, arm_lake = mlflow.MlflowClient(), ArmLake(lake.root_path, ARM)
+
+    def history(line: str) -> dict[int, float]:
+        return {
+            point.step: point.value for point in client.get_metric_history(arm_run.info.run_id, f"{BY_ROUND}/{line}")
+        }
+
+    def accuracy(evaluation) -> float:
+        return evaluation.metrics["greedy_accuracy"]
+
+    labeled_rl = accuracy(arm_lake.evaluation(layout.LABELED_RL_EVAL))
+    assert history(layout.STUDENT_ROLE) == {0: labeled_rl} | {
+        number: accuracy(arm_lake.round_evaluation(number, layout.STUDENT_ROLE)) for number in (1, 2)
+    }
+    assert history(layout.LABELED_ONLY) == {
+        number: accuracy(arm_lake.round_evaluation(number, layout.LABELED_ONLY)) for number in (1, 2)
+    }
+    assert history("labeled_rl") == {0: labeled_rl}
+    assert history(layout.BASE_MODEL) == {0: accuracy(arm_lake.evaluation(layout.BASE_MODEL_EVAL))}
+    assert arm_run.info.status == "FINISHED" and arm_run.data.tags[EXPERIMENT_TAG] == "tests"
 
 
 def test_dagster_and_mlflow_link_each_other(two_rounds, lake: DataLake) -> None:

@@ -581,6 +581,8 @@ def evaluate(
         eval_problems_fingerprint=problems_fingerprint(eval_problems),
     )
     current.log_metrics(metrics)
+    if current.arm is not None:
+        current.resources.tracking.log_by_round(current.arm, list(context.asset_key.path), metrics["greedy_accuracy"])
     mlflow.log_artifacts(str(staged), artifact_path="eval_report")
     current.metadata |= {
         # Floats are what the UI plots; the deltas (a dozen more charts) go in one table instead.
