@@ -14,6 +14,7 @@ from noisy_student_assets.core.reporting.findings import (
     findings,
     findings_block,
     findings_markdown,
+    headline,
     with_findings,
 )
 from noisy_student_assets.core.reporting.summary import collect
@@ -33,6 +34,21 @@ def test_each_page_shows_the_findings_the_command_prints_from_results(page: Path
     assert findings_block(page.read_text()) == printed, (
         f"{page.name}'s findings differ from the results: python -m noisy_student_assets.findings --write"
     )
+
+
+def test_the_readme_leads_with_the_headline_the_command_prints_from_results() -> None:
+    lead = headline(REPO / "results", REPO / "experiments")
+    readme = (REPO / "README.md").read_text()
+    assert lead in readme, (
+        "README.md's headline differs from the results: python -m noisy_student_assets.findings --write"
+    )
+    assert readme.index(lead) < readme.index("## Asset graph") and "95% interval" in lead
+
+
+def test_the_headline_is_the_experiment_that_asks_for_it_and_says_when_it_has_no_results(tmp_path: Path) -> None:
+    (tmp_path / "first.yaml").write_text("headline: true\narms:\n  only: {}\n")
+    (tmp_path / "second.yaml").write_text("arms:\n  other: {}\n")
+    assert "`experiments/first.yaml` has no results" in headline(tmp_path / "results", tmp_path)
 
 
 def test_every_finding_has_its_interval_mde_verdict_and_command(printed: str) -> None:

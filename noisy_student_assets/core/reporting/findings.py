@@ -26,6 +26,7 @@ from noisy_student_assets.core.experiments.arms import (
     FindingQuestion,
     load_experiments,
 )
+from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.headroom import headroom_table, line_name
 from noisy_student_assets.core.reporting.markdown import with_block
@@ -33,6 +34,8 @@ from noisy_student_assets.core.reporting.summary import collect, group_label, so
 
 BEGIN, END = "<!-- findings: begin -->", "<!-- findings: end -->"
 """The markers around the findings table in README.md and docs/results.md."""
+HEADLINE_BEGIN, HEADLINE_END = "<!-- headline: begin -->", "<!-- headline: end -->"
+"""The markers around the README's headline (`headline`), under its two commands."""
 DIRECT_EFFECT_COVERAGE = "at 100%"
 LABEL_SOURCES = ("confidence", "verifier")
 
@@ -187,6 +190,34 @@ def findings_markdown(rows: list[Finding]) -> str:
         for row in rows
     ]
     return "\n".join([*lines, END])
+
+
+def headline(results: Path, experiments_dir: Path) -> str:
+    """What the experiment that sets `headline` (`make run`'s) found, in one sentence with its markers: its teacher
+    against the base model, then its last round's student against the labeled-only control, with the difference's
+    interval and the verdict's words."""
+    (experiment,) = [found for found in load_experiments(experiments_dir).values() if found.headline]
+    arms = [arm for arm in experiment.all_arms() if ArmLake(results, arm.name).has_results()]
+    file = f"`experiments/{experiment.name}{EXPERIMENT_SUFFIX}`"
+    if not arms:
+        return f"{HEADLINE_BEGIN}\n{file} has no results in `results/` yet.\n{HEADLINE_END}"
+    found = collect(results, arms, experiment.max_rounds)
+    means = found.accuracy.group_by("round", "checkpoint").agg(pl.col("greedy_accuracy").mean())
+
+    def accuracy(number: int, checkpoint: str) -> float:
+        return means.filter(pl.col("round") == number, pl.col("checkpoint") == checkpoint)["greedy_accuracy"].item()
+
+    last = found.differences.filter(pl.col("control") == layout.LABELED_ONLY).sort("round").row(-1, named=True)
+    number, seeds = last["round"], last["seeds"]
+    return (
+        f"{HEADLINE_BEGIN}\n**What {file} found** ({seeds} seed{'s' if seeds != 1 else ''}, from `results/`): labeled "
+        f"RL reaches {accuracy(0, layout.STUDENT_ROLE):.3f} held-out accuracy from the base model's "
+        f"{accuracy(0, layout.BASE_MODEL):.3f}; round {number}'s student scores "
+        f"{accuracy(number, layout.STUDENT_ROLE):.3f} against {accuracy(number, layout.LABELED_ONLY):.3f} for its "
+        f"compute-matched labeled-only control ({last['estimate']:+.3f}, 95% interval {last['low']:+.3f} to "
+        f"{last['high']:+.3f} over {'problems' if seeds == 1 else 'seeds and problems'}): "
+        f"{Finding.of('', last, '').verdict}.\n{HEADLINE_END}"
+    )
 
 
 def with_findings(page: str, table: str) -> str:
