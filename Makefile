@@ -137,11 +137,13 @@ ui: setup
 
 # One experiment's own view in the web UI (`make view EXPERIMENT=experiments/passes.yaml`): the code location over
 # its experiment file alone (linked, so an edit and *Reload definitions* show), whose round groups hold its assets
-# alone and whose launches warn of nothing its arms do not read (docs/usage.md, "Adding a round").
+# alone and whose launches warn of nothing its arms do not read (docs/usage.md, "Adding a round"); its arms are
+# registered first, so its launch dialog offers them.
 VIEW = .views/$(basename $(notdir $(EXPERIMENT)))
 view: setup
 	test -f "$(EXPERIMENT)" || { echo "make view EXPERIMENT=experiments/<name>.yaml: no file $(EXPERIMENT)"; exit 2; }
 	mkdir -p $(VIEW) && ln -sf $(abspath $(EXPERIMENT)) $(VIEW)/
+	NOISY_STUDENT_EXPERIMENTS=$(abspath $(VIEW)) $(BIN)/python -m noisy_student_assets.grid register $(EXPERIMENT)
 	NOISY_STUDENT_EXPERIMENTS=$(abspath $(VIEW)) $(BIN)/dagster dev -w workspace.yaml
 
 # An offline bundle for a node that reaches no package index (docs/offline-install.md): what make gpu-check's

@@ -239,7 +239,8 @@ class Grid:
         from noisy_student_assets.defs.partitions import ARMS, ROUNDS
 
         directory = default_experiments_dir().resolve()
-        if experiment_path.resolve().parent != directory:
+        # A file of the directory, or the file one of its links points at (`make view`'s directory links its file).
+        if (directory / experiment_path.name).resolve() != experiment_path.resolve():
             raise SystemExit(
                 f"{experiment_path}: experiment files live in {directory} (NOISY_STUDENT_EXPERIMENTS), which the code "
                 "location reads"

@@ -1,7 +1,8 @@
 """What a materialization was made of, recorded with Dagster's own code and data versions.
 
 - An asset's **code version** is its stage's version (`Settings.stage_version`, raised by hand when the stage's
-  computation changes), its op's default config (the profile's defaults) and its parents' code versions. So a
+  computation changes), its op's default config (the profile's defaults) and its parents' code versions (in the
+  graph of every asset some arm could run, so every view of the experiments agrees on it). So a
   changed default (K's, say) or another profile changes the code version of the asset that reads it and of every
   asset downstream, and the UI shows exactly those as unsynced ("has a new code version") before anything runs.
 - A materialization's **data version** is its fingerprint: the stage's version, the effective settings it ran with
@@ -123,19 +124,27 @@ def is_heavy(op: dg.OpDefinition) -> bool:
     return op.pool == DEVICE_POOL
 
 
-def with_code_versions(definitions: dg.Definitions) -> dg.Definitions:
-    """`definitions` with every asset's code version set (see the module docstring)."""
-    assets_defs = {key: assets_def for assets_def in definitions.assets for key in assets_def.keys}
+def with_code_versions(definitions: dg.Definitions, every: dg.Definitions) -> dg.Definitions:
+    """`definitions` with every asset's code version set (see the module docstring), computed over `every`: the
+    graph with each asset some arm could run, so that a view that defines fewer (an experiment's own, `make view`)
+    gives each asset it has the version the union view gives it. An asset that reads every arm's partitions (the
+    verdict) covers its own stage alone: which arms and rounds it reads is the view's, not its code."""
+    assets_defs = {key: assets_def for assets_def in every.assets for key in assets_def.keys}
     versions: dict[dg.AssetKey, str] = {}
 
     def version(key: dg.AssetKey) -> str:
         if key not in versions:
             assets_def = assets_defs[key]
             config = config_class(assets_def)
+            parents = [
+                parent
+                for parent in assets_def.asset_deps[key]
+                if assets_def.partitions_def is not None or assets_defs[parent].partitions_def is None
+            ]
             made_of = {
                 "stage": stage_version(config),
                 "defaults": config().model_dump() if config is not None else {},
-                "parents": sorted(version(parent) for parent in assets_def.asset_deps[key]),
+                "parents": sorted(version(parent) for parent in parents),
             }
             versions[key] = digest(made_of, 16)
         return versions[key]

@@ -314,3 +314,50 @@ def test_a_code_location_defines_only_what_its_experiments_run(tmp_path) -> None
     experiment = load_experiment(tmp_path / "lean.yaml")
     assert set(assets) == {*arm_assets(experiment, experiment.arm("lean")), *SHARED}
     assert jobs == ["arm_job", "round_001_job", "round_002_job", "verdict_job"]
+
+
+def test_an_experiment_s_own_view_and_the_union_view_agree_on_every_code_version(tmp_path) -> None:
+    """`make view` of one experiment (one round, one control, no verifier, no validation) over the lake the union
+    view materialized: every asset the view has carries the union's code version, and so none made in the union
+    reads as made with other code in the view (the current-defaults check's judgement)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    view = tmp_path / "view"
+    view.mkdir()
+    lean = {"controls": [layout.LABELED_ONLY], "defaults": {"max_rounds": 1}, "arms": {"lean": {}}}
+    (view / "lean.yaml").write_text(yaml.safe_dump(lean))
+    (tmp_path / "home").mkdir()
+    load = (
+        "import json, dagster as dg; from noisy_student_assets.definitions import defs;"
+        "from noisy_student_assets.defs.current_defaults import judge;"
+        "from noisy_student_assets.defs.lineage import CODE_VERSION_TAG;"
+        "graph = defs.resolve_asset_graph(); instance = dg.DagsterInstance.get();"
+        "versions = {key.to_user_string(): graph.get(key).code_version for key in graph.get_all_asset_keys()};"
+    )
+    materialize_all = (
+        "instance.add_dynamic_partitions('arm', ['default']);"
+        "[instance.report_runless_asset_event(dg.AssetMaterialization(key, partition='default'"
+        " if graph.get(key).is_partitioned else None, tags={CODE_VERSION_TAG: graph.get(key).code_version}))"
+        " for key in graph.get_all_asset_keys()];"
+        "print(json.dumps(versions))"
+    )
+    stale = (
+        "print(json.dumps([versions, [k.to_user_string() for k, v in judge(instance, graph).items() if not v.passed]]))"
+    )
+
+    def run(experiments: Path, code: str):
+        env = os.environ | {"NOISY_STUDENT_EXPERIMENTS": str(experiments), "DAGSTER_HOME": str(tmp_path / "home")}
+        out = subprocess.run(
+            [sys.executable, "-c", load + code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    union = run(REPO_ROOT / "tests" / "experiments", materialize_all)
+    in_view, stale_in_view = run(view, stale)
+    assert set(in_view) < set(union)  # the view defines fewer assets: the case this test is for
+    assert {key: union[key] for key in in_view} == in_view
+    assert stale_in_view == []

@@ -248,3 +248,27 @@ def test_config_of_an_asset_no_experiment_here_runs_is_ignored_but_a_typo_is_not
     ]
     configured = [*left_out, "round_001__generations", "round_001__generatoins", "round_002__verifier"]
     assert left_out_ops(job, {"ops": {op: {} for op in configured}}, rounds=1) == left_out
+
+
+def test_a_grid_takes_a_file_of_the_experiments_directory_or_a_link_to_one_and_refuses_another(
+    tmp_path, monkeypatch
+) -> None:
+    """`make view`'s directory links its experiment's file: the grid registers it by either path."""
+    import yaml
+
+    from noisy_student_assets.core import environment
+    from noisy_student_assets.defs.grid import Grid
+
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text(yaml.safe_dump({"arms": {"a": {}}}))
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "shipped.yaml").symlink_to(shipped)
+    monkeypatch.setenv(environment.EXPERIMENTS, str(view))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    assert Grid(shipped).experiment.name == Grid(view / "shipped.yaml").experiment.name == "shipped"
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"arms": {"b": {}}}))
+    with pytest.raises(SystemExit, match="experiment files live in"):
+        Grid(other)

@@ -90,6 +90,17 @@ class AskedFor:
             labeled_rl_validation=any(experiment.validate_labeled_rl or validated(arm) for experiment, arm in arms),
         )
 
+    @classmethod
+    def everything(cls) -> AskedFor:
+        """Every asset some arm could run: the graph code versions are computed over, whatever the experiments."""
+        return cls(
+            controls=layout.CONTROLS,
+            verifier=True,
+            round_validation=True,
+            every_arm_validated=True,
+            labeled_rl_validation=True,
+        )
+
 
 def validation_assets(done: int) -> list[str]:
     """The validation evals a stopping rule reads after round `done`: labeled RL's, then each round's student's."""

@@ -9,6 +9,7 @@ import polars as pl
 
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.checkpoints import CheckpointInfo, conversion_key, materialize_checkpoint
+from noisy_student_assets.core.experiments.progress import AskedFor
 from noisy_student_assets.defs.assets.stages import HEAVY, evaluate, recalled, stage, train_on_labeled
 from noisy_student_assets.defs.checks import EVAL_NOT_DEGENERATE, checkpoint_checks, reported_check
 from noisy_student_assets.defs.config import BaseModelConfig, EvalConfig, LabeledRLConfig
@@ -127,13 +128,17 @@ labeled_rl_validation = checkpoint_eval(
     dg.AssetKey(layout.LABELED_RL_VALIDATION), LABELED_RL, group=GROUP, problems=layout.VALIDATION_PROBLEMS
 )
 
-defs = dg.Definitions(
-    assets=[
-        base_model,
-        labeled_rl_checkpoint,
-        base_model_eval,
-        labeled_rl_eval,
-        *([labeled_rl_validation] if ASKED_FOR.labeled_rl_validation else []),
-    ],
-    asset_checks=[*checkpoint_checks(BASE_MODEL), *checkpoint_checks(LABELED_RL)],
-)
+
+def definitions(asked_for: AskedFor = ASKED_FOR) -> dg.Definitions:
+    """The base model and labeled RL with their evaluations; labeled RL's validation where `asked_for` says an arm
+    runs it."""
+    return dg.Definitions(
+        assets=[
+            base_model,
+            labeled_rl_checkpoint,
+            base_model_eval,
+            labeled_rl_eval,
+            *([labeled_rl_validation] if asked_for.labeled_rl_validation else []),
+        ],
+        asset_checks=[*checkpoint_checks(BASE_MODEL), *checkpoint_checks(LABELED_RL)],
+    )
