@@ -78,6 +78,9 @@ COMPLETION_SHARE = 40
 """The completion's share of the samples table's width, in percent; the other columns share the rest."""
 PROGRESS = gr.Progress()
 """The default of every event's `progress`: Gradio gives each call its own bar, shown on the event's outputs."""
+ANSWER_HEIGHT = 120
+"""The least height of an answer's box, in pixels: an ask's progress is drawn over its answers, and an empty
+Markdown has no height to draw it in."""
 # System fonts: the default theme fetches its fonts from Google, which an offline machine cannot reach.
 THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
@@ -406,8 +409,8 @@ def _round_tab() -> SimpleNamespace:
             "Ask the round's student and its labeled-only control (greedy, on CPU)", variant="primary"
         )
         with gr.Row():
-            student_answer = gr.Markdown(elem_id="student-answer")
-            control_answer = gr.Markdown(elem_id="control-answer")
+            student_answer = gr.Markdown(elem_id="student-answer", min_height=ANSWER_HEIGHT)
+            control_answer = gr.Markdown(elem_id="control-answer", min_height=ANSWER_HEIGHT)
         held_out_text = gr.Markdown()
         held_out = gr.Dataframe(
             label="Held-out problems: student vs labeled-only control", interactive=False, elem_id="held-out"
@@ -441,8 +444,8 @@ def _ask_tab() -> SimpleNamespace:
         own_question = gr.Textbox(label="Your question", lines=3, elem_id="own-question")
         ask_both = gr.Button("Ask both (greedy, on CPU)", variant="primary")
         with gr.Row():
-            left_answer = gr.Markdown(elem_id="left-answer")
-            right_answer = gr.Markdown(elem_id="right-answer")
+            left_answer = gr.Markdown(elem_id="left-answer", min_height=ANSWER_HEIGHT)
+            right_answer = gr.Markdown(elem_id="right-answer", min_height=ANSWER_HEIGHT)
     return SimpleNamespace(
         left=left,
         right=right,

@@ -7,6 +7,7 @@ once for the questions put to it. Screenshots go to `ui-test-screenshots/` (`UI_
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from PIL import Image
 from playwright.sync_api import expect
 
 from noisy_student_assets.core import layout
@@ -171,6 +173,29 @@ def test_two_checkpoints_answer_a_question_of_one_s_own(browser, explorer: str) 
         expect(page.locator(answer)).to_contain_text("Answer:", timeout=ANSWER_TIMEOUT_MS)
         expect(page.locator(answer)).to_contain_text(name)
     page.screenshot(path=str(SCREENSHOTS / "explorer-ask.png"), full_page=True)
+
+
+def test_an_ask_s_progress_is_on_the_screen_within_a_second(browser, explorer: str) -> None:
+    """A person who clicks *Ask both* sees, within a second, the progress drawn over each answer's box: an element
+    with a height on the screen, not only in the DOM (an empty answer had no height to draw it in)."""
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(explorer)
+    page.get_by_role("tab", name="Ask two checkpoints").click()
+    expect(page.locator("#right-checkpoint input")).not_to_have_value("", timeout=PAGE_TIMEOUT_MS)
+    page.get_by_label("Your question").fill("What is 5 + 6?")
+    page.get_by_role("button", name="Ask both").click()
+    for answer in ("#left-answer", "#right-answer"):
+        progress = page.locator(f"{answer} .wrap .progress-text, {answer} .wrap .meta-text").first
+        expect(progress).to_be_visible(timeout=1000)  # in the DOM with a box, which an ancestor may still clip
+        shown, drawn_in = progress.bounding_box(), page.locator(answer).bounding_box()
+        assert drawn_in["y"] <= shown["y"] and shown["y"] + shown["height"] <= drawn_in["y"] + drawn_in["height"], (
+            shown,
+            drawn_in,
+        )
+        pixels = Image.open(io.BytesIO(page.locator(answer).screenshot())).convert("L")
+        assert pixels.getextrema()[0] < 200, f"nothing drawn in {answer}'s box"
+    page.screenshot(path=str(SCREENSHOTS / "explorer-asking.png"))
+    expect(page.locator("#right-answer")).to_contain_text("Answer:", timeout=ANSWER_TIMEOUT_MS)
 
 
 def test_every_event_shows_its_progress(explored_lake: Path) -> None:
