@@ -56,7 +56,7 @@ from noisy_student_assets.core import grading
 from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.reporting import plots
 from noisy_student_assets.core.settings import ComputeSettings, StudentSettings
-from noisy_student_assets.core.training.base import TrainingRun
+from noisy_student_assets.core.training.base import TrainingRun, step_line, step_logs_callback
 from noisy_student_assets.core.training.compute import grpo_compute
 from noisy_student_assets.core.training.grpo import answer_reward, logged_completions, train_grpo
 from noisy_student_assets.core.training.modes.base import StudentData
@@ -117,6 +117,10 @@ pl.DataFrame(
 # %%
 compute = ComputeSettings()
 dataset = training_set(StudentSettings(grpo=GRPO), StudentData(labeled=labeled.head(GRPO.prompts_per_step)))
+print(
+    f"Loading the base model, then {GRPO.max_steps} step(s) of {GRPO.prompts_per_step} prompts x "
+    f"{GRPO.num_generations} completions (a line per step):"
+)
 with tempfile.TemporaryDirectory() as scratch:
     work_dir = Path(scratch) / "work"
     result = train_grpo(
@@ -124,7 +128,12 @@ with tempfile.TemporaryDirectory() as scratch:
         dataset,
         GRPO,
         Path(scratch) / "trained",
-        TrainingRun(work_dir, device=compute.resolved_device(), dtype=compute.dtype),
+        TrainingRun(
+            work_dir,
+            device=compute.resolved_device(),
+            dtype=compute.dtype,
+            callbacks=(step_logs_callback(lambda *step: print(step_line(*step))),),
+        ),
         log_completions=True,
     )
     groups = logged_completions(work_dir)

@@ -19,8 +19,9 @@ from typing import ClassVar
 import psutil
 
 from noisy_student_assets.core import environment
+from noisy_student_assets.core.training.base import step_line
 from noisy_student_assets.payloads.specs import StageSpec
-from noisy_student_assets.payloads.stages import ERROR, RESULT, SET_ASIDE, STEP, TIMING, run, step_line
+from noisy_student_assets.payloads.stages import ERROR, RESULT, SET_ASIDE, STEP, TIMING, run
 
 
 class PipesReporter:

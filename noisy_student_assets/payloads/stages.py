@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import polars as pl
 
 from noisy_student_assets.core.reporting.eval_report import GREEDY_FILE, SAMPLED_FILE
-from noisy_student_assets.core.training.base import TrainingRun
+from noisy_student_assets.core.training.base import TrainingRun, step_logs_callback
 from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, ScoreSpec, TrainSpec, VerifierSpec
 
 if TYPE_CHECKING:
@@ -45,25 +45,6 @@ class Reporter(Protocol):
         of the asset's `set_aside` metadata."""
 
 
-def step_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
-    return f"step {step}/{max_steps}: { ({k: round(v, 4) for k, v in logs.items()}) }"
-
-
-def _step_callback(reporter: Reporter):
-    """A TrainerCallback passing TRL's step logs (loss, reward, timers, ...) to `reporter`."""
-    from transformers import TrainerCallback
-
-    class StepReporter(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            reporter.step(
-                state.global_step,
-                state.max_steps,
-                {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)},
-            )
-
-    return StepReporter()
-
-
 def sample(spec: SampleSpec, reporter: Reporter) -> dict:
     from noisy_student_assets.core.sampling import SampleShards, sample_teacher
 
@@ -88,7 +69,7 @@ def _training_run(work_dir: str, compute: ComputeSettings, reporter: Reporter) -
         device=compute.resolved_device(),
         dtype=compute.dtype,
         report_to=tuple(reporter.report_to),
-        callbacks=(_step_callback(reporter),),
+        callbacks=(step_logs_callback(reporter.step),),
         warn=reporter.warning,
         set_aside=reporter.set_aside,
     )

@@ -24,8 +24,8 @@ from multiprocessing import resource_tracker
 import dagster as dg
 import psutil
 
+from noisy_student_assets.core.training.base import step_line
 from noisy_student_assets.payloads import stages
-from noisy_student_assets.payloads.stages import step_line
 from resources.launchers.base import (
     TERMINATION_GRACE_S,
     Launcher,

@@ -15,6 +15,8 @@ from tests.conftest import INSPECTED_ARM
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT_S = 600  # the GRPO step of 01 is the longest cell: a minute on the tiny model on a loaded 2-core machine
+PRINTED = {"01_reward_and_grpo_step": "step 1/1: "}
+"""What a notebook prints while it works: 01's training cell a line per optimizer step."""
 
 
 @pytest.mark.parametrize("source", sorted(NOTEBOOKS_DIR.glob("*.py")), ids=lambda path: path.stem)
@@ -36,6 +38,14 @@ def test_the_notebook_runs_on_the_lake(source: Path, inspected_lake: Path, monke
         if "image/png" in output.get("data", {})
     ]
     assert images, "every notebook shows its figures"
+    printed = "".join(
+        output["text"]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if output.get("name") == "stdout"
+    )
+    assert PRINTED.get(source.stem, "") in printed
     warned = [
         output["text"]
         for cell in notebook.cells

@@ -58,6 +58,27 @@ class TrainingResult:
     n_pseudo_rows: int
 
 
+def step_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
+    """One optimizer step's logs as one line of a stage's log (or a notebook's output)."""
+    return f"step {step}/{max_steps}: { ({k: round(v, 4) for k, v in logs.items()}) }"
+
+
+def step_logs_callback(report: Callable[[int, int, dict[str, float]], None]):
+    """A TrainerCallback passing each step's logs (TRL's loss, reward, timers: its numbers) to `report`, with the
+    step and the step budget."""
+    from transformers import TrainerCallback
+
+    class StepLogs(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            report(
+                state.global_step,
+                state.max_steps,
+                {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)},
+            )
+
+    return StepLogs()
+
+
 @dataclass(frozen=True)
 class TrainingRun:
     """Where one training runs and whom it tells: what the stage gives a trainer beside its settings."""
