@@ -209,29 +209,34 @@ class MlflowTracking(dg.ConfigurableResource):
             yield
 
     def log_by_round(self, arm: Arm, key_path: list[str], greedy_accuracy: float) -> None:
-        """Add an evaluation's greedy accuracy to its arm's own run (`arm <name>`, made by its first evaluation, in
-        the active run's experiment) at its round (`round_points`), so that MLflow's chart view draws accuracy by
-        round, a line per arm, and Compare of arms' runs opens on it."""
+        """Add an evaluation's greedy accuracy to its arm's own run at its round (`round_points`), so that MLflow's
+        chart view draws accuracy by round, a line per arm, and Compare of arms' runs opens on it."""
+        points = round_points(key_path)
+        if points is not None:
+            step, lines = points
+            self.log_to_arm_run(
+                arm.name, arm.experiment, {f"{BY_ROUND}/{line}": greedy_accuracy for line in lines}, step
+            )
+
+    def log_to_arm_run(self, arm_name: str, experiment: str, metrics: Mapping[str, float], step: int) -> None:
+        """Log `metrics` at `step` (a round) into arm `arm_name`'s own run (`arm <name>`, made by the first call, in
+        the active run's experiment): its accuracy by round (`log_by_round`), the verdict's differences."""
         import mlflow
 
-        points = round_points(key_path)
-        if points is None:
-            return
         client = mlflow.MlflowClient(self.resolved_tracking_uri)
         experiment_id = mlflow.active_run().info.experiment_id
         with self._store_lock():
             (run, *_) = client.search_runs(
-                [experiment_id], f"tags.{ROLE_TAG} = '{ARM_ROLE}' and tags.{ARM_TAG} = '{arm.name}'"
+                [experiment_id], f"tags.{ROLE_TAG} = '{ARM_ROLE}' and tags.{ARM_TAG} = '{arm_name}'"
             ) or [
                 client.create_run(
                     experiment_id,
-                    run_name=f"{ARM_ROLE} {arm.name}",
-                    tags={ROLE_TAG: ARM_ROLE, ARM_TAG: arm.name, EXPERIMENT_TAG: arm.experiment},
+                    run_name=f"{ARM_ROLE} {arm_name}",
+                    tags={ROLE_TAG: ARM_ROLE, ARM_TAG: arm_name, EXPERIMENT_TAG: experiment},
                 )
             ]
-        step, lines = points
-        for line in lines:
-            client.log_metric(run.info.run_id, f"{BY_ROUND}/{line}", float(greedy_accuracy), step=step)
+        for name, value in metrics.items():
+            client.log_metric(run.info.run_id, name, float(value), step=step)
         if run.info.status == "RUNNING":
             client.set_terminated(run.info.run_id)
 

@@ -18,7 +18,9 @@ from noisy_student_assets.core.checkpoints import weights_sha256
 from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.promotion import read_promotion
 from noisy_student_assets.core.reporting.eval_report import REPORT_NAME
+from noisy_student_assets.core.reporting.test_time import ALL_EVAL
 from noisy_student_assets.core.training.compute import MATCHED_FIELDS, read_compute
+from noisy_student_assets.defs.assets.verdict import DIFFERENCE
 from noisy_student_assets.defs.checks import COMPUTE_MATCHED
 from noisy_student_assets.defs.code_location import ASSETS_AND_CHECKS, defs
 from resources.data_lake import DataLake
@@ -337,10 +339,11 @@ def test_an_arm_s_own_run_holds_each_checkpoint_s_accuracy_by_round(two_rounds, 
     )
     client, arm_lake = mlflow.MlflowClient(), ArmLake(lake.root_path, ARM)
 
+    def points(metric: str) -> dict[int, float]:
+        return {point.step: point.value for point in client.get_metric_history(arm_run.info.run_id, metric)}
+
     def history(line: str) -> dict[int, float]:
-        return {
-            point.step: point.value for point in client.get_metric_history(arm_run.info.run_id, f"{BY_ROUND}/{line}")
-        }
+        return points(f"{BY_ROUND}/{line}")
 
     def accuracy(evaluation) -> float:
         return evaluation.metrics["greedy_accuracy"]
@@ -355,6 +358,17 @@ def test_an_arm_s_own_run_holds_each_checkpoint_s_accuracy_by_round(two_rounds, 
     assert history("labeled_rl") == {0: labeled_rl}
     assert history(layout.BASE_MODEL) == {0: accuracy(arm_lake.evaluation(layout.BASE_MODEL_EVAL))}
     assert arm_run.info.status == "FINISHED" and arm_run.data.tags[EXPERIMENT_TAG] == "tests"
+    # The verdict's difference from each control, with its interval, beside the accuracy (of the arm's group).
+    verdict = lake.artifact_dir(dg.AssetKey(layout.VERDICT))
+    (group,) = pl.read_parquet(verdict / "accuracy.parquet").filter(pl.col("arm") == ARM)["group"].unique()
+    differences = pl.read_parquet(verdict / "differences.parquet").filter(
+        pl.col("experiment") == "tests", pl.col("group") == group, pl.col("eval_set") == ALL_EVAL
+    )
+    assert layout.LABELED_ONLY in set(differences["control"])
+    for control in set(differences["control"]):
+        rows = differences.filter(pl.col("control") == control)
+        for column, suffix in (("estimate", ""), ("low", "/low"), ("high", "/high")):
+            assert points(f"{DIFFERENCE}/{control}{suffix}") == dict(zip(rows["round"], rows[column], strict=True))
 
 
 def test_dagster_and_mlflow_link_each_other(two_rounds, lake: DataLake) -> None:

@@ -14,6 +14,9 @@ from noisy_student_assets.defs.assets.stages import stage
 from noisy_student_assets.defs.partitions import ARMS, ASKED_FOR, ROUNDS, VERDICT_GROUP, round_key
 from resources.stage_resources import StageResources
 
+DIFFERENCE = "difference"
+"""The metric an arm's own run holds per control, stepped by round: its group's difference from the control, with
+its interval (`difference/labeled_only`, `.../low`, `.../high`)."""
 VERDICT_NAME = "verdict"
 """`verdict.md` and `verdict.html` (see `markdown.write_report`)."""
 
@@ -72,11 +75,27 @@ def verdict(
         }
         inline_report = markdown.write_report(staged, VERDICT_NAME, "Verdict", f"# Verdict\n\n{report}", figures)
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
+        arms_of = (
+            {
+                (experiment, group): arms
+                for experiment, group, arms in results.accuracy.group_by("experiment", "group")
+                .agg(pl.col("arm").unique())
+                .iter_rows()
+            }
+            if results.differences.height
+            else {}
+        )
         for row in results.differences.iter_rows(named=True):
             eval_set = "" if row["eval_set"] == ALL_EVAL else f"/{row['eval_set']}"
             current.log_metrics(
                 {f"{row['experiment']}/{row['group']}/round {row['round']}/{row['control']}{eval_set}": row["estimate"]}
             )
+            # Beside each arm's accuracy by round, its group's difference with its interval (a band in the charts).
+            difference = f"{DIFFERENCE}/{row['control']}{eval_set}"
+            points = {difference: row["estimate"], f"{difference}/low": row["low"], f"{difference}/high": row["high"]}
+            points = {name: value for name, value in points.items() if value is not None}
+            for arm_name in arms_of.get((row["experiment"], row["group"]), []):
+                current.resources.tracking.log_to_arm_run(arm_name, row["experiment"], points, row["round"])
     return current.output(
         staged,
         metadata={
