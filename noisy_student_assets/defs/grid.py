@@ -601,15 +601,16 @@ def _print_check_outcomes(rows: list[dict]) -> None:
 
 def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: float | None) -> None:
     """The seeds each comparison of the experiment needs for `effects` (`core.reporting.power`), and their cost: the
-    hours given, else the mean of those the grid recorded for the experiment's arms in `lake`."""
+    hours given, else the mean over the experiment's seeds of the hours the grid recorded for each seed's arms in
+    `lake` (`seed_hours`)."""
     import polars as pl
 
     from noisy_student_assets.core.reporting.markdown import markdown_table
-    from noisy_student_assets.core.reporting.power import MOST_SEEDS, arm_hours, power_table, seeds_column
+    from noisy_student_assets.core.reporting.power import MOST_SEEDS, power_table, seed_hours, seeds_column
     from noisy_student_assets.core.reporting.verdict import PILOT_SEEDS
 
     arms = grid.experiment.all_arms()
-    recorded = arm_hours(lake, arms)
+    recorded = list(seed_hours(lake, arms).values())
     hours = hours_per_seed if hours_per_seed is not None else (sum(recorded) / len(recorded) if recorded else None)
     table = power_table(lake, arms, effects, hours)
     if not table.height:
@@ -619,7 +620,10 @@ def _print_power(grid: Grid, lake: Path, effects: list[float], hours_per_seed: f
     if hours_per_seed is not None:
         cost = f"{hours:.2f} h per seed (given)"
     elif recorded:
-        cost = f"{hours:.2f} h per seed (the mean of the grid's runs of {len(recorded)} arms, recorded in {lake})"
+        cost = (
+            f"{hours:.2f} h per seed (the mean over {len(recorded)} seeds of the grid's runs of each seed's arms, "
+            f"recorded in {lake}: a seed's labeled RL, samples and controls count once)"
+        )
     else:
         cost = f"no cost per seed recorded in {lake} (the grid records it; --hours-per-seed gives one)"
     print(f"\nSeeds for 80% power at the verdicts' own two-sided 95% intervals; {cost}.")

@@ -17,7 +17,7 @@ from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
 from noisy_student_assets.core.pseudo_labels.labels import SOURCES_FILE
 from noisy_student_assets.core.reporting.eval_report import metadata_key
-from noisy_student_assets.core.reporting.power import arm_hours
+from noisy_student_assets.core.reporting.power import seed_hours
 from noisy_student_assets.core.reporting.round_report import FLIPS_TABLE, SOURCES_TABLE
 from tests.cli import DagsterCli, changed_defaults_env, materializing
 from tests.tiny_configs import K_CHANGED, TINY_SAMPLING, op, round_names, tiny_config
@@ -40,7 +40,7 @@ def test_the_grid_redoes_exactly_what_a_changed_default_changes_and_another_prof
     dagster_cli.enter(monkeypatch)
     dagster_cli.grid_done(EXPERIMENT, config, tmp_path / "first.log")
     # the hours the arm's runs took, recorded in the lake for `grid power` (a results directory keeps them)
-    (hours,) = arm_hours(dagster_cli.lake, [load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem].arm(ARM)])
+    (hours,) = seed_hours(dagster_cli.lake, [load_experiments(EXPERIMENT.parent)[EXPERIMENT.stem].arm(ARM)]).values()
     assert 0 < hours < 1
 
     fewer_samples = changed_defaults_env({"TeacherSamplingSettings": {"k": 6}})

@@ -12,8 +12,8 @@ from noisy_student_assets.core.lake_reader import ArmHours, ArmLake
 from noisy_student_assets.core.reporting.power import (
     MOST_SEEDS,
     PILOT_SEEDS,
-    arm_hours,
     power_table,
+    seed_hours,
     seeds_needed,
 )
 from noisy_student_assets.core.reporting.verdict import crossed_errors, crossed_interval, widest_interval
@@ -86,14 +86,17 @@ def test_grid_power_reads_the_cost_of_a_seed_the_grid_recorded_in_a_results_dire
         ArmLake(lake, arm.name).record_grid_hours(ArmHours(experiment="headroom", hours=hours, runs=2))
     results = tmp_path / "results"
     export_results(lake, [arm.name for arm in ARMS], results)
-    assert arm_hours(results, ARMS) == [0.5, 1.0, 1.5]
+    assert seed_hours(results, ARMS) == {0: 0.5, 1: 1.0, 2: 1.5}  # one arm of the experiment per seed recorded
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(EXPERIMENTS, str(EXPERIMENT.parent))
     (tmp_path / "home").mkdir()
     assert main(["power", str(EXPERIMENT), "--lake", str(results), "--effect", "0.05", "--effect", "0.1"]) == 0
     printed = capsys.readouterr().out
     assert "| hours to add for 0.05 |" in printed and "| hours to add for 0.1 |" in printed
-    assert f"1.00 h per seed (the mean of the grid's runs of 3 arms, recorded in {results})" in printed
+    assert (
+        f"1.00 h per seed (the mean over 3 seeds of the grid's runs of each seed's arms, recorded in {results}"
+        in printed
+    )
     rows = power_table(results, ARMS, [0.05], hours_per_seed=1.0).filter(pl.col("checkpoint") == "gold_label")
     assert rows["hours to add for 0.05"][0] == float(rows["seeds for 0.05"][0] - 3)
 
@@ -109,3 +112,17 @@ def test_grid_power_says_why_a_piloted_effect_has_no_seeds(tmp_path, monkeypatch
     printed = capsys.readouterr().out
     assert f"n/a for 0.001 after a pilot: not even {MOST_SEEDS} seeds would detect it" in printed
     assert "n/a for 0.001, 0.5" not in printed
+
+
+def test_a_new_seed_costs_what_its_arms_read_back_from_one_another(tmp_path) -> None:
+    """A new seed of the experiment runs each of its arms at that seed: it costs their hours together (where arms of a
+    seed share labeled RL, samples and controls, the first to run pays them and the others read them back, so one
+    arm's hours leave them out), not the mean of an arm's."""
+    lake = tmp_path / "lake"
+    paid_first = {"two-digit-sums": 1.0, "products": 0.25}
+    arms = [arm for arm in ARMS if arm.seed in (0, 1) and arm.spec.task in paid_first]
+    for arm in arms:
+        hours = paid_first[arm.spec.task] * (1 + arm.seed)
+        ArmLake(lake, arm.name).record_grid_hours(ArmHours(experiment="headroom", hours=hours, runs=1))
+    assert {arm.spec.task for arm in arms} == set(paid_first) and {arm.seed for arm in arms} == {0, 1}
+    assert seed_hours(lake, arms) == {0: pytest.approx(1.25), 1: pytest.approx(2.5)}

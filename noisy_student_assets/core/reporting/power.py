@@ -25,9 +25,15 @@ MOST_SEEDS = 100
 """Past this many seeds the problems' own variance is what is left: more problems, not seeds."""
 
 
-def arm_hours(lake: Path, arms: list[Arm]) -> list[float]:
-    """The hours the grid's runs of each of `arms` took, for those `lake` (or a results directory) records."""
-    return [spent.hours for arm in arms if (spent := ArmLake(lake, arm.name).grid_hours()) is not None]
+def seed_hours(lake: Path, arms: list[Arm]) -> dict[int, float]:
+    """The hours the grid's runs of each seed of `arms` took, summed over that seed's arms that `lake` (or a results
+    directory) records: the arms of one seed read back one another's labeled RL, samples and controls, which only
+    the first to run pays, so one arm's hours leave them out and a seed's sum counts them once."""
+    hours: dict[int, float] = {}
+    for arm in arms:
+        if (spent := ArmLake(lake, arm.name).grid_hours()) is not None:
+            hours[arm.seed] = hours.get(arm.seed, 0.0) + spent.hours
+    return hours
 
 
 def seeds_column(effect: float) -> str:
