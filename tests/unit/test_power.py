@@ -86,7 +86,11 @@ def test_grid_power_reads_the_cost_of_a_seed_the_grid_recorded_in_a_results_dire
         ArmLake(lake, arm.name).record_grid_hours(ArmHours(experiment="headroom", hours=hours, runs=2))
     results = tmp_path / "results"
     export_results(lake, [arm.name for arm in ARMS], results)
-    assert seed_hours(results, ARMS) == {0: 0.5, 1: 1.0, 2: 1.5}  # one arm of the experiment per seed recorded
+    assert seed_hours(results, ARMS) == {
+        (0, 0): 0.5,
+        (1, 1): 1.0,
+        (2, 2): 1.5,
+    }  # one arm of the experiment per seed recorded
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(EXPERIMENTS, str(EXPERIMENT.parent))
     (tmp_path / "home").mkdir()
@@ -125,4 +129,38 @@ def test_a_new_seed_costs_what_its_arms_read_back_from_one_another(tmp_path) -> 
         hours = paid_first[arm.spec.task] * (1 + arm.seed)
         ArmLake(lake, arm.name).record_grid_hours(ArmHours(experiment="headroom", hours=hours, runs=1))
     assert {arm.spec.task for arm in arms} == set(paid_first) and {arm.seed for arm in arms} == {0, 1}
-    assert seed_hours(lake, arms) == {0: pytest.approx(1.25), 1: pytest.approx(2.5)}
+    assert seed_hours(lake, arms) == {(0, 0): pytest.approx(1.25), (1, 1): pytest.approx(2.5)}
+
+
+def test_the_split_seed_draws_the_split_alone_and_the_seed_everything_else() -> None:
+    """Two training seeds on one split: `split_seed` reaches the split and nothing else, `seed` every other stage
+    (as it reached the split too where no split_seed is given); both arms pool into one seed group."""
+    from noisy_student_assets.core.experiments.arms import (
+        EVAL,
+        LABELED_ONLY,
+        LABELED_RL,
+        PROBLEM_SPLIT,
+        SAMPLING,
+        STUDENT,
+        VERIFIER,
+        Experiment,
+    )
+    from noisy_student_assets.core.reporting.summary import group_label, seed_label
+
+    experiment = Experiment.model_validate(
+        {
+            "name": "split",
+            "arms": {"s3-split0": {"seed": 3, "split_seed": 0}, "s4-split0": {"seed": 4, "split_seed": 0}},
+        }
+    )
+    first, second = experiment.all_arms()
+    assert first.spec.settings(PROBLEM_SPLIT).seed == second.spec.settings(PROBLEM_SPLIT).seed == 0
+    for arm, seed in ((first, 3), (second, 4)):
+        assert arm.spec.settings(LABELED_RL).grpo.seed == arm.spec.settings(STUDENT).grpo.seed == seed
+        assert arm.spec.settings(LABELED_ONLY).grpo.seed == seed
+        assert arm.spec.settings(SAMPLING).seed == arm.spec.settings(VERIFIER).seed == seed
+        assert arm.spec.settings(EVAL).seed == seed
+        assert (arm.split_seed, arm.seed) == (0, seed) and seed_label(arm) == f"{seed} (split 0)"
+    assert first.seed_group == second.seed_group and group_label(first) == group_label(second) == "defaults"
+    (plain,) = Experiment.model_validate({"name": "plain", "arms": {"s5": {"seed": 5}}}).all_arms()
+    assert (plain.split_seed, plain.seed, seed_label(plain)) == (5, 5, "5")

@@ -172,6 +172,11 @@ ARM_FIELDS: dict[str, ArmField] = {
         ),
         "labeled/unlabeled split, every GRPO run, the verifier, the teacher's and the eval's samples",
     ),
+    "split_seed": ArmField(
+        ((PROBLEM_SPLIT, "seed"),),
+        "the labeled/unlabeled split alone, over `seed`'s: arms of one split_seed and several seeds train several "
+        "times on one split",
+    ),
     **_settings_of(PROBLEM_SPLIT, "n_labeled", "n_unlabeled", "test_time"),
     **_settings_of(PSEUDO_LABELS, "tau", "label_source", "drop_least_confident"),
     "k": ArmField(((SAMPLING, "k"),), "teacher samples per unlabeled problem"),
@@ -272,7 +277,7 @@ class _ArmSpec(BaseModel):
         return None
 
     def without_seed(self) -> ArmSpec:
-        return self.model_copy(update={"seed": None})
+        return self.model_copy(update={"seed": None, "split_seed": None})
 
     @model_validator(mode="after")
     def _settings_accept_it(self) -> _ArmSpec:
@@ -489,8 +494,13 @@ class Arm(BaseModel):
 
     @property
     def seed(self) -> int:
-        """The seed this arm runs with: its own or its experiment's, else the split's default (every stage the `seed`
-        arm field sets defaults to the same)."""
+        """The seed this arm trains and samples with: its own or its experiment's, else the default (every stage the
+        `seed` arm field sets defaults to the same)."""
+        return self.spec.settings(LABELED_RL).grpo.seed
+
+    @property
+    def split_seed(self) -> int:
+        """The seed that drew this arm's labeled/unlabeled split: its `split_seed`, else its `seed`."""
         return self.spec.settings(PROBLEM_SPLIT).seed
 
     def overrides_sha(self, stage: str) -> str:
@@ -499,7 +509,7 @@ class Arm(BaseModel):
 
     @property
     def seed_group(self) -> str:
-        """Arms of one experiment whose specs differ at most by seed share a seed group."""
+        """Arms of one experiment whose specs differ at most by seed (and split seed) share a seed group."""
         return f"{self.experiment}:{self.spec.without_seed().model_dump_json(exclude_none=True)}"
 
 

@@ -169,7 +169,7 @@ def student_findings(results: Path, experiment: Experiment, question: FindingQue
 def _variant(arm: Arm) -> str:
     """What else than its label source and seed the arm's student sets (its training options: ' (reward=...)'), or
     nothing; the task and regime are the question's `group`."""
-    own = group_label(arm, besides=("seed", "task", "n_labeled", "label_source"))
+    own = group_label(arm, besides=("seed", "split_seed", "task", "n_labeled", "label_source"))
     return "" if own == "defaults" else f" ({own})"
 
 

@@ -106,7 +106,7 @@ def saturated_seeds(seeds: pl.DataFrame) -> str:
 
 def regime(arm: Arm) -> str:
     """What an arm sets besides its task and seed: 'n_labeled=4', or 'defaults'."""
-    return group_label(arm, besides=("seed", "task"))
+    return group_label(arm, besides=("seed", "split_seed", "task"))
 
 
 def data_headroom(

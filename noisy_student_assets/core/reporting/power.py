@@ -25,14 +25,16 @@ MOST_SEEDS = 100
 """Past this many seeds the problems' own variance is what is left: more problems, not seeds."""
 
 
-def seed_hours(lake: Path, arms: list[Arm]) -> dict[int, float]:
-    """The hours the grid's runs of each seed of `arms` took, summed over that seed's arms that `lake` (or a results
-    directory) records: the arms of one seed read back one another's labeled RL, samples and controls, which only
-    the first to run pays, so one arm's hours leave them out and a seed's sum counts them once."""
-    hours: dict[int, float] = {}
+def seed_hours(lake: Path, arms: list[Arm]) -> dict[tuple[int, int], float]:
+    """The hours the grid's runs of each seed of `arms` (split seed, seed) took, summed over that seed's arms that
+    `lake` (or a results directory) records: the arms of one seed read back one another's labeled RL, samples and
+    controls, which only the first to run pays, so one arm's hours leave them out and a seed's sum counts them
+    once."""
+    hours: dict[tuple[int, int], float] = {}
     for arm in arms:
         if (spent := ArmLake(lake, arm.name).grid_hours()) is not None:
-            hours[arm.seed] = hours.get(arm.seed, 0.0) + spent.hours
+            seed = (arm.split_seed, arm.seed)
+            hours[seed] = hours.get(seed, 0.0) + spent.hours
     return hours
 
 

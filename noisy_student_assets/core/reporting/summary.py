@@ -76,7 +76,12 @@ def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], 
     return found
 
 
-def group_label(arm: Arm, besides: tuple[str, ...] = ("seed",)) -> str:
+def seed_label(arm: Arm) -> str:
+    """An arm's seed in a per-seed table: '3', or '3 (split 0)' where another seed drew its split."""
+    return str(arm.seed) if arm.split_seed == arm.seed else f"{arm.seed} (split {arm.split_seed})"
+
+
+def group_label(arm: Arm, besides: tuple[str, ...] = ("seed", "split_seed")) -> str:
     """What an arm group sets itself besides the fields `besides` (its experiment's defaults aside): 'tau=0.8', or
     'defaults'."""
     spec = arm.own.model_copy(update=dict.fromkeys(besides)).model_dump(exclude_none=True)
@@ -201,7 +206,7 @@ class _ArmsRead:
                     "greedy_accuracy": validated.metrics["greedy_accuracy"],
                 }
             )
-        row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": str(arm.seed)}
+        row = {"experiment": arm.experiment, "group": group_label(arm), "arm": arm.name, "seed": seed_label(arm)}
         base = arm_lake.evaluation(layout.BASE_MODEL_EVAL)
         if base and evaluations:
             self.accuracy.append(
