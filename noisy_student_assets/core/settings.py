@@ -223,7 +223,7 @@ class ProblemSplitSettings(Settings):
         default=by_profile(cpu=200, gpu=500),
         description="labeled problems held out to choose settings on (never trained on)",
     )
-    seed: Seed = Field(description="seed of the draw (arm field `seed`)")
+    seed: Seed = Field(description="seed of the draw (arm field `seed`, or `split_seed` over it)")
     test_time: bool = Field(
         default=False,
         description="test-time (transductive) arm: the unlabeled problems are the whole transductive half of the "

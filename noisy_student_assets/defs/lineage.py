@@ -2,9 +2,10 @@
 
 - An asset's **code version** is its stage's version (`Settings.stage_version`, raised by hand when the stage's
   computation changes), its op's default config (the profile's defaults) and its parents' code versions (in the
-  graph of every asset some arm could run, so every view of the experiments agrees on it). So a
-  changed default (K's, say) or another profile changes the code version of the asset that reads it and of every
-  asset downstream, and the UI shows exactly those as unsynced ("has a new code version") before anything runs.
+  graph of every asset some arm could run, so every view of the experiments agrees on it). So a changed default
+  (K's, say) or another profile changes the code version of the asset that reads it and of every asset downstream
+  (but the verdict, which reads every arm and covers its own stage alone), and the UI shows exactly those as
+  unsynced ("has a new code version") before anything runs.
 - A materialization's **data version** is its fingerprint: the stage's version, the effective settings it ran with
   (profile defaults, run config and arm overrides, resolved: its `config` metadata), the compute settings of a heavy
   stage, and the data versions of the inputs it read. An identical re-run gets the same data version, so nothing

@@ -27,7 +27,7 @@ from noisy_student_assets.core.experiments.arms import (
     load_experiments,
 )
 from noisy_student_assets.core.lake_reader import ArmLake
-from noisy_student_assets.core.reporting import verdict
+from noisy_student_assets.core.reporting import test_time, verdict
 from noisy_student_assets.core.reporting.headroom import headroom_table, line_name
 from noisy_student_assets.core.reporting.markdown import with_block
 from noisy_student_assets.core.reporting.summary import collect, group_label, sources_against
@@ -207,7 +207,11 @@ def headline(results: Path, experiments_dir: Path) -> str:
     def accuracy(number: int, checkpoint: str) -> float:
         return means.filter(pl.col("round") == number, pl.col("checkpoint") == checkpoint)["greedy_accuracy"].item()
 
-    last = found.differences.filter(pl.col("control") == layout.LABELED_ONLY).sort("round").row(-1, named=True)
+    last = (
+        found.differences.filter(pl.col("control") == layout.LABELED_ONLY, pl.col("eval_set") == test_time.ALL_EVAL)
+        .sort("round")
+        .row(-1, named=True)
+    )
     number, seeds = last["round"], last["seeds"]
     return (
         f"{HEADLINE_BEGIN}\n**What {file} found** ({seeds} seed{'s' if seeds != 1 else ''}, from `results/`): labeled "

@@ -431,7 +431,9 @@ def seed_accuracy_pivot(accuracy: pl.DataFrame) -> pl.DataFrame:
         index=["experiment", "group", "round", "seed"],
         values="greedy_accuracy",
         aggregate_function="first",
-    ).sort("experiment", "group", "round", pl.col("seed").cast(pl.Int64, strict=False), "seed")  # an arm may set none
+    ).sort(  # by the training seed's number ('3 (split 0)' after '2')
+        "experiment", "group", "round", pl.col("seed").str.extract(r"^(\d+)").cast(pl.Int64), "seed"
+    )
 
 
 def summary_markdown(results: ExperimentResults) -> str:
