@@ -18,7 +18,7 @@ scores and report tables (not its completions), the base model's among them; eac
 frontier and settings (not the labels' table); the verifier's measures and its validation samples' scores (they judge
 it informative or not, and are small); the held-out and unlabeled problems (their ids say which held-out problems a
 test-time arm trained on); each trained checkpoint's compute and training log (not its weights); each promotion's
-decision; and the hours the grid's runs of the arm took.
+decision; the labels each label control trained on; and the hours the grid's runs of the arm took.
 """
 
 from __future__ import annotations
@@ -80,6 +80,13 @@ class TrainedCheckpoint:
     @cached_property
     def training_log(self) -> list[dict] | None:
         return read_training_log(self.directory)
+
+    @cached_property
+    def training_labels(self) -> pl.DataFrame | None:
+        """The label a label control (`layout.LABEL_CONTROLS`) trained each unlabeled problem on (`problem_id`,
+        `label`); None for other checkpoints."""
+        path = self.directory / layout.TRAINING_LABELS_FILE
+        return pl.read_parquet(path) if path.is_file() else None
 
     @property
     def step_rewards(self) -> list[float] | None:
@@ -341,7 +348,7 @@ ROUND_EVAL_ASSETS = (
 )
 TABLE_ASSETS = (layout.EVAL_PROBLEMS, layout.UNLABELED_PROBLEMS)
 ROUND_CHECKPOINTS = (layout.STUDENT, *(layout.control_checkpoint(control) for control in layout.CONTROLS))
-CHECKPOINT_FILES = (layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE)
+CHECKPOINT_FILES = (layout.COMPUTE_FILE, layout.TRAINING_LOG_FILE, layout.TRAINING_LABELS_FILE)
 COMPLETIONS = (GREEDY_FILE, SAMPLED_FILE)
 
 

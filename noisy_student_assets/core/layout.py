@@ -55,9 +55,18 @@ STUDENT_ROLE = "student"
 LABELED_ONLY = "labeled_only"
 GOLD_LABEL = "gold_label"
 RANDOM_LABEL = "random_label"
-CONTROLS = (LABELED_ONLY, GOLD_LABEL, RANDOM_LABEL)
+DOSE_LABEL = "dose_label"
+KEPT_GOLD_LABEL = "kept_gold_label"
+CONTROLS = (LABELED_ONLY, GOLD_LABEL, RANDOM_LABEL, DOSE_LABEL, KEPT_GOLD_LABEL)
 """The compute-matched controls of a round: labeled problems only (its own chain), the unlabeled problems
-with their true answers, and with the kept pseudo-labels shuffled among them."""
+with their true answers, with the kept pseudo-labels shuffled among them, with their true answers a share
+`dose_rho` of which are made wrong (a known label accuracy), and the kept problems with their true answers
+(the label source's coverage at perfect accuracy)."""
+DEFAULT_CONTROLS = (LABELED_ONLY, GOLD_LABEL, RANDOM_LABEL)
+"""An experiment's controls where its file lists none."""
+LABEL_CONTROLS = (GOLD_LABEL, RANDOM_LABEL, DOSE_LABEL, KEPT_GOLD_LABEL)
+"""The controls that train the unlabeled problems on labels of their own: each records them in its checkpoint
+(`TRAINING_LABELS_FILE`), so that a report can place it by their accuracy."""
 
 ROUND_PREFIX = "round_"
 DEFAULT_ARM = "default"
@@ -74,6 +83,9 @@ COMPUTE_FILE = "compute.json"
 """In a trained checkpoint: the compute it spent and the compute of its whole lineage (`compute.TrainingCompute`)."""
 TRAINING_LOG_FILE = "training_log.json"
 """In a trained checkpoint: the trainer's log of every step (`trainer.state.log_history`), the reward among them."""
+TRAINING_LABELS_FILE = "training_labels.parquet"
+"""In a label control's checkpoint (`LABEL_CONTROLS`): the label it trained each unlabeled problem on
+(`problem_id`, `label`)."""
 GRID_RUNS = "grid_runs"
 GRID_HOURS_FILE = "hours.json"
 """`<lake>/grid_runs/<arm>/hours.json`: the hours the grid's runs of an arm took (`grid power` reads the cost of a seed

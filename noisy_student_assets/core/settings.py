@@ -605,6 +605,12 @@ class StudentSettings(_RewardedStage):
         description="grpo: the share of the run's prompts that are pseudo-labeled (Noisy Student's unlabeled ratio), "
         "each part's problems cycled to fill it; none: each problem once, the two sets' sizes set it",
     )
+    dose_rho: Share | None = Field(
+        default=None,
+        exclude_if=lambda rho: rho is None,  # recorded only where set: a student keys as it did before it existed
+        description="the dose_label control: the share of the unlabeled problems whose true answer is replaced by a "
+        "wrong one (the teacher's wrong majority answer where it has one, else another problem's answer)",
+    )
     prompt_noise: bool = Field(
         default=False, description="render each student prompt through one of several templates (input noise)"
     )

@@ -40,7 +40,7 @@ from tests.tiny_configs import FOUNDATION, TINY_GRPO, op, round_chain, round_nam
 
 ARM = "a"
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
-ROUND_1 = round_chain(1, *layout.CONTROLS)
+ROUND_1 = round_chain(1, *layout.DEFAULT_CONTROLS)
 ROUND_2 = round_chain(2, layout.LABELED_ONLY)
 
 
@@ -166,7 +166,7 @@ def test_round_artifacts_reports_and_checks(two_rounds, lake: DataLake) -> None:
         ("round_001/pseudo_labels", "pseudo_label_quality"),
         ("round_002/eval_report", "no_eval_regression"),
     } <= names
-    for control in layout.CONTROLS:
+    for control in layout.DEFAULT_CONTROLS:
         assert (f"round_001/{control}_checkpoint", "compute_matched") in names
         assert (f"round_001/{control}_checkpoint", "smoke_generation") in names
     assert all(c.passed for c in checks if c.check_name != "no_eval_regression")
@@ -217,7 +217,7 @@ def test_a_cap_from_the_teacher_s_samples_is_the_student_s_and_every_control_s(t
     """With `grpo.completion_cap_margin`, the round's student and its three controls train with one cap: the round's
     teacher samples' 99th percentile length plus the margin (the tiny model's samples run to their 8 tokens: 8 + 2),
     recorded as each one's `max_completion_length`, and their compute still matches."""
-    trainers = [layout.STUDENT, *(layout.control_checkpoint(control) for control in layout.CONTROLS)]
+    trainers = [layout.STUDENT, *(layout.control_checkpoint(control) for control in layout.DEFAULT_CONTROLS)]
     capped = config
     for name in trainers:
         capped = with_op_config(
@@ -234,7 +234,7 @@ def test_a_cap_from_the_teacher_s_samples_is_the_student_s_and_every_control_s(t
         assert metadata["completion_cap"].value == expected, name
         assert metadata["grpo_settings"].value["max_completion_length"] == expected, name
     matched = [check for check in result.get_asset_check_evaluations() if check.check_name == COMPUTE_MATCHED]
-    assert len(matched) == len(layout.CONTROLS) and all(check.passed for check in matched)
+    assert len(matched) == len(layout.DEFAULT_CONTROLS) and all(check.passed for check in matched)
     materialize(lake, round_names(1, *trainers), config, ARM, instance)  # back to the fixed cap
 
 
@@ -401,7 +401,7 @@ def test_controls_train_on_their_own_labels(two_rounds, lake: DataLake) -> None:
     assert gold["init_checkpoint"].value == str(lake.artifact_dir(dg.AssetKey(layout.LABELED_RL), ARM))
     labeled_only = metadata_of(two_rounds["arm"], "round_001/labeled_only_checkpoint")
     assert (labeled_only["gold_rows"].value, labeled_only["pseudo_rows"].value) == (4, 0)
-    for control in layout.CONTROLS:
+    for control in layout.DEFAULT_CONTROLS:
         assert (lake.artifact_dir(key(1, f"{control}_eval"), ARM) / "metrics.json").is_file()
 
 

@@ -84,7 +84,7 @@ def test_a_pseudo_only_round_trains_no_labeled_problem_and_every_control_stays_m
     config = tiny_config(sevens_model_dir)
     grpo = config["ops"][STUDENT_OP]["config"]["grpo"] | {"max_steps": 2}
     prefix = layout.round_prefix(1)
-    for control in layout.CONTROLS:
+    for control in layout.DEFAULT_CONTROLS:
         config = with_op_config(config, op(prefix, layout.control_checkpoint(control)), grpo=grpo)
     for name in (
         layout.STUDENT,
@@ -92,7 +92,7 @@ def test_a_pseudo_only_round_trains_no_labeled_problem_and_every_control_stays_m
         layout.control_checkpoint(layout.RANDOM_LABEL),
     ):
         config = with_op_config(config, op(prefix, name), grpo=grpo, pseudo_only=True)
-    controls = [layout.control_checkpoint(control) for control in layout.CONTROLS]
+    controls = [layout.control_checkpoint(control) for control in layout.DEFAULT_CONTROLS]
     result = materialize(
         lake, round_names(1, layout.GENERATIONS, layout.PSEUDO_LABELS, layout.STUDENT, *controls), config, ARM
     )

@@ -81,6 +81,15 @@ def test_an_experiment_file_with_defaults_that_arms_override(tmp_path: Path) -> 
             "would train on eval answers",
         ),
         (
+            "controls: [labeled_only, kept_gold_label]\narms:\n  a: {test_time: true}\n",
+            r"'kept_gold_label' control would train on eval answers",
+        ),
+        (
+            "controls: [labeled_only, dose_label]\narms:\n  a: {dose_rho: 0.5}\n  b: {}\n",
+            r"'dose_label' control needs each arm's dose_rho; arms \['b'\] set none",
+        ),
+        ("controls: [labeled_only, dose_label]\narms:\n  a: {dose_rho: 1.5}\n", "less than or equal to 1"),
+        (
             "held_out_eval: false\ncontrols: [labeled_only]\narms:\n  a: {test_time: true}\n",
             r"test-time arms \['a'\] train on held-out prompts",
         ),

@@ -36,8 +36,10 @@ from pydantic.fields import FieldInfo
 
 from noisy_student_assets.core import environment
 from noisy_student_assets.core.experiments import tasks
-from noisy_student_assets.core.layout import CONTROLS
+from noisy_student_assets.core.layout import CONTROLS, DEFAULT_CONTROLS
+from noisy_student_assets.core.layout import DOSE_LABEL as DOSE_LABEL_CONTROL
 from noisy_student_assets.core.layout import GOLD_LABEL as GOLD_LABEL_CONTROL
+from noisy_student_assets.core.layout import KEPT_GOLD_LABEL as KEPT_GOLD_LABEL_CONTROL
 from noisy_student_assets.core.layout import LABELED_ONLY as LABELED_ONLY_CONTROL
 from noisy_student_assets.core.settings import (
     BaseModelSettings,
@@ -94,6 +96,8 @@ STAGE_SETTINGS: dict[str, type[Settings]] = {
 """The settings an arm can change, by the stage that reads them (`rounds`: the stopping rule, which the next-round
 automation and the grid read, and no asset)."""
 STAGES = tuple(STAGE_SETTINGS)
+GOLD_CONTROLS = (GOLD_LABEL_CONTROL, DOSE_LABEL_CONTROL, KEPT_GOLD_LABEL_CONTROL)
+"""The controls that train on the unlabeled problems' hidden gold."""
 
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -233,6 +237,7 @@ ARM_FIELDS: dict[str, ArmField] = {
         ((STUDENT, "model_dropout"), (STUDENT, "grpo.lora_dropout")), "the student's model dropout and LoRA dropout"
     ),
     **_settings_of(STUDENT, "sft_samples_per_problem", "dpo_beta"),
+    **_settings_of(STUDENT, "dose_rho"),
     "promotion": ArmField(((PROMOTION, "rule"),), "which model teaches the next round"),
     **_settings_of(ROUNDS, "max_rounds", "patience", "min_improvement"),
 }
@@ -351,7 +356,9 @@ class Experiment(BaseModel):
     name: str
     description: str = ""
     controls: tuple[str, ...] = Field(
-        default=CONTROLS, description=f"compute-matched controls per round: {', '.join(CONTROLS)}"
+        default=DEFAULT_CONTROLS,
+        description=f"compute-matched controls per round: {', '.join(CONTROLS)} (default: "
+        f"{', '.join(DEFAULT_CONTROLS)})",
     )
     validate_labeled_rl: bool = Field(default=False, description="also evaluate labeled RL on the validation split")
     held_out_eval: bool = Field(
@@ -428,19 +435,24 @@ class Experiment(BaseModel):
 
     @model_validator(mode="after")
     def _test_time_arms_where_they_may_be(self) -> Experiment:
-        """A test-time arm's unlabeled problems are held-out ones: the gold-label control would train on their eval
-        answers, and a tuning experiment (held_out_eval false) must not see the held-out set at all."""
+        """A test-time arm's unlabeled problems are held-out ones: the controls that read their gold would train on
+        their eval answers, and a tuning experiment (held_out_eval false) must not see the held-out set at all. The
+        dose control needs each arm's dose_rho."""
         merged = {name: spec.over(self.defaults) for name, spec in self.arms.items()}
         for name, spec in merged.items():
             if conflict := spec.test_time_conflict():
                 raise ValueError(f"arm {name} (with the experiment's defaults): {conflict}")
         test_time = [name for name, spec in merged.items() if spec.test_time]
-        if test_time and GOLD_LABEL_CONTROL in self.controls:
+        if test_time and (on_gold := [control for control in GOLD_CONTROLS if control in self.controls]):
             raise ValueError(
                 f"test-time arms {test_time} draw their unlabeled problems from the held-out set, so the "
-                f"{GOLD_LABEL_CONTROL!r} "
-                "control would train on eval answers: put these arms in an experiment without it"
+                f"{', '.join(map(repr, on_gold))} control would train on eval answers: put these arms in an "
+                "experiment without it"
             )
+        if DOSE_LABEL_CONTROL in self.controls and (
+            unset := [name for name, spec in merged.items() if spec.dose_rho is None]
+        ):
+            raise ValueError(f"the {DOSE_LABEL_CONTROL!r} control needs each arm's dose_rho; arms {unset} set none")
         if test_time and not self.held_out_eval:
             raise ValueError(
                 f"test-time arms {test_time} train on held-out prompts, which a tuning experiment "

@@ -75,7 +75,14 @@ def label_accuracy_vs_agreement(buckets: pl.DataFrame) -> bytes:
     return _png(fig)
 
 
-_ROLE_COLORS = {"student": "#4c72b0", "labeled_only": "#dd8452", "gold_label": "#55a868", "random_label": "#c44e52"}
+_ROLE_COLORS = {
+    "student": "#4c72b0",
+    "labeled_only": "#dd8452",
+    "gold_label": "#55a868",
+    "random_label": "#c44e52",
+    "dose_label": "#8172b2",
+    "kept_gold_label": "#937860",
+}
 _GROUP_STYLES = ("-", "--", ":", "-.")
 
 
@@ -187,4 +194,37 @@ def grpo_groups(completions: pl.DataFrame, reward: str = "answer_reward") -> byt
     ax.set_ylabel("advantage")
     ax.set_title("One GRPO step: each completion's advantage within its group")
     ax.legend(handles=[Patch(color=color, label=label) for label, color in colors.items()], fontsize=7, loc="best")
+    return _png(fig)
+
+
+def break_even(table: pl.DataFrame) -> bytes:
+    """Each line's held-out accuracy minus its labeled-only control's against the accuracy of the labels it trained
+    on, with its interval: where pseudo-labels of a given accuracy break even. `table`: `summary.BREAK_EVEN_SCHEMA`'s
+    `group`, `line`, `seeds`, `label_accuracy`, `estimate`, `low` and `high` (one round). A student is labeled by its
+    group; the controls, which arms of one seed share, once per place."""
+    fig, ax = _figure(7.2, 4.4)
+    ax.axhline(0.0, color="grey", linestyle=":", label="labeled-only (no gain)")
+    shown = table.unique(["line", "label_accuracy", "estimate"], maintain_order=True)
+    for row in shown.iter_rows(named=True):
+        name = f"student {row['group']}" if row["line"] == layout.STUDENT_ROLE else row["line"]
+        ax.errorbar(
+            [row["label_accuracy"]],
+            [row["estimate"]],
+            yerr=[[row["estimate"] - row["low"]], [row["high"] - row["estimate"]]],
+            capsize=3,
+            marker="o" if row["line"] == layout.STUDENT_ROLE else "s",
+            color=_ROLE_COLORS.get(row["line"], "black"),
+            linestyle="none",
+        )
+        ax.annotate(
+            name, (row["label_accuracy"], row["estimate"]), fontsize=7, xytext=(4, 3), textcoords="offset points"
+        )
+    ax.set_xlim(-0.05, 1.1)
+    ax.set_xlabel("accuracy of the labels trained on (vs the hidden gold)")
+    ax.set_ylabel("greedy accuracy minus labeled-only")
+    seeds = int(table["seeds"].max()) if table.height else 0
+    ax.set_title(
+        "Break-even of pseudo-labels" + (" (one seed: a pilot, intervals over problems alone)" if seeds == 1 else "")
+    )
+    ax.legend(fontsize=7, loc="best")
     return _png(fig)

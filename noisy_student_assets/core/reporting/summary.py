@@ -22,7 +22,8 @@ import polars as pl
 from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import Arm, load_experiments
 from noisy_student_assets.core.experiments.directory import default_experiments_dir
-from noisy_student_assets.core.lake_reader import ArmLake, export_results
+from noisy_student_assets.core.lake_reader import ArmLake, RoundLabels, export_results
+from noisy_student_assets.core.problems import HIDDEN_GOLD_COLUMN
 from noisy_student_assets.core.pseudo_labels.frontier import CURVE_SCHEMA, MATCHED_COVERAGES, coverage_column, kept_at
 from noisy_student_assets.core.pseudo_labels.sources.majority import MajoritySource
 from noisy_student_assets.core.reporting import test_time
@@ -120,6 +121,9 @@ class ExperimentResults:
     labels): experiment, group, arm, seed, round and why."""
     margins: dict[str, float | None] = field(default_factory=dict)
     """Per experiment: its equivalence margin (`Experiment.equivalence_margin`), which words its verdicts."""
+    break_even: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """Per experiment, group, round and line (the student, each label control): the accuracy of the labels it
+    trained the unlabeled problems on and its difference from the labeled-only control (`break_even_rows`)."""
     teachers: pl.DataFrame = field(default_factory=pl.DataFrame)
     """Per arm: its labeled-RL teacher and the labeled-only control beside it (`teacher.teacher_row`)."""
     taught: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -155,6 +159,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         by_group.setdefault((arm.experiment, group_label(arm)), []).append((evaluations, sets))
         read.add_arm(arm_lake, arm, evaluations, rounds)
     differences, sentences = _differences(by_group, rounds, margins)
+    break_even = break_even_rows(by_group, read.label_accuracy, rounds, margins)
     teachers, taught = teacher_tables(lake, arms)
     return ExperimentResults(
         accuracy=pl.DataFrame(read.accuracy, schema=_ACCURACY_SCHEMA),
@@ -171,6 +176,7 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
         pending=read.pending,
         failed=pl.DataFrame(read.failed, schema=_FAILED_SCHEMA),
         margins=margins,
+        break_even=pl.DataFrame(break_even, schema=BREAK_EVEN_SCHEMA),
         teachers=teachers,
         taught=taught,
     )
@@ -191,6 +197,9 @@ class _ArmsRead:
     verifiers: list[dict] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
+    label_accuracy: dict[tuple[str, str, int, str], list[float]] = field(default_factory=dict)
+    """(experiment, group, round, line) -> the accuracy of the labels each seed's student (its kept pseudo-labels) or
+    label control trained on."""
 
     def add_arm(
         self, arm_lake: ArmLake, arm: Arm, evaluations: dict[tuple[int, str], PublishedEval], rounds: int
@@ -263,6 +272,7 @@ class _ArmsRead:
                 | {"verifier_validation_auroc": labels.audit.verifier.get("validation_auroc")}
                 | {"student_transductive_greedy": transductive}
             )
+        self.add_label_accuracy(arm_lake, row, number, labels)
         verifier = arm_lake.verifier(number)
         if verifier:
             self.verifiers.append(row | {"round": number} | {c: verifier.measures.get(c) for c in VERIFIER_COLUMNS})
@@ -271,6 +281,78 @@ class _ArmsRead:
         if student and (yardstick := student.optional_table(test_time.YARDSTICK_TABLE)) is not None:
             self.yardsticks.append(yardstick.select(experiment, *columns, pl.all()))
         return verifier.failure if verifier else None
+
+    def add_label_accuracy(self, arm_lake: ArmLake, row: dict, number: int, labels: RoundLabels | None) -> None:
+        """The accuracy against the hidden gold of the labels round `number`'s student kept and of those each label
+        control trained on."""
+        from noisy_student_assets.core.pseudo_labels.labels import with_label_correct
+
+        key = (row["experiment"], row["group"], number)
+        if labels and labels.audit.kept_label_accuracy is not None:
+            self.label_accuracy.setdefault((*key, layout.STUDENT_ROLE), []).append(labels.audit.kept_label_accuracy)
+        unlabeled = None
+        for control in layout.LABEL_CONTROLS:
+            trained = arm_lake.checkpoint(layout.round_asset(number, layout.control_checkpoint(control)))
+            if trained is None or trained.training_labels is None or not trained.training_labels.height:
+                continue
+            if unlabeled is None:
+                unlabeled = arm_lake.table(layout.UNLABELED_PROBLEMS)
+            gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+            graded = with_label_correct(trained.training_labels.rename({"label": "pseudo_label"}), gold)
+            self.label_accuracy.setdefault((*key, control), []).append(graded["label_correct"].fill_null(False).mean())
+
+
+BREAK_EVEN_LINES = (layout.STUDENT_ROLE, *layout.LABEL_CONTROLS)
+"""The checkpoints the break-even table places by the accuracy of their labels: the student, each label control."""
+BREAK_EVEN_SCHEMA = {
+    "experiment": pl.Utf8,
+    "group": pl.Utf8,
+    "round": pl.Int64,
+    "line": pl.Utf8,
+    "seeds": pl.Int64,
+    "label_accuracy": pl.Float64,
+    "estimate": pl.Float64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "mde": pl.Float64,
+    "outcome": pl.Utf8,
+}
+
+
+def break_even_rows(
+    by_group: dict[tuple[str, str], list],
+    label_accuracy: dict[tuple[str, str, int, str], list[float]],
+    rounds: int,
+    margins: dict[str, float | None],
+) -> list[dict]:
+    """Per experiment, group, round and line (`BREAK_EVEN_LINES`) with labels of a known accuracy: that accuracy (the
+    mean over the group's seeds) and the line's held-out accuracy minus its labeled-only control's, paired over the
+    group's seeds and problems, on the whole held-out set. Drawn against each other, the lines say how right labels
+    must be to beat training longer on the labeled problems alone."""
+    rows = []
+    for (experiment, group), arm_runs in by_group.items():
+        for number in range(1, rounds + 1):
+            for line in BREAK_EVEN_LINES:
+                accuracies = label_accuracy.get((experiment, group, number, line))
+                pairs = [
+                    (runs[(number, line)].scores, runs[(number, layout.LABELED_ONLY)].scores, sets)
+                    for runs, sets in arm_runs
+                    if (number, line) in runs and (number, layout.LABELED_ONLY) in runs
+                ]
+                if not (pairs and accuracies):
+                    continue
+                difference = test_time.set_differences(
+                    pairs,
+                    treatment_name=f"round {number} {line} ({group})",
+                    control_name="its labeled-only control",
+                    margin=margins[experiment],
+                )[test_time.ALL_EVAL]
+                rows.append(
+                    {"experiment": experiment, "group": group, "round": number, "line": line}
+                    | {"seeds": difference.seeds, "label_accuracy": float(np.mean(accuracies))}
+                    | {name: getattr(difference, name) for name in ("estimate", "low", "high", "mde", "outcome")}
+                )
+    return rows
 
 
 def _differences(
@@ -483,6 +565,11 @@ def _table_sections(results: ExperimentResults) -> list[tuple[str, list[str]]]:
             shown(results.differences.select(DIFFERENCE_COLUMNS) if results.differences.height else pl.DataFrame()),
         ),
         (
+            "Break-even: each line minus its labeled-only control against the accuracy of the labels it trained on "
+            "(the student: its kept pseudo-labels; paired 95% intervals, over problems alone on one seed)",
+            shown(results.break_even, "experiment"),
+        ),
+        (
             "Greedy accuracy (mean ± sd over seeds; round 0 is labeled RL)",
             shown(accuracy_pivot(results.accuracy)) if accuracy else [],
         ),
@@ -539,14 +626,31 @@ def lake_arms(lake: Path, experiments_dir: Path) -> tuple[list[Arm], int]:
     return arms, max((experiments[arm.experiment].max_rounds for arm in arms), default=0)
 
 
+def break_even_figures(results: ExperimentResults) -> dict[str, bytes]:
+    """Per experiment and round with a label control on it, the break-even figure (`plots.break_even`), by a name
+    `break_even_<experiment>_round_<n>`."""
+    from noisy_student_assets.core.reporting import plots
+
+    table = results.break_even
+    return {
+        f"break_even_{experiment}_round_{number}": plots.break_even(rows)
+        for (experiment, number), rows in table.group_by("experiment", "round", maintain_order=True)
+        if rows.filter(pl.col("line") != layout.STUDENT_ROLE).height
+    }
+
+
 def main(
-    mlflow_store: str, experiment: str | None = None, lake: Path | None = None, export: Path | None = None
+    mlflow_store: str,
+    experiment: str | None = None,
+    lake: Path | None = None,
+    export: Path | None = None,
+    figures: Path | None = None,
 ) -> None:
     """Print the run summary, of every experiment's arms in the lake or of `experiment`'s (a file name's stem) alone,
     and write it into the data lake; `mlflow_store` is the MLflow store the runs were logged to. `lake`: a lake or a
     results directory (`lake_reader.export_results`) to read instead of the data lake, printed only (the results
     directory is the repository's: reading it writes nothing there); `export`: copy the summarized arms' results
-    there."""
+    there; `figures`: write the break-even figures (`break_even_figures`) there as PNG files."""
     writes_summary = lake is None
     lake = lake or layout.default_lake_root()
     print(f"\nData lake: {lake}")
@@ -556,8 +660,14 @@ def main(
     if not arms:
         print("No evaluated arms yet" + (f" of experiment {experiment}." if experiment else "."))
         return
-    summary = summary_markdown(collect(lake, arms, rounds))
+    results = collect(lake, arms, rounds)
+    summary = summary_markdown(results)
     print(summary)
+    if figures:
+        figures.mkdir(parents=True, exist_ok=True)
+        for name, png in break_even_figures(results).items():
+            (figures / f"{name}.png").write_bytes(png)
+            print(f"Figure: {figures / name}.png")
     if writes_summary:
         name = SUMMARY_FILE if not experiment else f"{Path(SUMMARY_FILE).stem}_{experiment}.md"
         (lake / name).write_text(f"# noisy-student run summary{f': {experiment}' if experiment else ''}\n\n{summary}")

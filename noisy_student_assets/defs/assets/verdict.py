@@ -49,7 +49,7 @@ def verdict(
 
     from noisy_student_assets.core.pseudo_labels.frontier import ORACLE
     from noisy_student_assets.core.reporting import plots
-    from noisy_student_assets.core.reporting.summary import collect, summary_markdown
+    from noisy_student_assets.core.reporting.summary import break_even_figures, collect, summary_markdown
     from noisy_student_assets.core.reporting.test_time import ALL_EVAL
 
     arms = []
@@ -73,6 +73,7 @@ def verdict(
             )
             for (arm, number), curve in results.frontiers.items()
         }
+        figures |= break_even_figures(results)
         inline_report = markdown.write_report(staged, VERDICT_NAME, "Verdict", f"# Verdict\n\n{report}", figures)
         mlflow.log_artifacts(str(staged), artifact_path="verdict")
         arms_of = (
