@@ -29,7 +29,7 @@ from noisy_student_assets.core.experiments.passes import LABELED_RL_RUN, arm_pas
 from noisy_student_assets.core.lake_reader import ArmLake
 from noisy_student_assets.core.reporting import verdict
 from noisy_student_assets.core.reporting.eval_report import PublishedEval
-from noisy_student_assets.core.reporting.summary import group_label
+from noisy_student_assets.core.reporting.summary import group_label, seed_label
 from noisy_student_assets.core.training.grpo import saturation_step
 
 ROUND = 1
@@ -63,7 +63,7 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
         rows.append(
             {
                 "arm": arm.name,
-                "seed": arm.seed,
+                "seed": seed_label(arm),
                 "teacher_validation_greedy": validation.metrics["greedy_accuracy"] if validation else None,
                 "maj_at_k": audit.teacher_maj_at_k if audit else None,
                 "pass_at_k": audit.teacher_pass_at_k if audit else None,
@@ -80,7 +80,7 @@ def seed_rows(lake: Path, arms: list[Arm], evals: dict[str, dict[str, PublishedE
 
 SEED_SCHEMA = {
     "arm": pl.Utf8,
-    "seed": pl.Int64,
+    "seed": pl.Utf8,  # `seed_label`: '3 (split 0)' where another seed drew the split
     "teacher_validation_greedy": pl.Float64,
     "maj_at_k": pl.Float64,
     "pass_at_k": pl.Float64,
