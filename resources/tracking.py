@@ -220,7 +220,8 @@ class MlflowTracking(dg.ConfigurableResource):
 
     def log_to_arm_run(self, arm_name: str, experiment: str, metrics: Mapping[str, float], step: int) -> None:
         """Log `metrics` at `step` (a round) into arm `arm_name`'s own run (`arm <name>`, made by the first call, in
-        the active run's experiment): its accuracy by round (`log_by_round`), the verdict's differences."""
+        the active run's experiment): its accuracy by round (`log_by_round`), the verdict's differences. A point it
+        already holds at that step is not logged again."""
         import mlflow
 
         client = mlflow.MlflowClient(self.resolved_tracking_uri)
@@ -236,7 +237,10 @@ class MlflowTracking(dg.ConfigurableResource):
                 )
             ]
         for name, value in metrics.items():
-            client.log_metric(run.info.run_id, name, float(value), step=step)
+            # an evaluation or verdict materialized again logs the same point again: MLflow would draw it twice
+            logged = {(point.step, point.value) for point in client.get_metric_history(run.info.run_id, name)}
+            if (step, float(value)) not in logged:
+                client.log_metric(run.info.run_id, name, float(value), step=step)
         if run.info.status == "RUNNING":
             client.set_terminated(run.info.run_id)
 

@@ -1,6 +1,9 @@
 """What MLflow's UI shows of the runs (resources/tracking.py), without a run: the names of every asset's run as the
 runs table cuts them, and the address the Dagster metadata links to. The runs themselves, tagged and linked, are
-tested on the tiny model's rounds (tests/integration/test_rounds.py)."""
+tested on the tiny model's rounds (tests/integration/test_rounds.py); here, an arm's run keeps a point logged twice
+once."""
+
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -68,3 +71,19 @@ def test_links_go_to_the_configured_mlflow_ui_in_its_model_training_view(
     tracking = MlflowTracking(lake=DataLake(root=str(tmp_path)), ui_url=ui_url)
     assert tracking.run_url("4", "abc") == f"{expected}/#/experiments/4/runs/abc?{MODEL_TRAINING_VIEW}"
     assert tracking.runs_url("4") == f"{expected}/#/experiments/4/runs?{MODEL_TRAINING_VIEW}"
+
+
+def test_a_point_logged_again_into_an_arm_s_run_is_kept_once(tmp_path: Path, monkeypatch) -> None:
+    """An evaluation materialized again logs its round's point again: the arm's run keeps one point per value."""
+    import mlflow
+
+    monkeypatch.delenv("NOISY_STUDENT_DATABASE_URL", raising=False)
+    tracking = MlflowTracking(lake=DataLake(root=str(tmp_path)))
+    mlflow.set_tracking_uri(tracking.resolved_tracking_uri)
+    with mlflow.start_run() as active:
+        for value in (0.5, 0.5, 0.625):
+            tracking.log_to_arm_run("a", "tests", {"greedy_accuracy/student": value}, step=1)
+    client = mlflow.MlflowClient(tracking.resolved_tracking_uri)
+    (run,) = client.search_runs([active.info.experiment_id], "tags.role = 'arm'")
+    points = client.get_metric_history(run.info.run_id, "greedy_accuracy/student")
+    assert sorted((point.step, point.value) for point in points) == [(1, 0.5), (1, 0.625)]
