@@ -205,8 +205,11 @@ def break_even(table: pl.DataFrame) -> bytes:
     fig, ax = _figure(7.2, 4.4)
     ax.axhline(0.0, color="grey", linestyle=":", label="labeled-only (no gain)")
     shown = table.unique(["line", "label_accuracy", "estimate"], maintain_order=True)
+    named_at: dict[tuple[float, float], int] = {}  # names already written at a place: the next goes above them
     for row in shown.iter_rows(named=True):
         name = f"student {row['group']}" if row["line"] == layout.STUDENT_ROLE else row["line"]
+        place = (round(row["label_accuracy"], 2), round(row["estimate"], 2))
+        named_at[place] = named_at.get(place, -1) + 1
         ax.errorbar(
             [row["label_accuracy"]],
             [row["estimate"]],
@@ -217,7 +220,11 @@ def break_even(table: pl.DataFrame) -> bytes:
             linestyle="none",
         )
         ax.annotate(
-            name, (row["label_accuracy"], row["estimate"]), fontsize=7, xytext=(4, 3), textcoords="offset points"
+            name,
+            (row["label_accuracy"], row["estimate"]),
+            fontsize=7,
+            xytext=(4, 3 + 8 * named_at[place]),
+            textcoords="offset points",
         )
     ax.set_xlim(-0.05, 1.1)
     ax.set_xlabel("accuracy of the labels trained on (vs the hidden gold)")
