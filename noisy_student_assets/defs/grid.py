@@ -1,7 +1,8 @@
 """An experiment's grid, arms x rounds x controls, from the command line; resumable after a kill.
 
     python -m noisy_student_assets.grid register experiments/tau.yaml   # its arms become `arm` partitions
-    python -m noisy_student_assets.grid plan experiments/tau.yaml       # what `run` would redo, and why
+    python -m noisy_student_assets.grid plan experiments/tau.yaml       # what `run` would redo, and why (with
+                                        # the same --arm, --through and --rounds, what that run would)
     python -m noisy_student_assets.grid run experiments/tau.yaml        # register, then materialize what is missing
     python -m noisy_student_assets.grid run experiments/tau.yaml --rounds 1   # every arm's round 1 first
     python -m noisy_student_assets.grid run experiments/tau.yaml --arm tau50-seed0   # one arm (and the verdict)
@@ -294,14 +295,7 @@ class Grid:
         experiment's), `parallel_arms` arms at a time, of the arms named in `only` (default: every arm); with
         `through` (assets, e.g. [round_001/pseudo_labels]), of each arm only those assets and what they read, and no
         verdict. False if any run failed."""
-        unknown = sorted(set(only or ()) - set(self.experiment.arms))
-        if unknown:
-            raise SystemExit(
-                f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}"
-            )
-        for name in through or ():
-            if not self.graph.has(asset_key(name)):
-                raise SystemExit(f"--through {name}: the code location has no such asset")
+        arms = self._selected(only, through)
         self.register()
         self._fail_orphaned_runs()
         # Ray places the heavy steps on its GPUs and queues the rest: the pool must not hold them to one at a time.
@@ -309,7 +303,6 @@ class Grid:
         self._set_device_pool_limit(parallel_arms if self.launcher_kind == "ray" else compute.device_slots)
         try:
             ok = True
-            arms = [arm for arm in self.experiment.all_arms() if not only or arm.name in only]
             if parallel_arms == 1:
                 for arm in arms:
                     ok = self.materialize_arm(arm, rounds, through) and ok
@@ -400,10 +393,31 @@ class Grid:
 
         return latest_materialization(self.instance, asset_key(name), partition)
 
-    def plan(self, rounds: int | None = None) -> dict[str, dict[str, str]]:
-        """What `run` would materialize, without materializing anything: per arm, each asset to redo and why."""
+    def _selected(self, only: list[str] | None, through: list[str] | None) -> list:
+        """The arms named in `only` (default: every arm), once `only` names arms of the experiment and `through`
+        assets of the code location."""
+        unknown = sorted(set(only or ()) - set(self.experiment.arms))
+        if unknown:
+            raise SystemExit(
+                f"{self.experiment.name} has no arm {', '.join(unknown)}; its arms: {', '.join(self.experiment.arms)}"
+            )
+        for name in through or ():
+            if not self.graph.has(asset_key(name)):
+                raise SystemExit(f"--through {name}: the code location has no such asset")
+        return [arm for arm in self.experiment.all_arms() if not only or arm.name in only]
+
+    def plan(
+        self, rounds: int | None = None, only: list[str] | None = None, through: list[str] | None = None
+    ) -> dict[str, dict[str, str]]:
+        """What `run` would materialize with the same arguments, without materializing anything: per arm, each asset
+        to redo and why."""
+        arms = self._selected(only, through)
         self.register()
-        return {arm.name: self._stale(self._known_targets(arm, rounds), arm)[1] for arm in self.experiment.all_arms()}
+        plans = {}
+        for arm in arms:
+            targets = self._known_targets(arm, rounds)
+            plans[arm.name] = self._stale(assets_through(self.graph, targets, through) if through else targets, arm)[1]
+        return plans
 
     def _stale(self, targets: list[str], arm) -> tuple[dict, dict[str, str]]:
         """The latest materialization of each target and of its inputs, and the targets to redo with the reason
@@ -689,14 +703,14 @@ def _parser() -> argparse.ArgumentParser:
         "--arm",
         action="append",
         default=[],
-        help="run: this arm only (repeatable; default: every arm of the experiment)",
+        help="run and plan: this arm only (repeatable; default: every arm of the experiment)",
     )
     parser.add_argument(
         "--through",
         action="append",
         default=[],
-        help="run: each arm only up to this asset and what it reads, and no verdict (repeatable: the union; e.g."
-        " round_001/pseudo_labels: the labels' direct effect without the students)",
+        help="run and plan: each arm only up to this asset and what it reads, and no verdict (repeatable: the union;"
+        " e.g. round_001/pseudo_labels: the labels' direct effect without the students)",
     )
     parser.add_argument(
         "--ray-gpus",
@@ -745,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_power(grid, args.lake or layout.default_lake_root(), args.effect or [0.05, 0.10], args.hours_per_seed)
         return 0
     if args.command == "plan":
-        for partition, reasons in grid.plan(args.rounds).items():
+        for partition, reasons in grid.plan(args.rounds, args.arm, args.through).items():
             where = f"arm {partition}"
             if reasons:
                 _print_reasons(where, reasons)

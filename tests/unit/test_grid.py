@@ -9,6 +9,7 @@ import sys
 import dagster as dg
 import pytest
 
+from noisy_student_assets.core import layout
 from noisy_student_assets.core.experiments.arms import ArmSpec, Experiment
 from noisy_student_assets.core.experiments.progress import arm_assets
 from noisy_student_assets.core.settings import ComputeSettings, LauncherSettings
@@ -199,6 +200,16 @@ def test_grid_plan_and_run_refuse_an_unknown_key_in_the_run_config_before_any_ru
         assert "op round_001__generations: Invalid scalar at path root:ops:round_001__generations:config:k" in message
         assert "op no_such_op: the code location has no such op" in message
     assert not home.exists(), "no instance opened, no run started"
+
+
+def test_grid_plan_says_what_run_would_do_with_the_same_arms_and_through(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    labels = "/".join(layout.round_asset(1, layout.PSEUDO_LABELS))
+    assert main(["plan", str(TEST_EXPERIMENTS / "tests.yaml"), "--arm", "b", "--through", labels]) == 0
+    planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[grid] arm ")]
+    assert planned and all(line.startswith("[grid] arm b: ") for line in planned), planned
+    assets = [line.removeprefix("[grid] arm b: ").split(": ")[0] for line in planned]
+    assert assets[-1] == labels and not [name for name in assets if name.endswith("_checkpoint") and "/" in name]
 
 
 def test_the_tests_run_configs_pass_the_grid_s_check() -> None:
