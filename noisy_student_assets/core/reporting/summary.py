@@ -64,16 +64,18 @@ AUDIT_COLUMNS = (
 
 
 def arm_evaluations(lake: Path, arm: str, rounds: int) -> dict[tuple[int, str], PublishedEval]:
-    """(round, role) -> evaluation for one arm; round 0 is labeled RL (where every chain starts)."""
+    """(round, role) -> evaluation for one arm; round 0 is labeled RL, where the student's and labeled-only chains
+    start and every control the arm evaluated in a later round."""
     found, arm_lake = {}, ArmLake(lake, arm)
-    labeled_rl = arm_lake.evaluation(layout.LABELED_RL_EVAL)
-    if labeled_rl:
-        found |= {(0, role): labeled_rl for role in ROLES}
     for number in range(1, rounds + 1):
         for role in ROLES:
             evaluation = arm_lake.round_evaluation(number, role)
             if evaluation:
                 found[(number, role)] = evaluation
+    labeled_rl = arm_lake.evaluation(layout.LABELED_RL_EVAL)
+    if labeled_rl:
+        chains = {layout.STUDENT_ROLE, layout.LABELED_ONLY} | {role for _, role in found}
+        found |= {(0, role): labeled_rl for role in ROLES if role in chains}
     return found
 
 
