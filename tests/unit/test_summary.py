@@ -578,3 +578,24 @@ def test_the_accuracy_figure_shows_only_the_chains_a_group_ran() -> None:
         }
     )
     assert plots.ran_chains(accuracy)["checkpoint"].to_list() == ["student", "labeled_only", "student", "labeled_only"]
+
+
+def test_a_break_even_point_counts_only_the_seeds_with_both_evaluations() -> None:
+    """The student's labels are audited on every seed that labeled, its point placed by the seeds that also trained
+    and evaluated it beside labeled-only."""
+    from types import SimpleNamespace
+
+    from noisy_student_assets.core.reporting.summary import break_even_rows
+
+    def evaluated(share: float) -> SimpleNamespace:
+        correct = _correct(share)
+        return SimpleNamespace(
+            scores=pl.DataFrame({"problem_id": [f"p{i:02d}" for i in range(len(correct))], "greedy_correct": correct})
+        )
+
+    runs = {(1, layout.STUDENT_ROLE): evaluated(0.6), (1, layout.LABELED_ONLY): evaluated(0.5)}
+    by_group = {("e", "g"): [(runs, None), ({}, None)]}
+    accuracy = {("e", "g", 1, layout.STUDENT_ROLE): {"s0": 0.6, "s1": 0.2}}
+    (row,) = break_even_rows(by_group, {("e", "g"): ["s0", "s1"]}, accuracy, 1, {"e": None})
+    assert (row["line"], row["seeds"], row["label_accuracy"]) == (layout.STUDENT_ROLE, 1, 0.6)
+    assert row["estimate"] == pytest.approx(0.1)

@@ -147,7 +147,7 @@ class ExperimentResults:
 
 def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
     """Everything the lake holds about `arms`, up to round `rounds`."""
-    read, by_group = _ArmsRead(), {}
+    read, by_group, arms_by_group = _ArmsRead(), {}, {}
     margins = {arm.experiment: arm.equivalence_margin for arm in arms}
     for arm in arms:
         arm_lake = ArmLake(lake, arm.name)
@@ -159,9 +159,10 @@ def collect(lake: Path, arms: list[Arm], rounds: int) -> ExperimentResults:
             else None
         )
         by_group.setdefault((arm.experiment, group_label(arm)), []).append((evaluations, sets))
+        arms_by_group.setdefault((arm.experiment, group_label(arm)), []).append(arm.name)
         read.add_arm(arm_lake, arm, evaluations, rounds)
     differences, sentences = _differences(by_group, rounds, margins)
-    break_even = break_even_rows(by_group, read.label_accuracy, rounds, margins)
+    break_even = break_even_rows(by_group, arms_by_group, read.label_accuracy, rounds, margins)
     teachers, taught = teacher_tables(lake, arms)
     return ExperimentResults(
         accuracy=pl.DataFrame(read.accuracy, schema=_ACCURACY_SCHEMA),
@@ -199,9 +200,9 @@ class _ArmsRead:
     verifiers: list[dict] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
-    label_accuracy: dict[tuple[str, str, int, str], list[float]] = field(default_factory=dict)
-    """(experiment, group, round, line) -> the accuracy of the labels each seed's student (its kept pseudo-labels) or
-    label control trained on."""
+    label_accuracy: dict[tuple[str, str, int, str], dict[str, float]] = field(default_factory=dict)
+    """(experiment, group, round, line) -> per arm, the accuracy of the labels its student (its kept pseudo-labels)
+    or label control trained on."""
 
     def add_arm(
         self, arm_lake: ArmLake, arm: Arm, evaluations: dict[tuple[int, str], PublishedEval], rounds: int
@@ -291,7 +292,9 @@ class _ArmsRead:
 
         key = (row["experiment"], row["group"], number)
         if labels and labels.audit.kept_label_accuracy is not None:
-            self.label_accuracy.setdefault((*key, layout.STUDENT_ROLE), []).append(labels.audit.kept_label_accuracy)
+            self.label_accuracy.setdefault((*key, layout.STUDENT_ROLE), {})[row["arm"]] = (
+                labels.audit.kept_label_accuracy
+            )
         unlabeled = None
         for control in layout.LABEL_CONTROLS:
             trained = arm_lake.checkpoint(layout.round_asset(number, layout.control_checkpoint(control)))
@@ -301,7 +304,9 @@ class _ArmsRead:
                 unlabeled = arm_lake.table(layout.UNLABELED_PROBLEMS)
             gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
             graded = with_label_correct(trained.training_labels.rename({"label": "pseudo_label"}), gold)
-            self.label_accuracy.setdefault((*key, control), []).append(graded["label_correct"].fill_null(False).mean())
+            self.label_accuracy.setdefault((*key, control), {})[row["arm"]] = (
+                graded["label_correct"].fill_null(False).mean()
+            )
 
 
 BREAK_EVEN_LINES = (layout.STUDENT_ROLE, *layout.LABEL_CONTROLS)
@@ -323,26 +328,33 @@ BREAK_EVEN_SCHEMA = {
 
 def break_even_rows(
     by_group: dict[tuple[str, str], list],
-    label_accuracy: dict[tuple[str, str, int, str], list[float]],
+    arms_by_group: dict[tuple[str, str], list[str]],
+    label_accuracy: dict[tuple[str, str, int, str], dict[str, float]],
     rounds: int,
     margins: dict[str, float | None],
 ) -> list[dict]:
-    """Per experiment, group, round and line (`BREAK_EVEN_LINES`) with labels of a known accuracy: that accuracy (the
-    mean over the group's seeds) and the line's held-out accuracy minus its labeled-only control's, paired over the
-    group's seeds and problems, on the whole held-out set. Drawn against each other, the lines say how right labels
-    must be to beat training longer on the labeled problems alone."""
+    """Per experiment, group, round and line (`BREAK_EVEN_LINES`) with labels of a known accuracy: that accuracy and
+    the line's held-out accuracy minus its labeled-only control's, over the group's seeds that have all three (the
+    accuracy their mean; the difference paired over seeds and problems, on the whole held-out set). Drawn against
+    each other, the lines say how right labels must be to beat training longer on the labeled problems alone.
+    `arms_by_group`: the arm of each of `by_group`'s runs."""
     rows = []
     for (experiment, group), arm_runs in by_group.items():
         for number in range(1, rounds + 1):
             for line in BREAK_EVEN_LINES:
-                accuracies = label_accuracy.get((experiment, group, number, line))
+                known = label_accuracy.get((experiment, group, number, line), {})
+                measured = [
+                    (runs, sets, known[arm])
+                    for (runs, sets), arm in zip(arm_runs, arms_by_group[(experiment, group)], strict=True)
+                    if arm in known and (number, line) in runs and (number, layout.LABELED_ONLY) in runs
+                ]
+                if not measured:
+                    continue
                 pairs = [
                     (runs[(number, line)].scores, runs[(number, layout.LABELED_ONLY)].scores, sets)
-                    for runs, sets in arm_runs
-                    if (number, line) in runs and (number, layout.LABELED_ONLY) in runs
+                    for runs, sets, _ in measured
                 ]
-                if not (pairs and accuracies):
-                    continue
+                accuracies = [accuracy for _, _, accuracy in measured]
                 difference = test_time.set_differences(
                     pairs,
                     treatment_name=f"round {number} {line} ({group})",
