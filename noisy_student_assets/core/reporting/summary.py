@@ -295,14 +295,14 @@ class _ArmsRead:
             self.label_accuracy.setdefault((*key, layout.STUDENT_ROLE), {})[row["arm"]] = (
                 labels.audit.kept_label_accuracy
             )
-        unlabeled = None
+        gold: dict[str, str] | None = None  # read once, where some control recorded its labels
         for control in layout.LABEL_CONTROLS:
             trained = arm_lake.checkpoint(layout.round_asset(number, layout.control_checkpoint(control)))
             if trained is None or trained.training_labels is None or not trained.training_labels.height:
                 continue
-            if unlabeled is None:
+            if gold is None:
                 unlabeled = arm_lake.table(layout.UNLABELED_PROBLEMS)
-            gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
+                gold = dict(unlabeled.select("problem_id", HIDDEN_GOLD_COLUMN).iter_rows())
             graded = with_label_correct(trained.training_labels.rename({"label": "pseudo_label"}), gold)
             self.label_accuracy.setdefault((*key, control), {})[row["arm"]] = (
                 graded["label_correct"].fill_null(False).mean()
