@@ -81,14 +81,8 @@ class DagsterCli:
         log = self.home / "dagster-dev.log"
         process = self.start("dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port), log=log)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
         try:
-            while not _code_location_loaded(url):
-                assert process.poll() is None, f"dagster dev exited:\n{log.read_text()[-4000:]}"
-                assert time.monotonic() < deadline, (
-                    f"the UI did not load the code location in {timeout} s:\n{log.read_text()[-4000:]}"
-                )
-                time.sleep(2)
+            wait_until_loaded(url, process, log, timeout)
             yield url
         finally:
             self.stop(process)
@@ -200,6 +194,18 @@ def graphql(url: str, query: str, variables: dict | None = None) -> dict:
     request = urllib.request.Request(f"{url}/graphql", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())["data"]
+
+
+def wait_until_loaded(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Until the webserver at `url` has loaded the code location; `dagster dev` (`process`, its output in `log`) must
+    not exit, nor take `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not _code_location_loaded(url):
+        assert process.poll() is None, f"dagster dev exited:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, (
+            f"the UI did not load the code location in {timeout} s:\n{log.read_text()[-4000:]}"
+        )
+        time.sleep(2)
 
 
 def _code_location_loaded(url: str) -> bool:
