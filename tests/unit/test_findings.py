@@ -89,6 +89,17 @@ def test_each_label_source_s_student_in_the_passes_regime_has_its_row() -> None:
         assert f" {seed}" in row.split(where)[1] and "not informative" in row, row
 
 
+def test_a_student_s_row_names_what_its_student_sets_not_its_dose_control_s_rho() -> None:
+    """teacher_pilot.yaml's confidence arm sets dose_rho 0.5 for its dose control: its student's row says only
+    'confidence', as the majority arm's (dose_rho 0.25 from the defaults) says only 'majority'."""
+    rows = findings(REPO / "results", REPO / "experiments")
+    pilot = sorted(row.question for row in rows if "experiments/teacher_pilot.yaml " in row.command)
+    where = "two-digit-sums n_labeled=8, a teacher that learned its labels"
+    assert pilot == [
+        f"The {source}-label student beats labeled-only (round 1), {where}" for source in ("confidence", "majority")
+    ]
+
+
 def test_writing_replaces_only_the_table_between_the_markers() -> None:
     page = f"intro\n{BEGIN}\n| old |\n{END}\nlater\n"
     table = f"{BEGIN}\n| new |\n{END}"

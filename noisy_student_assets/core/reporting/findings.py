@@ -168,8 +168,8 @@ def student_findings(results: Path, experiment: Experiment, question: FindingQue
 
 def _variant(arm: Arm) -> str:
     """What else than its label source and seed the arm's student sets (its training options: ' (reward=...)'), or
-    nothing; the task and regime are the question's `group`."""
-    own = group_label(arm, besides=("seed", "split_seed", "task", "n_labeled", "label_source"))
+    nothing; the task and regime are the question's `group`. The dose control's rho is no setting of the student."""
+    own = group_label(arm, besides=("seed", "split_seed", "task", "n_labeled", "label_source", "dose_rho"))
     return "" if own == "defaults" else f" ({own})"
 
 
