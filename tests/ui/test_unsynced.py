@@ -157,7 +157,9 @@ def test_the_lineage_warns_on_exactly_what_a_changed_default_left_behind_naming_
     page.get_by_text("config.k: 8 -> 6", exact=False).first.wait_for(timeout=60000)
     page.screenshot(path=SCREENSHOTS / "current-defaults-check.png")
     page.close()
-    page = _open(browser, f"{url}/assets/{generations}?view=lineage&lineageScope=downstream")
+    # Tall enough that the downstream graph (the student and five controls) fits at a zoom that draws whole nodes,
+    # with their checks, not the names alone.
+    page = _open(browser, f"{url}/assets/{generations}?view=lineage&lineageScope=downstream", height=1600)
     page.get_by_text("Asset checks", exact=False).first.wait_for(timeout=60000)
     page.wait_for_timeout(2000)
     page.screenshot(path=SCREENSHOTS / "current-defaults-lineage.png")

@@ -80,9 +80,9 @@ def test_a_point_logged_again_into_an_arm_s_run_is_kept_once(tmp_path: Path, mon
     monkeypatch.delenv("NOISY_STUDENT_DATABASE_URL", raising=False)
     tracking = MlflowTracking(lake=DataLake(root=str(tmp_path)))
     mlflow.set_tracking_uri(tracking.resolved_tracking_uri)
-    # Its own experiment: an earlier test in this process may have left another store's experiment active.
-    mlflow.set_experiment("tests")
-    with mlflow.start_run() as active:
+    # An experiment of this store, named: an earlier test in this process may have left another store's active.
+    experiment_id = mlflow.MlflowClient(tracking.resolved_tracking_uri).create_experiment("tests")
+    with mlflow.start_run(experiment_id=experiment_id) as active:
         for value in (0.5, 0.5, 0.625):
             tracking.log_to_arm_run("a", "tests", {"greedy_accuracy/student": value}, step=1)
     client = mlflow.MlflowClient(tracking.resolved_tracking_uri)
