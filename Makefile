@@ -73,9 +73,9 @@ test: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	@# Two workers, a test file each at a time: the suite is mostly single-threaded Python (process starts,
-	@# Dagster's event log), so two files at once use the second core.
-	$(BIN)/pytest -n 2 --dist loadfile --durations=20
+	@# Three workers, a test file each at a time: the suite is mostly single-threaded Python (process starts,
+	@# Dagster's event log, waits on a subprocess), so a third file fills the moments one of two would leave a core idle.
+	$(BIN)/pytest -n 3 --dist loadfile --durations=20
 
 # The check before a commit (docs/testing.md): format, lint, the import contracts, the unit tests and the fastest
 # integration tests (a tiny model's foundation and test-time assets materialized in process), on two workers.
