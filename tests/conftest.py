@@ -3,8 +3,11 @@ SmolLM2's real tokenizer (for tests where the model's skill does not matter)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import uuid
+from collections.abc import Callable
 
 # Tests run offline, on the CPU profile, whatever the caller's environment says.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -21,12 +24,32 @@ os.environ["NOISY_STUDENT_EXPERIMENTS"] = str(TEST_EXPERIMENTS)
 import pytest  # noqa: E402
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """`name`'s folder, which `build` filled once for the whole pytest run: the first xdist worker to ask builds it
+    while the others wait on a lock, then every worker reads the same files (pytest-xdist's recipe for a session
+    fixture made once). A session fixture is otherwise made once per worker: three workers, three of each model and
+    lake. What it holds is read, never changed: a test that writes copies it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, shared by its workers
+    target, done = root / "built-once" / name, root / "built-once" / f"{name}.done"
+    done.parent.mkdir(parents=True, exist_ok=True)
+    with (root / "built-once" / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)  # a worker that failed halfway left this
+            target.mkdir()
+            build(target)
+            done.touch()
+    return target
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama with random weights and SmolLM2's tokenizer and chat template, as safetensors."""
     from tools.tiny_models import tiny_random_model
 
-    return tiny_random_model(tmp_path_factory.mktemp("tiny_model"))
+    return built_once(tmp_path_factory, "tiny_model", tiny_random_model)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +58,7 @@ def sevens_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     (`tools.tiny_models.sevens_model`)."""
     from tools.tiny_models import sevens_model
 
-    return sevens_model(tiny_model_dir, tmp_path_factory.mktemp("sevens_model"))
+    return built_once(tmp_path_factory, "sevens_model", lambda out: sevens_model(tiny_model_dir, out))
 
 
 @pytest.fixture
@@ -108,8 +131,6 @@ def _teacher_lake(root: Path, model_dir: Path) -> Path:
 
 
 def _copier(teacher: Path, tmp_path: Path):
-    import shutil
-
     from resources.data_lake import DataLake
 
     copies = iter(range(1_000))
@@ -126,7 +147,7 @@ def _copier(teacher: Path, tmp_path: Path):
 def teacher_lake(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     """A lake holding round 1's inputs for arm `a` (its problems and base model, split, labeled-RL teacher); copy it,
     see `lake_copy`."""
-    return _teacher_lake(tmp_path_factory.mktemp("teacher") / "lake", tiny_model_dir)
+    return built_once(tmp_path_factory, "teacher_lake", lambda root: _teacher_lake(root, tiny_model_dir))
 
 
 @pytest.fixture
@@ -139,7 +160,7 @@ def lake_copy(teacher_lake: Path, tmp_path: Path):
 def sevens_teacher_lake(tmp_path_factory: pytest.TempPathFactory, sevens_model_dir: Path) -> Path:
     """`teacher_lake` from `sevens_model_dir`, whose samples answer (mostly "7"), so votes have a majority and
     dissent."""
-    return _teacher_lake(tmp_path_factory.mktemp("sevens_teacher") / "lake", sevens_model_dir)
+    return built_once(tmp_path_factory, "sevens_teacher_lake", lambda root: _teacher_lake(root, sevens_model_dir))
 
 
 @pytest.fixture
@@ -155,15 +176,18 @@ def inspected_lake(sevens_teacher_lake: Path, sevens_model_dir: Path, tmp_path_f
     """A lake holding a whole round 1 of arm `a` (`INSPECTED_ARM`), as `make run` leaves one: the samples, the
     verifier and its scores (every label source can judge them), the vote, the student, the labeled-only control and
     both evaluations; what the notebooks and the explorer are tested on. Read it, do not change it."""
-    import shutil
+    return built_once(
+        tmp_path_factory, "inspected_lake", lambda root: _inspected_lake(root, sevens_teacher_lake, sevens_model_dir)
+    )
 
+
+def _inspected_lake(root: Path, sevens_teacher_lake: Path, sevens_model_dir: Path) -> None:
     from noisy_student_assets.core import layout
     from resources.data_lake import DataLake
     from tests.lakes import answerable_by_sevens, arms_instance, materialize
     from tests.tiny_configs import round_chain, round_names, tiny_config
 
-    root = tmp_path_factory.mktemp("inspected") / "lake"
-    shutil.copytree(sevens_teacher_lake, root)
+    shutil.copytree(sevens_teacher_lake, root, dirs_exist_ok=True)
     lake, config = DataLake(root=str(root)), tiny_config(sevens_model_dir, rounds=1, tau=0.5)
     with arms_instance() as instance:
         materialize(
@@ -176,7 +200,6 @@ def inspected_lake(sevens_teacher_lake: Path, sevens_model_dir: Path, tmp_path_f
         answerable_by_sevens(lake, INSPECTED_ARM)
         verifier = round_names(1, layout.VERIFIER, layout.VERIFIER_SCORES)
         materialize(lake, [*round_chain(1, layout.LABELED_ONLY), *verifier], config, INSPECTED_ARM, instance=instance)
-    return root
 
 
 @pytest.fixture

@@ -29,6 +29,9 @@ LAUNCHER = "NOISY_STUDENT_LAUNCHER"
 RETRY_DELAY_S = "NOISY_STUDENT_RETRY_DELAY_S"
 """Seconds before a failed heavy step's retry (default 10: a moment for a dead device or payload to be cleaned up;
 the tests set 0)."""
+DEFAULTS_CHECK_INTERVAL_S = "NOISY_STUDENT_DEFAULTS_CHECK_INTERVAL_S"
+"""Seconds between two evaluations of the current-defaults sensor (default 30: a reload shows as a warning within
+about that; the tests set 5)."""
 DATABASE_URL = "NOISY_STUDENT_DATABASE_URL"
 """A PostgreSQL database for the Dagster instance and MLflow's store (`resources/database.py`); unset: embedded
 SQLite."""
@@ -66,6 +69,10 @@ def launcher_kind() -> str | None:
 
 def retry_delay_s() -> float:
     return float(_read(RETRY_DELAY_S) or 10)
+
+
+def defaults_check_interval_s() -> int:
+    return int(_read(DEFAULTS_CHECK_INTERVAL_S) or 30)
 
 
 def database_url() -> str | None:

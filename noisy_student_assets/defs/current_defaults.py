@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import dagster as dg
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 
+from noisy_student_assets.core import environment
 from noisy_student_assets.core.staleness import own_code_changes
 from noisy_student_assets.defs.lineage import (
     CODE_VERSION_TAG,
@@ -31,7 +32,8 @@ from noisy_student_assets.defs.records import latest_materialization
 
 CURRENT_DEFAULTS = "made_with_current_defaults"
 CURRENT_DEFAULTS_SENSOR = "made_with_current_defaults_sensor"
-SENSOR_INTERVAL_S = 30
+SENSOR_INTERVAL_S = environment.defaults_check_interval_s()
+"""Seconds between the sensor's evaluations (`environment.DEFAULTS_CHECK_INTERVAL_S`)."""
 DESCRIPTION = (
     "Warns when an arm's latest materialization was made with other code than the code location's now (a changed "
     "default, stage version or upstream): which arms, and the setting with its two values. Reported by "

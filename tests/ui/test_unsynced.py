@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from noisy_student_assets.core import layout
+from noisy_student_assets.core import environment, layout
 from noisy_student_assets.core.experiments.arms import load_experiments
 from noisy_student_assets.core.experiments.progress import arm_assets
-from noisy_student_assets.defs.current_defaults import CURRENT_DEFAULTS, SENSOR_INTERVAL_S
+from noisy_student_assets.defs.current_defaults import CURRENT_DEFAULTS
 from noisy_student_assets.defs.grid import ARM_TAG, GRID_TAG, ROUND_TAG
 from noisy_student_assets.defs.jobs import ARM_JOB
 from tests.cli import REPO_ROOT, DagsterCli, changed_defaults_env, graphql, own_device_lock
@@ -31,8 +31,12 @@ EXPERIMENT = REPO_ROOT / "tests" / "experiments" / "grid.yaml"
 ARM = "g"
 REDONE = set(K_CHANGED)
 """What a changed default K redoes (tests/e2e/test_grid_cli.py shows the grid does just that)."""
-SENSOR_WAIT_S = 6 * SENSOR_INTERVAL_S
-"""How long the current-defaults sensor may take to report: the daemon starts it after the webserver is up."""
+SENSOR_INTERVAL_S = 5
+"""The current-defaults sensor's interval in this file's `dagster dev` (`environment.DEFAULTS_CHECK_INTERVAL_S`): a
+test of what a reload shows need not wait out the default's half minute twice."""
+SENSOR_WAIT_S = 6 * SENSOR_INTERVAL_S + 60
+"""How long the current-defaults sensor may take to report: the daemon starts it after the webserver is up, and an
+evaluation on a loaded machine takes seconds of its own."""
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,9 @@ def changed_ui(grid_lake: DagsterCli, browser):
     base URL and the file of the changed defaults (the restored default's test empties it and reloads again)."""
     changes = grid_lake.home / "changed_defaults.json"
     changes.write_text("{}")
-    grid_lake.env |= changed_defaults_env(file=changes)
+    grid_lake.env |= changed_defaults_env(file=changes) | {
+        environment.DEFAULTS_CHECK_INTERVAL_S: str(SENSOR_INTERVAL_S)
+    }
     with grid_lake.dev(timeout=UI_START_TIMEOUT_S) as url:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         changes.write_text(json.dumps({"TeacherSamplingSettings": {"k": 6}}))
