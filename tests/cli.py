@@ -142,9 +142,12 @@ class DagsterCli:
 
     @staticmethod
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:
-        """Stop a `start`ed command, then every process it started: `dagster dev` leaves its webserver, daemon
-        and code server running when only it is stopped, and a whole group sent SIGTERM at once may hang."""
-        process.terminate()
+        """Stop a `start`ed command and every process it started as a terminal's Ctrl-C does, an interrupt to its
+        whole process group (tests/e2e/test_dagster_dev.py: `dagster dev` then stops its webserver, daemon and code
+        server itself); what is left after `timeout` is killed. SIGTERM to the command alone left `dagster dev`
+        waiting on its webserver's open connections until the timeout."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout)
         with contextlib.suppress(ProcessLookupError):

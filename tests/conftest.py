@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import uuid
 from collections.abc import Callable
 
@@ -14,6 +15,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.pop("NOISY_STUDENT_PROFILE", None)
 os.environ["NOISY_STUDENT_RETRY_DELAY_S"] = "0"  # a retried step starts again at once
+# A test process started in the background (CI's suites run beside each other; xdist's workers) inherits SIGINT
+# ignored, and so would every process it starts: then the interrupt that stops them (`DagsterCli.stop`), as Ctrl-C
+# stops them in a terminal, would do nothing. A handled signal is at its default again in a child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from pathlib import Path
 
