@@ -144,8 +144,8 @@ class DagsterCli:
     def stop(process: subprocess.Popen, timeout: float = 60) -> None:
         """Stop a `start`ed command and every process it started as a terminal's Ctrl-C does, an interrupt to its
         whole process group (tests/e2e/test_dagster_dev.py: `dagster dev` then stops its webserver, daemon and code
-        server itself); what is left after `timeout` is killed. SIGTERM to the command alone left `dagster dev`
-        waiting on its webserver's open connections until the timeout."""
+        server itself); what is left after `timeout` is killed. With SIGTERM to the command alone, `dagster dev` and
+        the explorer ran until the timeout."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -38,9 +38,10 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's base folder, shared by its workers
-    target, done = root / "built-once" / name, root / "built-once" / f"{name}.done"
-    done.parent.mkdir(parents=True, exist_ok=True)
-    with (root / "built-once" / f"{name}.lock").open("w") as lock:
+    folder = root / "built-once"
+    folder.mkdir(parents=True, exist_ok=True)
+    target, done = folder / name, folder / f"{name}.done"
+    with (folder / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             shutil.rmtree(target, ignore_errors=True)  # a worker that failed halfway left this

@@ -31,7 +31,7 @@ RETRY_DELAY_S = "NOISY_STUDENT_RETRY_DELAY_S"
 the tests set 0)."""
 DEFAULTS_CHECK_INTERVAL_S = "NOISY_STUDENT_DEFAULTS_CHECK_INTERVAL_S"
 """Seconds between two evaluations of the current-defaults sensor (default 30: a reload shows as a warning within
-about that; the tests set 5)."""
+about that; tests/ui/test_unsynced.py sets 5)."""
 DATABASE_URL = "NOISY_STUDENT_DATABASE_URL"
 """A PostgreSQL database for the Dagster instance and MLflow's store (`resources/database.py`); unset: embedded
 SQLite."""
