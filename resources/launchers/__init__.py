@@ -26,8 +26,6 @@ from resources.derived import derived_class
 from resources.launchers.base import Launcher, StageResult
 from resources.launchers.registry import launcher_class
 
-LAUNCHER_ENV_VAR = environment.LAUNCHER
-
 
 class StageLauncher(derived_class(LauncherSettings, "StageLauncherFields", dg.ConfigurableResource)):
     """How the heavy stages (sampling, training, evaluation) run (`core.settings.LauncherSettings`)."""

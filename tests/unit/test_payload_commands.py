@@ -6,6 +6,7 @@ from typing import get_args
 
 import polars as pl
 
+from noisy_student_assets.core import environment
 from noisy_student_assets.core.settings import (
     ComputeSettings,
     EvalSettings,
@@ -18,7 +19,7 @@ from noisy_student_assets.core.settings import (
 from noisy_student_assets.payloads.specs import EvalSpec, SampleSpec, TrainSpec
 from resources import lake_resources
 from resources.data_lake import DataLake
-from resources.launchers import LAUNCHER_ENV_VAR, StageLauncher
+from resources.launchers import StageLauncher
 from resources.launchers.base import payload_command
 from resources.launchers.ray import _shell_returncode
 from resources.launchers.registry import LAUNCHERS, launcher_class
@@ -52,9 +53,9 @@ def test_a_ray_job_s_shell_exit_code_of_128_plus_n_is_signal_n() -> None:
 
 def test_a_deployment_sets_the_code_location_s_launcher_through_the_environment(monkeypatch) -> None:
     lake = DataLake(root="/tmp/unused")
-    monkeypatch.delenv(LAUNCHER_ENV_VAR, raising=False)
+    monkeypatch.delenv(environment.LAUNCHER, raising=False)
     assert lake_resources(lake)["stage_resources"].launcher.kind == "inprocess"
-    monkeypatch.setenv(LAUNCHER_ENV_VAR, "ray")
+    monkeypatch.setenv(environment.LAUNCHER, "ray")
     assert lake_resources(lake)["stage_resources"].launcher.kind == "ray"
 
 

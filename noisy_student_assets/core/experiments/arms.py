@@ -34,7 +34,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from noisy_student_assets.core import environment
 from noisy_student_assets.core.experiments import tasks
 from noisy_student_assets.core.layout import CONTROLS, DEFAULT_CONTROLS
 from noisy_student_assets.core.layout import DOSE_LABEL as DOSE_LABEL_CONTROL
@@ -62,7 +61,6 @@ from noisy_student_assets.core.settings import (
 )
 from noisy_student_assets.core.training.modes.registry import accepted
 
-EXPERIMENTS_ENV_VAR = environment.EXPERIMENTS
 EXPERIMENT_SUFFIX = ".yaml"
 
 PROBLEM_POOL, EVAL_PROBLEMS, BASE_MODEL = "problem_pool", "eval_problems", "base_model"
@@ -280,9 +278,6 @@ class _ArmSpec(BaseModel):
                 f"n_unlabeled={self.n_unlabeled} would not be read"
             )
         return None
-
-    def without_seed(self) -> ArmSpec:
-        return self.model_copy(update={"seed": None, "split_seed": None})
 
     @model_validator(mode="after")
     def _settings_accept_it(self) -> _ArmSpec:
@@ -518,11 +513,6 @@ class Arm(BaseModel):
     def overrides_sha(self, stage: str) -> str:
         """Fingerprint of what this arm changes in `stage`: a stage whose fingerprint changed is stale."""
         return hashlib.sha256(json.dumps(self.overrides(stage), sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
-    def seed_group(self) -> str:
-        """Arms of one experiment whose specs differ at most by seed (and split seed) share a seed group."""
-        return f"{self.experiment}:{self.spec.without_seed().model_dump_json(exclude_none=True)}"
 
 
 def load_experiment(path: Path) -> Experiment:

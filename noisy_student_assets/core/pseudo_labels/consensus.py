@@ -139,8 +139,3 @@ def _clusters(answers: list[str | None], weights: Sequence[float]) -> tuple[list
         for c in members
     ]
     return sorted(clusters, key=lambda c: (-c.weight, -c.size, c.first_seen)), ungraded
-
-
-def vote_many(answer_lists: list[list[str | None]]) -> list[Vote]:
-    """``majority_vote`` of each problem's answers."""
-    return [majority_vote(answers) for answers in answer_lists]
