@@ -230,7 +230,7 @@ def fault(monkeypatch):
 def sft_set():
     """The SFT rows of `tests/training_data.votes` for a step of `TINY_SUPERVISED`."""
     from noisy_student_assets.core.pseudo_labels.student_data import sft_rows
-    from noisy_student_assets.core.training.sft import build_sft_dataset
+    from noisy_student_assets.core.training.modes.sft import build_sft_dataset
     from tests.training_data import TINY_SUPERVISED, votes
 
     return build_sft_dataset(sft_rows(*votes(), group_size=TINY_SUPERVISED.num_generations), "", seed=0)
@@ -240,7 +240,7 @@ def sft_set():
 def dpo_set():
     """The DPO pairs of `tests/training_data.votes` for a step of `TINY_SUPERVISED`."""
     from noisy_student_assets.core.pseudo_labels.student_data import dpo_pairs
-    from noisy_student_assets.core.training.dpo import build_dpo_dataset
+    from noisy_student_assets.core.training.modes.dpo import build_dpo_dataset
     from tests.training_data import TINY_SUPERVISED, votes
 
     return build_dpo_dataset(dpo_pairs(*votes(), pairs_per_problem=TINY_SUPERVISED.num_generations // 2), "", seed=0)

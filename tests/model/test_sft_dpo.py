@@ -13,9 +13,9 @@ from transformers import TrainerCallback
 
 from noisy_student_assets.core.settings import GRPOSettings
 from noisy_student_assets.core.training.base import TrainingRun
-from noisy_student_assets.core.training.dpo import train_dpo
 from noisy_student_assets.core.training.guards import non_finite_tensors
-from noisy_student_assets.core.training.sft import train_sft
+from noisy_student_assets.core.training.modes.dpo import train_dpo
+from noisy_student_assets.core.training.modes.sft import train_sft
 from tests.training_data import TINY_SUPERVISED
 
 

@@ -6,7 +6,7 @@ import polars as pl
 
 from noisy_student_assets.core.prompts import build_messages
 from noisy_student_assets.core.pseudo_labels.student_data import sft_rows
-from noisy_student_assets.core.training.sft import build_sft_dataset
+from noisy_student_assets.core.training.modes.sft import build_sft_dataset
 from tests.training_data import votes
 
 
