@@ -3,9 +3,10 @@
 resuming from the latest whole checkpoint, and the merged checkpoint it saves, checked finite (`TrainerSetup.train`).
 
 A method is its loss (`Loss`: TRL's trainer and config classes and the config's own fields) and its rows (`Rows`:
-what a dataset row is and how many a step trains), nothing else: GRPO (`grpo.py`), SFT (`sft.py`), DPO (`dpo.py`)
-and the verifier's reward model (`verifier.py`) sit beside this module, as TRL's `{method}_trainer.py` beside its
-base. Where a training runs and whom it tells is the stage's (`TrainingRun`).
+what a dataset row is and how many a step trains), nothing else: GRPO (`grpo.py`) and the verifier's reward model
+(`verifier.py`) sit beside this module, as TRL's `{method}_trainer.py` beside its base; SFT and DPO, which only their
+student modes train, in those modes (`modes/sft.py`, `modes/dpo.py`). Where a training runs and whom it tells is the
+stage's (`TrainingRun`).
 
 The ML libraries are imported inside the functions that use them, so that loading the code location (which
 imports the settings) does not wait for torch, peft and TRL.
